@@ -1,0 +1,173 @@
+"""From an experiment's examples to per-replica batches: looper owns batching.
+
+Synopsis::
+
+    examples = lambda: data.checked(dataset_fn(config, split), split)
+    train = data.distribute_train(strategy, examples, global_batch_size=128,
+                                  seed=0, shuffle_buffer=10_000, position=0)
+    count, steps = data.eval_plan(num_examples, global_batch_size=256,
+                                  steps=None)
+    evaluation = data.distribute_eval(strategy, examples,
+                                      global_batch_size=256, count=count,
+                                      steps=steps)
+
+Why looper batches (and the experiment returns single examples):
+* Exact math on any replica count. All input pipelines see ONE global order
+  (the same seeded shuffle on every worker), shard it by element and batch
+  per replica, so global batch k holds the same examples whether there are
+  1, 2, 8 replicas or 2 workers.
+* Exact resume. The data position is a count of global examples consumed.
+  Every epoch is shuffled with a seed derived from its number, so a restart
+  jumps straight to the right epoch and skips only within it.
+* Exact eval. The eval split is padded to whole global batches with examples
+  whose mask is 0, so every example is counted once at a static shape.
+
+Train batches are `(inputs, labels)`; eval batches `(inputs, labels, mask)`.
+"""
+
+import math
+from typing import Callable
+
+import tensorflow as tf
+
+from looper.config import ConfigError
+
+Examples = Callable[[], tf.data.Dataset]
+
+_INFINITE = tf.data.INFINITE_CARDINALITY
+_UNKNOWN = tf.data.UNKNOWN_CARDINALITY
+_INFINITE_EPOCHS = 2**62  # Dataset.range needs an end; this never comes.
+
+
+def checked(dataset: tf.data.Dataset, split: str) -> tf.data.Dataset:
+  """Returns `dataset` if it yields (inputs, label) examples of static shape."""
+  if not isinstance(dataset, tf.data.Dataset):
+    raise ConfigError(
+        f"config.dataset_fn returned {type(dataset).__name__} for split"
+        f" {split!r}; return a tf.data.Dataset of (inputs, label) examples")
+  spec = dataset.element_spec
+  if not (isinstance(spec, tuple) and len(spec) == 2):
+    raise ConfigError(
+        f"config.dataset_fn yields {spec} for split {split!r}; yield"
+        " (inputs, label) pairs, e.g. Dataset.from_tensor_slices((x, y))")
+  for part in tf.nest.flatten(spec):
+    if not part.shape.is_fully_defined():
+      raise ConfigError(
+          f"config.dataset_fn yields a component of shape {part.shape} for"
+          f" split {split!r}; yield single unbatched examples of static"
+          " shape (looper batches them by train.batch_size/eval.batch_size)")
+  return dataset
+
+
+def num_examples(dataset: tf.data.Dataset, split: str) -> int:
+  """Size of a finite dataset; counted by one pass when TF cannot tell."""
+  n = int(dataset.cardinality())
+  if n == _INFINITE:
+    raise ConfigError(
+        f"config.dataset_fn returned an endless dataset for split {split!r};"
+        " return one pass over the data (looper repeats the train split)")
+  if n == _UNKNOWN:
+    n = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+  return n
+
+
+def check_divisible(global_batch_size: int, replicas: int, field: str):
+  """Every replica must get the same number of examples."""
+  if global_batch_size % replicas:
+    fit = replicas * max(1, round(global_batch_size / replicas))
+    raise ConfigError(
+        f"config.{field}={global_batch_size} is not divisible by the"
+        f" {replicas} replicas; set --config.{field}={fit}")
+
+
+def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
+                  *, global_batch_size: int, seed: int, shuffle_buffer: int,
+                  position: int) -> tf.data.Dataset:
+  """One input pipeline's endless stream of per-replica train batches.
+
+  Args:
+    examples: one pass over the train split, in a fixed order.
+    ctx: which input pipeline this is, of how many.
+    global_batch_size: examples per step over all replicas.
+    seed: epoch e is shuffled with a seed derived from (seed, e).
+    shuffle_buffer: 0 keeps the dataset's order.
+    position: global examples consumed before this stream starts.
+  """
+  if position % ctx.num_input_pipelines:
+    raise ValueError(f"position {position} does not split over"
+                     f" {ctx.num_input_pipelines} input pipelines")
+  size = int(examples.cardinality())
+  # With a known epoch size we can jump straight to the epoch; without, the
+  # stream restarts at epoch 0 and skips (slower, equally exact).
+  start_epoch, offset = divmod(position, size) if size > 0 else (0, position)
+  buffer = min(shuffle_buffer, size) if size > 0 else shuffle_buffer
+
+  def epoch(e):
+    if not buffer:
+      return examples
+    # Epoch e's order comes from (seed, e) alone, so a restart can start at
+    # any epoch. Setting the graph-level seed here keeps the process's global
+    # seed out of it, and keeps it non-zero: with a zero graph seed TF
+    # compares the tensor op seed as a Python bool and fails.
+    tf.random.set_seed(seed % (2**31 - 2) + 1)
+    return examples.shuffle(buffer, seed=e)
+
+  stream = tf.data.Dataset.range(start_epoch, _INFINITE_EPOCHS).flat_map(epoch)
+  return (stream.skip(offset)
+          .shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+          .batch(ctx.get_per_replica_batch_size(global_batch_size),
+                 drop_remainder=True)
+          .prefetch(tf.data.AUTOTUNE))
+
+
+def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
+                 *, global_batch_size: int, count: int, steps: int
+                 ) -> tf.data.Dataset:
+  """One pipeline's per-replica eval batches: `count` real examples, masked.
+
+  The first `count` examples get mask 1; zeros with mask 0 fill the rest of
+  `steps` global batches, so shapes stay static and nothing is dropped.
+  """
+  pad = steps * global_batch_size - count
+  with_mask = lambda x, y: (x, y, tf.constant(1.0))
+  zero = lambda x, y: (tf.nest.map_structure(tf.zeros_like, x),
+                       tf.zeros_like(y), tf.constant(0.0))
+  padded = examples.take(count).map(with_mask).concatenate(
+      examples.take(1).map(zero).repeat(pad))
+  return (padded.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+          .batch(ctx.get_per_replica_batch_size(global_batch_size),
+                 drop_remainder=True)
+          .prefetch(tf.data.AUTOTUNE))
+
+
+def eval_plan(num: int, global_batch_size: int, steps) -> tuple[int, int]:
+  """(examples evaluated, global steps) for a split of `num` examples.
+
+  Args:
+    num: examples in the eval split.
+    global_batch_size: eval batch over all replicas.
+    steps: None for the whole split, else at most this many batches.
+  """
+  whole = math.ceil(num / global_batch_size)
+  steps = whole if steps is None else min(steps, whole)
+  return min(num, steps * global_batch_size), steps
+
+
+def distribute_train(strategy: tf.distribute.Strategy, examples: Examples, *,
+                     global_batch_size: int, seed: int, shuffle_buffer: int,
+                     position: int) -> tf.distribute.DistributedDataset:
+  """The distributed train dataset, starting at global example `position`."""
+  return strategy.distribute_datasets_from_function(
+      lambda ctx: train_dataset(
+          examples(), ctx, global_batch_size=global_batch_size, seed=seed,
+          shuffle_buffer=shuffle_buffer, position=position))
+
+
+def distribute_eval(strategy: tf.distribute.Strategy, examples: Examples, *,
+                    global_batch_size: int, count: int, steps: int
+                    ) -> tf.distribute.DistributedDataset:
+  """The distributed eval dataset: `steps` global batches, masked padding."""
+  return strategy.distribute_datasets_from_function(
+      lambda ctx: eval_dataset(
+          examples(), ctx, global_batch_size=global_batch_size, count=count,
+          steps=steps))

@@ -1,0 +1,130 @@
+"""The tf.distribute strategy a config asks for, and facts about the cluster.
+
+Synopsis::
+
+    strategy = distribute.strategy_for(config)   # call before any TF op
+    with strategy.scope(): ...
+    if distribute.is_chief(strategy): write_files()
+
+`distribution.strategy`:
+  auto          tpu if `distribution.tpu` is set; multi_worker if TF_CONFIG
+                names more than one task; mirrored if there are several GPUs
+                or `num_cpu_devices` > 1; else default.
+  default       tf.distribute's default (no-op) strategy.
+  one_device    OneDeviceStrategy on the first GPU, else the CPU.
+  mirrored      MirroredStrategy over all GPUs, else over `num_cpu_devices`
+                logical CPUs (how multi-replica code runs on a laptop).
+  multi_worker  MultiWorkerMirroredStrategy from TF_CONFIG.
+  tpu           TPUClusterResolver(tpu=...), connect, initialize, TPUStrategy.
+
+tf.distribute is the only engine: this module only chooses and builds.
+"""
+
+import json
+import os
+
+from absl import logging
+import ml_collections
+import tensorflow as tf
+
+from looper.config import ConfigError
+
+
+def _cluster_size() -> int:
+  """How many tasks TF_CONFIG describes (0 when it is unset)."""
+  raw = os.environ.get("TF_CONFIG", "")
+  if not raw:
+    return 0
+  try:
+    cluster = json.loads(raw).get("cluster", {})
+  except (ValueError, AttributeError):
+    raise ConfigError(
+        f"TF_CONFIG={raw!r} is not a JSON object with 'cluster' and 'task';"
+        " fix or unset the TF_CONFIG environment variable") from None
+  return sum(len(tasks) for tasks in cluster.values())
+
+
+def choose(dist: ml_collections.ConfigDict, num_gpus: int) -> str:
+  """Resolves `distribution.strategy='auto'` to a concrete strategy name."""
+  if dist.strategy != "auto":
+    return dist.strategy
+  if dist.tpu:
+    return "tpu"
+  if _cluster_size() > 1:
+    return "multi_worker"
+  if num_gpus > 1 or dist.num_cpu_devices > 1:
+    return "mirrored"
+  return "default"
+
+
+def split_cpu(num_devices: int) -> list[str]:
+  """Splits the first CPU into `num_devices` logical devices; returns names.
+
+  Must run before TensorFlow initializes its devices (before any op). Calling
+  it again with the same count is fine; another count cannot work in one
+  process, so it raises.
+  """
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  wanted = [tf.config.LogicalDeviceConfiguration()] * num_devices
+  try:
+    tf.config.set_logical_device_configuration(cpu, wanted)
+  except RuntimeError:
+    have = len(tf.config.list_logical_devices("CPU"))
+    if have != num_devices:
+      raise ConfigError(
+          f"config.distribution.num_cpu_devices={num_devices}: TensorFlow"
+          f" already started with {have} CPU device(s) in this process; set"
+          " it once per process, before any TensorFlow op") from None
+  return [f"/cpu:{i}" for i in range(num_devices)]
+
+
+def tpu_strategy(tpu: str) -> tf.distribute.TPUStrategy:
+  """Connects to and initializes the TPU system named `tpu`."""
+  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+  tf.config.experimental_connect_to_cluster(resolver)
+  tf.tpu.experimental.initialize_tpu_system(resolver)
+  return tf.distribute.TPUStrategy(resolver)
+
+
+def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+  """Builds the strategy `config.distribution` asks for (see module doc)."""
+  dist = config.distribution
+  if dist.num_cpu_devices > 1:
+    split_cpu(dist.num_cpu_devices)
+  gpus = tf.config.list_physical_devices("GPU")
+  name = choose(dist, len(gpus))
+  logging.info("distribution.strategy=%r resolved to %r", dist.strategy, name)
+  if name == "default":
+    return tf.distribute.get_strategy()
+  if name == "one_device":
+    return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+  if name == "mirrored":
+    # Devices must be listed: by default Mirrored ignores logical CPUs.
+    devices = ([f"/gpu:{i}" for i in range(len(gpus))] if gpus else
+               split_cpu(dist.num_cpu_devices))
+    return tf.distribute.MirroredStrategy(devices)
+  if name == "multi_worker":
+    if _cluster_size() == 0:
+      raise ConfigError(
+          "config.distribution.strategy='multi_worker' needs TF_CONFIG"
+          " naming the cluster and this task; set it, or use 'mirrored'")
+    return tf.distribute.MultiWorkerMirroredStrategy()
+  return tpu_strategy(dist.tpu)
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+  """True on the one task that writes files (summaries, config, checkpoints)."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  task_type = getattr(resolver, "task_type", None)
+  if not task_type or isinstance(strategy, tf.distribute.TPUStrategy):
+    return True  # single process, or the TPU host program
+  if task_type == "chief":
+    return True
+  has_chief = "chief" in resolver.cluster_spec().as_dict()
+  return task_type == "worker" and resolver.task_id == 0 and not has_chief
+
+
+def task_id(strategy: tf.distribute.Strategy) -> int:
+  """This worker's index (0 outside multi-worker)."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  return getattr(resolver, "task_id", None) or 0

@@ -1,0 +1,61 @@
+"""The optimizer and learning-rate schedule that `config.optimizer` describes.
+
+Synopsis::
+
+    with strategy.scope():
+      opt = optimizers.build(config.optimizer, total_steps=config.train.steps)
+      opt.build(model.trainable_variables)   # before the first trace
+
+Schedules are functions of the optimizer's step: `constant`, `cosine` (to 0
+at `total_steps`) and `linear` (to 0 at `total_steps`), each optionally after
+`warmup_steps` of linear warmup from 0.
+"""
+
+import keras
+import ml_collections
+import tensorflow as tf
+
+
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+  """Linear warmup from 0 to `peak` over `warmup_steps`, then `decay`."""
+
+  def __init__(self, peak: float, warmup_steps: int, decay: str,
+               total_steps: int):
+    self.peak = peak
+    self.warmup_steps = warmup_steps
+    self.decay = decay
+    self.total_steps = total_steps
+
+  def __call__(self, step):
+    step = tf.cast(step, tf.float32)
+    warmup = float(self.warmup_steps)
+    # Fraction of the post-warmup span done, in [0, 1].
+    span = max(float(self.total_steps) - warmup, 1.0)
+    done = tf.clip_by_value((step - warmup) / span, 0.0, 1.0)
+    if self.decay == "cosine":
+      factor = 0.5 * (1.0 + tf.cos(done * 3.141592653589793))
+    elif self.decay == "linear":
+      factor = 1.0 - done
+    else:
+      factor = tf.constant(1.0)
+    if self.warmup_steps:
+      factor *= tf.minimum(1.0, step / warmup)
+    return self.peak * factor
+
+  def get_config(self):
+    return dict(peak=self.peak, warmup_steps=self.warmup_steps,
+                decay=self.decay, total_steps=self.total_steps)
+
+
+def build(opt: ml_collections.ConfigDict,
+          total_steps: int) -> keras.optimizers.Optimizer:
+  """Returns the Keras optimizer for `config.optimizer` (call inside scope)."""
+  lr = opt.learning_rate
+  if opt.schedule != "constant" or opt.warmup_steps:
+    lr = WarmupSchedule(opt.learning_rate, opt.warmup_steps, opt.schedule,
+                        total_steps)
+  if opt.name == "sgd":
+    return keras.optimizers.SGD(lr, momentum=opt.momentum)
+  if opt.name == "adamw":
+    return keras.optimizers.AdamW(lr, weight_decay=opt.weight_decay)
+  return keras.optimizers.Adam(lr)

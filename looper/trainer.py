@@ -1,0 +1,224 @@
+"""The Trainer: model, optimizer and metrics in scope; the train and eval loops.
+
+Synopsis::
+
+    trainer = Trainer(config, strategy)
+    iterator = iter(trainer.train_data(position=0))
+    losses, logs = trainer.train(iterator, steps=100)   # one tf.function call
+    eval_logs = trainer.evaluate()                       # the whole eval split
+
+One `train` call, all inside one tf.function (no host sync per step)::
+
+    reset train metrics
+    for i in tf.range(steps):                  # steps: an int32 tensor
+      loss = strategy.run(train_step, next(iterator))
+      losses[i] = strategy.reduce(SUM, loss)   # the global mean loss
+    step += steps; position += steps * global_batch_size
+    return losses, train metric results
+
+A subclass overrides one small method and inherits the loop, distribution
+and bookkeeping: `build_model`, `build_optimizer`, `build_metrics`,
+`compute_loss`, `train_step`, `eval_step`, `update_metrics`, `on_loop_end`.
+Point `config.trainer` at the subclass.
+"""
+
+from typing import Any
+
+import keras
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from looper import config as config_lib
+from looper import data
+from looper import optimizers
+
+# Per-example losses on logits, by `config.loss` name.
+LOSSES = {
+    "sparse_categorical_crossentropy":
+        lambda labels, logits: keras.losses.sparse_categorical_crossentropy(
+            labels, logits, from_logits=True),
+    "mean_squared_error": keras.losses.mean_squared_error,
+}
+
+# Metric factories on logits, by `config.metrics` name.
+METRICS = {
+    "accuracy": lambda: keras.metrics.SparseCategoricalAccuracy("accuracy"),
+    "top5_accuracy": lambda: keras.metrics.SparseTopKCategoricalAccuracy(
+        5, name="top5_accuracy"),
+    "mean_squared_error": lambda: keras.metrics.MeanSquaredError(
+        "mean_squared_error"),
+}
+
+
+def _lookup(value: Any, table: dict, field: str):
+  if callable(value):
+    return value
+  if value not in table:
+    raise config_lib.ConfigError(
+        f"config.{field}={value!r} is not one of {', '.join(table)}; use one"
+        " of those or assign a function in get_config()")
+  return table[value]
+
+
+class Trainer:
+  """Builds the training state in `strategy.scope()` and runs the loops."""
+
+  def __init__(self, config: ml_collections.ConfigDict,
+               strategy: tf.distribute.Strategy):
+    self.config = config
+    self.strategy = strategy
+    self.global_batch_size = config.train.batch_size
+    replicas = strategy.num_replicas_in_sync
+    data.check_divisible(config.train.batch_size, replicas, "train.batch_size")
+    data.check_divisible(config.eval.batch_size, replicas, "eval.batch_size")
+    self.model_fn = config_lib.resolve(config.model_fn, "model_fn")
+    self.dataset_fn = config_lib.resolve(config.dataset_fn, "dataset_fn")
+    self._loss_fn = _lookup(config.loss, LOSSES, "loss")
+    self._eval_data = None  # built on the first evaluate()
+
+    # Same seed, same initial weights: whatever the replica count.
+    keras.utils.set_random_seed(config.seed)
+    with strategy.scope():
+      self.model = self.build_model()
+      self.optimizer = self.build_optimizer()
+      # Keras 3 creates slots lazily; under >1 replica that fails inside the
+      # loop ("must feed a value for placeholder"), so build them here.
+      self.optimizer.build(self.model.trainable_variables)
+      self.train_metrics = self.build_metrics()
+      self.eval_metrics = self.build_metrics()
+      self._eval_loss = keras.metrics.Mean("loss")
+      # float64 counts stay exact far beyond float32's 2**24 examples.
+      self._eval_examples = keras.metrics.Sum("examples", dtype="float64")
+      counter = dict(dtype=tf.int64, trainable=False,
+                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      self.step = tf.Variable(0, name="step", **counter)
+      # Global examples consumed: where the train data resumes.
+      self.position = tf.Variable(0, name="position", **counter)
+    self._train_fn = tf.function(self._train_loop)
+    self._eval_fn = tf.function(self._eval_loop)
+
+  # --- What a subclass overrides --------------------------------------------
+
+  def build_model(self) -> keras.Model:
+    """The experiment's model; built on one example if it is not yet."""
+    model = self.model_fn(self.config)
+    if not model.built:
+      inputs, _ = self.examples(self.config.data.train_split).element_spec
+      model(tf.nest.map_structure(
+          lambda s: tf.zeros([1] + s.shape.as_list(), s.dtype), inputs))
+    return model
+
+  def build_optimizer(self) -> keras.optimizers.Optimizer:
+    return optimizers.build(self.config.optimizer, self.config.train.steps)
+
+  def build_metrics(self) -> list[keras.metrics.Metric]:
+    """Fresh metric objects; called once for train and once for eval."""
+    return [_lookup(m, METRICS, "metrics")() for m in self.config.metrics]
+
+  def compute_loss(self, labels, logits) -> tf.Tensor:
+    """Per-example loss, shape [batch]; averaged by the caller."""
+    return self._loss_fn(labels, logits)
+
+  def train_step(self, batch) -> tf.Tensor:
+    """One replica's step; returns its share of the global mean loss."""
+    inputs, labels = batch
+    with tf.GradientTape() as tape:
+      logits = tf.cast(self.model(inputs, training=True), tf.float32)
+      loss = tf.nn.compute_average_loss(
+          self.compute_loss(labels, logits),
+          global_batch_size=self.global_batch_size)
+      if self.model.losses:  # regularizers: once per step, not per replica
+        loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
+    variables = self.model.trainable_variables
+    grads = tape.gradient(loss, variables)
+    self.optimizer.apply_gradients(zip(grads, variables))
+    self.update_metrics(self.train_metrics, labels, logits)
+    return loss
+
+  def eval_step(self, batch) -> None:
+    """One replica's eval step; padding examples have mask 0."""
+    inputs, labels, mask = batch
+    logits = tf.cast(self.model(inputs, training=False), tf.float32)
+    self._eval_loss.update_state(self.compute_loss(labels, logits),
+                                 sample_weight=mask)
+    self._eval_examples.update_state(mask)
+    self.update_metrics(self.eval_metrics, labels, logits, mask)
+
+  def update_metrics(self, metrics, labels, logits, sample_weight=None):
+    for metric in metrics:
+      metric.update_state(labels, logits, sample_weight=sample_weight)
+
+  def on_loop_end(self, step: int, logs: dict[str, float]) -> None:
+    """Host-side hook after every train loop, with the logs just written."""
+
+  # --- Data -------------------------------------------------------------------
+
+  def examples(self, split: str) -> tf.data.Dataset:
+    """One pass over `split` as (inputs, label) examples, checked."""
+    return data.checked(self.dataset_fn(self.config, split), split)
+
+  def train_data(self, position: int) -> tf.distribute.DistributedDataset:
+    """Distributed train batches, starting after `position` global examples."""
+    c = self.config
+    return data.distribute_train(
+        self.strategy, lambda: self.examples(c.data.train_split),
+        global_batch_size=self.global_batch_size, seed=c.seed,
+        shuffle_buffer=c.data.shuffle_buffer, position=position)
+
+  # --- The loops --------------------------------------------------------------
+
+  def train(self, iterator, steps: int) -> tuple[np.ndarray, dict]:
+    """Runs `steps` steps in one call; returns per-step losses and metrics."""
+    losses, results = self._train_fn(iterator, tf.constant(steps, tf.int32))
+    return losses.numpy(), {k: float(v) for k, v in results.items()}
+
+  def _train_loop(self, iterator, steps):
+    for metric in self.train_metrics:
+      metric.reset_state()
+    losses = tf.TensorArray(tf.float32, size=steps)
+    for i in tf.range(steps):
+      loss = self.strategy.run(self.train_step, args=(next(iterator),))
+      losses = losses.write(i, self.strategy.reduce("SUM", loss, axis=None))
+    steps = tf.cast(steps, tf.int64)
+    self.step.assign_add(steps)
+    self.position.assign_add(steps * self.global_batch_size)
+    return losses.stack(), {m.name: m.result() for m in self.train_metrics}
+
+  def evaluate(self) -> dict[str, float]:
+    """Evaluates the whole eval split (or `eval.steps` batches) exactly once.
+
+    Returns:
+      'loss', each metric, and 'examples': how many real examples counted.
+    """
+    c = self.config
+    if self._eval_data is None:
+      examples = lambda: self.examples(c.data.eval_split)
+      count, self._eval_steps = data.eval_plan(
+          data.num_examples(examples(), c.data.eval_split),
+          c.eval.batch_size, c.eval.steps)
+      self._eval_data = data.distribute_eval(
+          self.strategy, examples, global_batch_size=c.eval.batch_size,
+          count=count, steps=self._eval_steps)
+    results = self._eval_fn(iter(self._eval_data),
+                            tf.constant(self._eval_steps, tf.int32))
+    return {k: float(v) for k, v in results.items()}
+
+  def _eval_loop(self, iterator, steps):
+    bookkeeping = [self._eval_loss, self._eval_examples]
+    for metric in bookkeeping + self.eval_metrics:
+      metric.reset_state()
+    for _ in tf.range(steps):
+      self.strategy.run(self.eval_step, args=(next(iterator),))
+    return {m.name: m.result() for m in bookkeeping + self.eval_metrics}
+
+  # --- State ------------------------------------------------------------------
+
+  def learning_rate(self) -> float:
+    """The optimizer's current learning rate (schedules included)."""
+    return float(tf.convert_to_tensor(self.optimizer.learning_rate))
+
+  def checkpoint_items(self) -> dict[str, Any]:
+    """What a checkpoint holds; a subclass may add its own trackables."""
+    return dict(model=self.model, optimizer=self.optimizer, step=self.step,
+                position=self.position)

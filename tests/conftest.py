@@ -1,0 +1,59 @@
+"""Shared test helpers: repo paths, running looper in a process, events."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The real MNIST test set, beside the repo (also in CI's clean clone).
+SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist"
+
+# Nothing may leave this machine: TPUClusterResolver and the preemption
+# handler probe the GCE metadata server, so point it at a dead loopback port.
+LOOPBACK_ENV = {"GCE_METADATA_IP": "127.0.0.1:9",
+                "GCE_METADATA_HOST": "127.0.0.1:9",
+                "TF_CPP_MIN_LOG_LEVEL": "2"}
+os.environ.update(LOOPBACK_ENV)
+
+
+def run_looper(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+  """Runs `python -m looper.main ARGS` in its own process (own strategy)."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
+  env.pop("TF_CONFIG", None)
+  return subprocess.run(
+      [sys.executable, "-m", "looper.main", *args], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def run_ok(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+  proc = run_looper(*args, timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+def scalars(logdir, tag: str) -> dict[int, float]:
+  """{step: value} of a TF2 scalar summary, read back from event files."""
+  from tensorboard.backend.event_processing import event_accumulator
+  import tensorflow as tf
+  acc = event_accumulator.EventAccumulator(
+      str(logdir), size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  events = acc.Tensors(tag) if tag in acc.Tags()["tensors"] else []
+  return {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in events}
+
+
+def curve(logdir, tag: str = "loss") -> np.ndarray:
+  """The per-step values of `tag`, checking that steps are 1..N exactly once."""
+  values = scalars(logdir, tag)
+  assert sorted(values) == list(range(1, len(values) + 1)), sorted(values)
+  return np.array([values[s] for s in sorted(values)])
+
+
+@pytest.fixture
+def tiny_config():
+  from tests import tiny
+  return tiny.get_config()

@@ -1,0 +1,85 @@
+"""`python -m looper.main` and the `looper` script through the real parser."""
+
+import json
+import os
+import shutil
+import subprocess
+
+from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_looper, scalars
+
+TINY = "--config=tests/tiny.py"
+
+
+def error_line(proc) -> str:
+  """The one line a failed run ends with; no traceback before it."""
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  return proc.stderr.strip().splitlines()[-1]
+
+
+def test_misspelt_field_suggests_the_right_name(tmp_path):
+  proc = run_looper(TINY, f"--workdir={tmp_path}", "--config.train.step=5")
+  assert error_line(proc) == ("looper: --config.train.step: the config has no"
+                              " field 'step'; did you mean"
+                              " --config.train.steps?")
+  proc = run_looper(TINY, f"--workdir={tmp_path}", "--config.trian.steps=5")
+  assert error_line(proc) == ("looper: --config.trian.steps: the config has no"
+                              " field 'trian'; did you mean"
+                              " --config.train.steps?")
+
+
+def test_bad_values_fail_in_one_line(tmp_path):
+  proc = run_looper(TINY, f"--workdir={tmp_path}", "--config.train.steps=abc")
+  assert error_line(proc).startswith(
+      "looper: flag --config.train.steps=abc: invalid literal for int()")
+  proc = run_looper(TINY, f"--workdir={tmp_path}",
+                    "--config.train.batch_size=30",
+                    "--config.distribution.num_cpu_devices=4")
+  assert error_line(proc) == (
+      "looper: config.train.batch_size=30 is not divisible by the 4 replicas;"
+      " set --config.train.batch_size=32")
+  assert not (tmp_path / "checkpoints").exists()
+
+
+def test_stray_argument_is_a_usage_error(tmp_path):
+  proc = run_looper(TINY, f"--workdir={tmp_path}", "extra")
+  assert proc.returncode == 1
+  assert "unexpected arguments: extra" in proc.stderr
+
+
+def test_eval_mode_without_checkpoint(tmp_path):
+  proc = run_looper(TINY, f"--workdir={tmp_path}", "--mode=eval")
+  assert error_line(proc) == (
+      f"looper: --mode=eval found no checkpoint in {tmp_path}/checkpoints;"
+      " train first, or point --workdir at a trained run")
+
+
+def test_console_script_overrides_and_eval_mode(tmp_path):
+  script = shutil.which("looper")
+  assert script, "no `looper` console script: pip install -e '.[test]'"
+  proc = subprocess.run(
+      [script, TINY, f"--workdir={tmp_path}", "--config.train.steps=6",
+       "--config.train.steps_per_loop=4", "--mode=train"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, **LOOPBACK_ENV))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  saved = json.loads((tmp_path / "config.json").read_text())
+  assert (saved["train"]["steps"], saved["train"]["steps_per_loop"]) == (6, 4)
+  assert len(curve(tmp_path / "train")) == 6
+  assert scalars(tmp_path / "eval", "examples") == {}  # train mode: no eval
+  proc = run_looper(TINY, f"--workdir={tmp_path}", "--mode=eval")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert scalars(tmp_path / "eval", "examples") == {6: 1001}
+
+
+def test_readme_example_experiment_runs(tmp_path):
+  readme = (ROOT / "README.md").read_text()
+  section = readme[readme.index("## An experiment is one file"):]
+  code = section[section.index("```python") + 9:section.index("```\n", 9)]
+  (tmp_path / "linear.py").write_text(code)
+  proc = run_looper(f"--config={tmp_path}/linear.py",
+                    f"--workdir={tmp_path}/run")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  accuracy = scalars(tmp_path / "run" / "eval", "accuracy")
+  assert list(accuracy) == [500] and accuracy[500] > 0.95
+  assert scalars(tmp_path / "run" / "eval", "examples") == {500: 1000}

@@ -1,0 +1,92 @@
+"""Config defaults, one-line validation errors, resolution, JSON round trip."""
+
+import json
+
+import pytest
+
+from looper import config as lc
+from tests import tiny
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("train.steps", 0, "config.train.steps=0: must be a whole number >= 1;"
+     " set --config.train.steps"),
+    ("train.batch_size", -8, "config.train.batch_size=-8: must be a whole"
+     " number >= 1; set --config.train.batch_size"),
+    ("eval.every_steps", -1, "config.eval.every_steps=-1: must be a whole"
+     " number >= 0; set --config.eval.every_steps"),
+    ("eval.steps", 0, "config.eval.steps=0: must be >= 1, or None for the"
+     " whole eval split"),
+    ("optimizer.name", "adm", "config.optimizer.name='adm' is not one of sgd,"
+     " adam, adamw; did you mean 'adam'? set --config.optimizer.name"),
+    ("optimizer.learning_rate", 0.0, "config.optimizer.learning_rate=0.0:"
+     " must be > 0"),
+    ("optimizer.warmup_steps", 100, "config.optimizer.warmup_steps=100: must"
+     " be <= train.steps=40"),
+    ("distribution.strategy", "mirorred", "config.distribution.strategy="
+     "'mirorred' is not one of auto, default, one_device, mirrored,"
+     " multi_worker, tpu; did you mean 'mirrored'? set"
+     " --config.distribution.strategy"),
+    ("distribution.strategy", "tpu", "config.distribution.tpu='': strategy"
+     " 'tpu' needs the TPU name or address (use 'local' on a TPU VM)"),
+    ("data.train_split", "train[:x]", "config.data.train_split='train[:x]' is"
+     " not a split; write 'train', 'test[:8000]', 'test[8000:]' or"
+     " 'train[:90%]'"),
+    ("model_fn", "tests.tiny", "config.model_fn='tests.tiny' is not"
+     " 'module:name'; write it like 'experiments.mnist:model_fn' or"
+     " 'experiments/mnist.py:model_fn'"),
+    ("model_fn", "tests.tiny:nope", "config.model_fn='tests.tiny:nope':"
+     " 'tests.tiny' has no attribute 'nope'; check the name after ':'"),
+    ("dataset_fn", None, "config.dataset_fn is not set; assign a function in"
+     " get_config() or a 'module:function' string"),
+])
+def test_bad_values_give_one_line_naming_field_and_fix(field, value, message):
+  c = tiny.get_config()
+  section, _, name = field.rpartition(".")
+  (c[section] if section else c)[name] = value
+  with pytest.raises(lc.ConfigError) as e:
+    lc.validate(c)
+  assert str(e.value) == message
+
+
+def test_defaults_validate_and_have_the_documented_names():
+  c = tiny.get_config()
+  lc.validate(c)
+  for field in ("seed", "train.steps", "train.batch_size",
+                "train.steps_per_loop", "eval.every_steps", "eval.batch_size",
+                "eval.steps", "optimizer.name", "optimizer.learning_rate",
+                "optimizer.schedule", "checkpoint.every_steps",
+                "checkpoint.keep", "distribution.strategy",
+                "distribution.num_cpu_devices", "distribution.tpu",
+                "data.dir", "data.train_split", "data.eval_split"):
+    section, _, name = field.rpartition(".")
+    assert name in (c[section] if section else c), field
+  assert lc.default_config().eval.steps is None
+
+
+@pytest.mark.parametrize("split,n,want", [
+    ("test", 10, ("test", slice(None, None))),
+    ("test[:8000]", 10000, ("test", slice(None, 8000))),
+    ("test[8000:]", 10000, ("test", slice(8000, None))),
+    ("train[10%:90%]", 60000, ("train", slice(6000, 54000))),
+    ("train[-5:]", 100, ("train", slice(-5, None))),
+])
+def test_split_slices(split, n, want):
+  assert lc.split_slice(split, n) == want
+
+
+def test_empty_split_is_an_error():
+  with pytest.raises(lc.ConfigError, match=r"selects no examples of the 10 in"
+                     r" 'test'; widen the slice"):
+    lc.split_slice("test[20:]", 10, field="data.eval_split")
+
+
+def test_json_names_functions_so_resolve_loads_them_back():
+  saved = json.loads(lc.to_json(tiny.get_config()))
+  assert saved["model_fn"] == "tests.tiny:model_fn"
+  assert saved["trainer"] == "looper.trainer:Trainer"
+  assert saved["metrics"] == ["accuracy"]
+  assert lc.resolve(saved["model_fn"], "model_fn") is tiny.model_fn
+  by_path = lc.resolve("tests/tiny.py:make_data", "x")
+  x, y = by_path(5, seed=0)
+  assert (x == tiny.make_data(5, seed=0)[0]).all()

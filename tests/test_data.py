@@ -1,0 +1,121 @@
+"""looper.data: one global order on any pipeline count, resume, exact eval."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from looper import data
+from looper.config import ConfigError
+
+N = 101  # examples; not a multiple of any batch below
+
+
+def ids(n=N):
+  """Examples whose input and label are their own index."""
+  r = np.arange(n)
+  return tf.data.Dataset.from_tensor_slices(
+      (r.astype(np.float32)[:, None], r.astype(np.int32)))
+
+
+def ctx(pipelines, pipeline_id, replicas):
+  return tf.distribute.InputContext(pipelines, pipeline_id, replicas)
+
+
+def global_batches(pipelines, replicas, steps, global_batch=8, position=0,
+                   shuffle=16, examples=ids):
+  """The label sets of `steps` global batches, as the strategy assembles them.
+
+  Each pipeline feeds replicas/pipelines replicas with consecutive batches;
+  a global batch is the union of every replica's batch of that step.
+  """
+  per_pipeline = replicas // pipelines
+  streams = [
+      iter(data.train_dataset(
+          examples(), ctx(pipelines, p, replicas),
+          global_batch_size=global_batch, seed=3, shuffle_buffer=shuffle,
+          position=position))
+      for p in range(pipelines)]
+  out = []
+  for _ in range(steps):
+    labels = [next(s)[1].numpy() for s in streams for _ in range(per_pipeline)]
+    assert all(len(l) == global_batch // replicas for l in labels)
+    out.append(sorted(np.concatenate(labels).tolist()))
+  return out
+
+
+@pytest.mark.parametrize("pipelines,replicas", [(1, 2), (1, 8), (2, 2),
+                                                (2, 4), (4, 8)])
+def test_global_batches_do_not_depend_on_replicas(pipelines, replicas):
+  assert global_batches(pipelines, replicas, 30) == global_batches(1, 1, 30)
+
+
+def test_epochs_are_permutations_and_differ():
+  batches = data.train_dataset(ids(), ctx(1, 0, 1), global_batch_size=8,
+                                seed=3, shuffle_buffer=16, position=0)
+  stream = np.concatenate([y for _, y in batches.take(2 * N // 8 + 1)])
+  first, second = stream[:N], stream[N:2 * N]
+  assert sorted(first) == list(range(N)) == sorted(second)
+  assert first.tolist() != second.tolist()  # reshuffled per epoch
+
+
+@pytest.mark.parametrize("steps_done", [5, 13, 26, 40])  # 13*8 > N: epoch 1+
+@pytest.mark.parametrize("pipelines,replicas", [(1, 1), (2, 2), (1, 4)])
+def test_resume_from_position_continues_the_stream(steps_done, pipelines,
+                                                   replicas):
+  whole = global_batches(pipelines, replicas, steps_done + 6)
+  resumed = global_batches(pipelines, replicas, 6, position=steps_done * 8)
+  assert resumed == whole[steps_done:]
+
+
+def test_resume_without_known_size_skips_from_the_start():
+  unknown = lambda: ids().filter(lambda x, y: True)  # cardinality unknown
+  assert int(unknown().cardinality()) == tf.data.UNKNOWN_CARDINALITY
+  whole = global_batches(2, 2, 20, examples=unknown)
+  assert global_batches(2, 2, 5, position=15 * 8, examples=unknown) == (
+      whole[15:])
+  assert whole == global_batches(2, 2, 20)
+
+
+@pytest.mark.parametrize("pipelines,replicas,steps", [
+    (1, 4, None), (4, 4, None), (2, 2, None), (1, 1, 3), (2, 4, 3)])
+def test_eval_counts_every_example_once(pipelines, replicas, steps):
+  global_batch = 16
+  count, num_steps = data.eval_plan(N, global_batch, steps)
+  assert num_steps == (7 if steps is None else steps)  # ceil(101 / 16) = 7
+  seen, batches = [], 0
+  for p in range(pipelines):
+    for x, y, mask in data.eval_dataset(
+        ids(), ctx(pipelines, p, replicas), global_batch_size=global_batch,
+        count=count, steps=num_steps):
+      assert mask.shape == (global_batch // replicas,)  # static, padded
+      seen += y.numpy()[mask.numpy() == 1].tolist()
+      batches += 1
+  assert batches == num_steps * replicas  # one batch per replica per step
+  assert sorted(seen) == list(range(count))
+  assert count == (N if steps is None else 3 * global_batch)
+
+
+def test_unbatched_static_examples_are_required():
+  with pytest.raises(ConfigError, match=r"unbatched .*train.batch_size"):
+    data.checked(ids().batch(4), "train")
+  with pytest.raises(ConfigError, match=r"\(inputs, label\) pairs"):
+    data.checked(ids().map(lambda x, y: x), "train")
+  with pytest.raises(ConfigError, match="returned list"):
+    data.checked([1, 2], "train")
+  assert data.checked(ids(), "train") is not None
+
+
+def test_num_examples_counts_or_rejects():
+  assert data.num_examples(ids(), "test") == N
+  assert data.num_examples(ids().filter(lambda x, y: y % 2 == 0), "t") == 51
+  with pytest.raises(ConfigError, match=r"endless dataset for split 'test'"):
+    data.num_examples(ids().repeat(), "test")
+
+
+def test_batch_must_split_evenly_over_replicas():
+  data.check_divisible(64, 8, "train.batch_size")
+  with pytest.raises(ConfigError) as e:
+    data.check_divisible(100, 8, "train.batch_size")
+  assert str(e.value) == (
+      "config.train.batch_size=100 is not divisible by the 8 replicas;"
+      " set --config.train.batch_size=96")

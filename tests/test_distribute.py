@@ -1,0 +1,94 @@
+"""Strategy choice, the TPU path (real resolver, mocked TPU system), chief."""
+
+import json
+import types
+from unittest import mock
+
+import pytest
+import tensorflow as tf
+
+from looper import config as lc
+from looper import distribute
+
+
+def dist(**fields):
+  c = lc.default_config().distribution
+  c.update(fields)
+  return c
+
+
+TWO_WORKERS = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                          "task": {"type": "worker", "index": 0}})
+
+
+@pytest.mark.parametrize("fields,gpus,tf_config,want", [
+    ({}, 0, "", "default"),
+    ({}, 1, "", "default"),
+    ({}, 2, "", "mirrored"),
+    ({"num_cpu_devices": 4}, 0, "", "mirrored"),
+    ({}, 0, TWO_WORKERS, "multi_worker"),
+    ({"tpu": "local"}, 0, TWO_WORKERS, "tpu"),
+    ({"strategy": "one_device"}, 2, TWO_WORKERS, "one_device"),
+    ({"strategy": "mirrored"}, 0, "", "mirrored"),
+])
+def test_auto_choice(monkeypatch, fields, gpus, tf_config, want):
+  monkeypatch.setenv("TF_CONFIG", tf_config)
+  assert distribute.choose(dist(**fields), num_gpus=gpus) == want
+
+
+def test_bad_tf_config_is_one_line(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", "{not json")
+  with pytest.raises(lc.ConfigError, match=r"^TF_CONFIG='\{not json' is not"):
+    distribute.choose(dist(), num_gpus=0)
+
+
+def test_multi_worker_needs_tf_config(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  c = lc.default_config()
+  c.distribution.strategy = "multi_worker"
+  with pytest.raises(lc.ConfigError, match="needs TF_CONFIG"):
+    distribute.strategy_for(c)
+
+
+def test_tpu_path_resolves_connects_initializes(monkeypatch):
+  """The real TPUClusterResolver on a loopback address; TPU calls mocked."""
+  c = lc.default_config()
+  c.distribution.strategy = "tpu"
+  c.distribution.tpu = "grpc://127.0.0.1:8470"
+  with mock.patch.object(tf.config, "experimental_connect_to_cluster") as con, \
+       mock.patch.object(tf.tpu.experimental, "initialize_tpu_system") as init, \
+       mock.patch.object(tf.distribute, "TPUStrategy") as strategy:
+    assert distribute.strategy_for(c) is strategy.return_value
+  resolver = con.call_args.args[0]
+  assert isinstance(resolver, tf.distribute.cluster_resolver.TPUClusterResolver)
+  assert resolver.master() == "grpc://127.0.0.1:8470"
+  init.assert_called_once_with(resolver)
+  strategy.assert_called_once_with(resolver)
+
+
+def test_cpu_devices_cannot_change_after_start():
+  tf.constant(1)  # TensorFlow has started with one CPU device
+  with pytest.raises(lc.ConfigError, match="already started with 1 CPU"):
+    distribute.split_cpu(3)
+
+
+def _strategy(cluster, task_type, task_id):
+  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_id)
+  return types.SimpleNamespace(cluster_resolver=resolver)
+
+
+@pytest.mark.parametrize("cluster,task_type,task_id,chief", [
+    ({"worker": ["a:1", "b:1"]}, "worker", 0, True),
+    ({"worker": ["a:1", "b:1"]}, "worker", 1, False),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, "chief", 0, True),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, "worker", 0, False),
+])
+def test_is_chief(cluster, task_type, task_id, chief):
+  s = _strategy(cluster, task_type, task_id)
+  assert distribute.is_chief(s) is chief
+  assert distribute.task_id(s) == task_id
+
+
+def test_single_process_is_chief():
+  assert distribute.is_chief(tf.distribute.get_strategy())

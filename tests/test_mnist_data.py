@@ -1,0 +1,270 @@
+"""Tests of experiments/mnist.py's loading, splits, errors and model.
+
+Run::
+
+    cd /work/main && PYTHONPATH=. python -m pytest -q tests/test_mnist_data.py
+
+The data is the real MNIST test set in ../shared/data/mnist; the reference
+values are parsed here with gzip + struct, independently of the loader.
+Nothing leaves the machine: the only URLs are on 127.0.0.1.
+"""
+
+import gzip
+import http.server
+import pathlib
+import shutil
+import struct
+import threading
+import urllib.request
+
+import keras
+import numpy as np
+import pytest
+
+from experiments import mnist
+from looper import config as lc
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "mnist"
+IMAGES_GZ = SHARED / "t10k-images-idx3-ubyte.gz"
+LABELS_GZ = SHARED / "t10k-labels-idx1-ubyte.gz"
+# Port 9 (discard) on loopback: nothing listens, so the connection is refused
+# at once and no packet leaves the machine.
+DEAD_URL = "http://127.0.0.1:9/mnist.npz"
+
+
+def _reference():
+  """The test set parsed by hand from the IDX layout in the README."""
+  labels_raw = gzip.decompress(LABELS_GZ.read_bytes())
+  images_raw = gzip.decompress(IMAGES_GZ.read_bytes())
+  magic, count = struct.unpack(">II", labels_raw[:8])
+  assert (magic, count) == (2049, 10_000)
+  magic, count, rows, cols = struct.unpack(">IIII", images_raw[:16])
+  assert (magic, count, rows, cols) == (2051, 10_000, 28, 28)
+  images = np.frombuffer(images_raw[16:], np.uint8).reshape(count, rows, cols)
+  labels = np.frombuffer(labels_raw[8:], np.uint8)
+  return images, labels, labels_raw, images_raw
+
+
+@pytest.fixture(scope="module")
+def reference():
+  return _reference()
+
+
+def _config(data_dir, **data):
+  c = mnist.get_config()
+  c.data.dir = str(data_dir)
+  for key, value in data.items():
+    c.data[key] = value
+  return c
+
+
+def _as_arrays(dataset):
+  images, labels = next(iter(dataset.batch(100_000)))
+  return images.numpy(), labels.numpy()
+
+
+def _no_network(monkeypatch):
+  def fail(*args, **kwargs):
+    raise AssertionError(f"unexpected download: {args} {kwargs}")
+  monkeypatch.setattr(urllib.request, "urlopen", fail)
+
+
+def test_get_config_validates():
+  c = mnist.get_config()
+  lc.validate(c)
+  assert c.model_fn is mnist.model_fn and c.dataset_fn is mnist.dataset_fn
+  assert c.data.url == mnist.DEFAULT_URL
+  assert c.data.cache_dir == "~/.cache/looper/mnist"
+  assert c.model.width == 256
+
+
+def test_shared_idx_gz_splits(reference, monkeypatch):
+  _no_network(monkeypatch)
+  ref_images, ref_labels, labels_raw, images_raw = reference
+  c = _config(SHARED, train_split="test[:8000]", eval_split="test[8000:]")
+  train = mnist.dataset_fn(c, c.data.train_split)
+  evaluation = mnist.dataset_fn(c, c.data.eval_split)
+  assert train.cardinality().numpy() == 8000
+  assert evaluation.cardinality().numpy() == 2000
+  image_spec, label_spec = train.element_spec
+  assert image_spec.shape == (28, 28, 1) and image_spec.dtype.name == "float32"
+  assert label_spec.shape == () and label_spec.dtype.name == "int32"
+
+  images, labels = _as_arrays(train)
+  assert images.shape == (8000, 28, 28, 1) and labels.shape == (8000,)
+  assert labels[0] == labels_raw[8]  # byte 8: the first label after the header
+  np.testing.assert_array_equal(labels, ref_labels[:8000])
+  assert images.min() == 0.0 and images.max() == 1.0
+  first = np.frombuffer(images_raw[16:16 + 784], np.uint8)
+  # Exact: the loader divides float32 by 255 just as this reference does.
+  np.testing.assert_array_equal(images[0].reshape(784),
+                                first.astype(np.float32) / 255)
+
+  eval_images, eval_labels = _as_arrays(evaluation)
+  np.testing.assert_array_equal(eval_labels, ref_labels[8000:])
+  np.testing.assert_array_equal(eval_images[-1, ..., 0],
+                                ref_images[-1].astype(np.float32) / 255)
+
+
+def test_percent_split(monkeypatch):
+  _no_network(monkeypatch)
+  c = _config(SHARED)
+  assert mnist.dataset_fn(c, "test[:10%]").cardinality().numpy() == 1000
+  assert mnist.dataset_fn(c, "test[95%:]").cardinality().numpy() == 500
+
+
+def test_uncompressed_idx_and_npz_match(reference, tmp_path, monkeypatch):
+  _no_network(monkeypatch)
+  ref_images, ref_labels, labels_raw, images_raw = reference
+  idx_dir, npz_dir = tmp_path / "idx", tmp_path / "npz"
+  idx_dir.mkdir()
+  npz_dir.mkdir()
+  (idx_dir / "t10k-images-idx3-ubyte").write_bytes(images_raw)
+  (idx_dir / "t10k-labels-idx1-ubyte").write_bytes(labels_raw)
+  # The layout Keras publishes; the train arrays only have to exist.
+  np.savez(npz_dir / "mnist.npz", x_train=ref_images[:5],
+           y_train=ref_labels[:5], x_test=ref_images, y_test=ref_labels)
+
+  for directory in (SHARED, idx_dir, npz_dir):
+    images, labels = mnist.load_mnist("test", str(directory), DEAD_URL, "")
+    assert images.dtype == np.uint8 and images.shape == (10_000, 28, 28)
+    assert labels.dtype == np.uint8 and labels.shape == (10_000,)
+    np.testing.assert_array_equal(images, ref_images)
+    np.testing.assert_array_equal(labels, ref_labels)
+
+  from_gz = _as_arrays(mnist.dataset_fn(_config(SHARED), "test[:300]"))
+  from_npz = _as_arrays(mnist.dataset_fn(_config(npz_dir), "test[:300]"))
+  for a, b in zip(from_gz, from_npz):
+    np.testing.assert_array_equal(a, b)
+  train_images, _ = mnist.load_mnist("train", str(npz_dir), DEAD_URL, "")
+  np.testing.assert_array_equal(train_images, ref_images[:5])
+
+
+def test_missing_files_name_the_dir(tmp_path, monkeypatch):
+  _no_network(monkeypatch)  # data.dir set: never a download
+  with pytest.raises(lc.ConfigError) as e:
+    mnist.dataset_fn(_config(tmp_path), "test")
+  message = str(e.value)
+  assert "\n" not in message
+  assert str(tmp_path) in message and "data.dir" in message
+  assert "t10k-images-idx3-ubyte" in message and "mnist.npz" in message
+
+
+def test_missing_train_files_in_shared_dir(monkeypatch):
+  _no_network(monkeypatch)
+  with pytest.raises(lc.ConfigError, match="train-images-idx3-ubyte") as e:
+    mnist.dataset_fn(_config(SHARED), "train")
+  assert "\n" not in str(e.value)
+
+
+def test_download_failure_is_one_line(tmp_path):
+  c = _config("", cache_dir=str(tmp_path), url=DEAD_URL)
+  with pytest.raises(lc.ConfigError) as e:
+    mnist.dataset_fn(c, "test")
+  message = str(e.value)
+  assert "\n" not in message
+  assert DEAD_URL in message and "data.dir" in message
+  assert str(tmp_path) in message
+  assert list(tmp_path.iterdir()) == []  # no half-written file stays behind
+
+
+def test_download_from_loopback_server(reference, tmp_path):
+  ref_images, ref_labels, _, _ = reference
+  served = tmp_path / "served"
+  served.mkdir()
+  np.savez(served / "mnist.npz", x_train=ref_images[:5],
+           y_train=ref_labels[:5], x_test=ref_images[:50],
+           y_test=ref_labels[:50])
+  (served / "junk.npz").write_bytes(b"<html>not an npz</html>")
+
+  class Handler(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, directory=str(served), **kwargs)
+
+    def log_message(self, *args):  # keep pytest's output clean
+      pass
+
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    cache = tmp_path / "cache"
+    with pytest.raises(lc.ConfigError, match="not mnist.npz") as e:
+      mnist.load_mnist("test", "", f"{base}/junk.npz", str(cache))
+    assert "\n" not in str(e.value)
+    assert list(cache.iterdir()) == []  # the junk never became the cache
+
+    images, labels = mnist.load_mnist("test", "", f"{base}/mnist.npz",
+                                      str(cache))
+    np.testing.assert_array_equal(images, ref_images[:50])
+    np.testing.assert_array_equal(labels, ref_labels[:50])
+    assert [p.name for p in cache.iterdir()] == ["mnist.npz"]
+  finally:
+    server.shutdown()
+    server.server_close()
+  # Served from the cache now: the dead URL is never tried.
+  images, _ = mnist.load_mnist("test", "", DEAD_URL, str(cache))
+  np.testing.assert_array_equal(images, ref_images[:50])
+
+
+def test_corrupt_idx_names_the_file(tmp_path, monkeypatch):
+  _no_network(monkeypatch)
+  shutil.copy(LABELS_GZ, tmp_path)
+  bad = tmp_path / "t10k-images-idx3-ubyte"
+  bad.write_bytes(struct.pack(">IIII", 1234, 1, 28, 28) + bytes(784))
+  with pytest.raises(lc.ConfigError) as e:
+    mnist.load_mnist("test", str(tmp_path), DEAD_URL, "")
+  message = str(e.value)
+  assert "\n" not in message
+  assert str(bad) in message and "1234" in message and "2051" in message
+
+
+def test_truncated_idx_names_the_file(tmp_path, monkeypatch):
+  _no_network(monkeypatch)
+  shutil.copy(LABELS_GZ, tmp_path)
+  bad = tmp_path / "t10k-images-idx3-ubyte.gz"
+  bad.write_bytes(gzip.compress(struct.pack(">IIII", 2051, 10_000, 28, 28) +
+                                bytes(784)))
+  with pytest.raises(lc.ConfigError) as e:
+    mnist.load_mnist("test", str(tmp_path), DEAD_URL, "")
+  assert "\n" not in str(e.value) and str(bad) in str(e.value)
+
+
+def test_unknown_split_names_the_field(monkeypatch):
+  _no_network(monkeypatch)
+  c = _config(SHARED, eval_split="validation")
+  with pytest.raises(lc.ConfigError, match=r"config\.data\.eval_split="):
+    mnist.dataset_fn(c, "validation")
+
+
+def test_model_fn_returns_float32_logits():
+  c = mnist.get_config()
+  c.model.width = 8
+  model = mnist.model_fn(c)
+  assert model.input_shape == (None, 28, 28, 1)
+  assert model.output_shape == (None, 10)
+  assert model.output.dtype == "float32"
+  assert model.layers[-1].activation is keras.activations.linear  # logits
+  assert model(np.zeros((2, 28, 28, 1), np.float32)).shape == (2, 10)
+
+
+def test_model_fn_logits_stay_float32_under_mixed_precision():
+  c = mnist.get_config()
+  c.model.width = 8
+  previous = keras.mixed_precision.global_policy()
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  try:
+    model = mnist.model_fn(c)
+  finally:
+    keras.mixed_precision.set_global_policy(previous)
+  assert model.layers[1].compute_dtype == "float16"
+  assert model.output.dtype == "float32"
+
+
+def test_model_fn_rejects_bad_width():
+  c = mnist.get_config()
+  c.model.width = 1
+  with pytest.raises(lc.ConfigError, match=r"config\.model\.width=1"):
+    mnist.model_fn(c)

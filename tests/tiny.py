@@ -1,0 +1,62 @@
+"""A tiny experiment on synthetic data that the tests run in seconds.
+
+Synopsis::
+
+    python -m looper.main --config=tests/tiny.py --workdir=/tmp/tiny
+
+Four classes of 8-feature points; the label is a linear function of the
+features, so a small MLP learns it. `data.dir` is unused.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from looper import config as lc
+
+NUM_CLASSES = 4
+FEATURES = 8
+
+
+def make_data(num: int, seed: int):
+  """`num` examples, deterministic in `seed` (the test's reference too)."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(num, FEATURES)).astype(np.float32)
+  w = np.random.default_rng(1234).normal(size=(FEATURES, NUM_CLASSES))
+  y = np.argmax(x @ w, axis=1).astype(np.int32)
+  return x, y
+
+
+def model_fn(config):
+  regularizer = keras.regularizers.L2(config.model.l2) if config.model.l2 else None
+  return keras.Sequential([
+      keras.Input((FEATURES,)),
+      keras.layers.Dense(config.model.width, activation="relu",
+                         kernel_regularizer=regularizer),
+      keras.layers.Dense(NUM_CLASSES, kernel_regularizer=regularizer),
+  ])
+
+
+def dataset_fn(config, split):
+  name, selected = lc.split_slice(split, config.model.num_examples)
+  x, y = make_data(config.model.num_examples, seed={"train": 0, "test": 1}[name])
+  return tf.data.Dataset.from_tensor_slices((x[selected], y[selected]))
+
+
+def get_config():
+  c = lc.default_config()
+  c.model_fn = model_fn
+  c.dataset_fn = dataset_fn
+  c.train.steps = 40
+  c.train.batch_size = 32
+  c.train.steps_per_loop = 10
+  c.eval.every_steps = 20
+  c.eval.batch_size = 64
+  c.checkpoint.every_steps = 20
+  c.data.shuffle_buffer = 64
+  c.optimizer.name = "sgd"
+  c.optimizer.learning_rate = 0.1
+  c.model.width = 16
+  c.model.l2 = 1e-3
+  c.model.num_examples = 1001  # not a multiple of any batch size
+  return c
