@@ -110,6 +110,12 @@ def test_summaries_read_back(reference_run):
   assert scalars(workdir / "eval", "examples") == {20: 1001, 40: 1001}
   assert scalars(workdir / "eval", "accuracy")[40] == pytest.approx(
       result["eval"]["accuracy"])
+  from tensorboard.backend.event_processing import event_accumulator
+  acc = event_accumulator.EventAccumulator(
+      str(workdir / "train"), size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  [text] = acc.Tensors("config")
+  assert "linear_model_fn" in text.tensor_proto.string_val[0].decode()
   config = json.loads((workdir / "config.json").read_text())
   assert config["model_fn"] == "tests.test_math:linear_model_fn"
   assert config["train"]["steps"] == 40
