@@ -113,11 +113,7 @@ def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
     return examples.shuffle(buffer, seed=e)
 
   stream = tf.data.Dataset.range(start_epoch, _INFINITE_EPOCHS).flat_map(epoch)
-  return (stream.skip(offset)
-          .shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-          .batch(ctx.get_per_replica_batch_size(global_batch_size),
-                 drop_remainder=True)
-          .prefetch(tf.data.AUTOTUNE))
+  return _per_replica_batches(stream.skip(offset), ctx, global_batch_size)
 
 
 def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
@@ -134,7 +130,18 @@ def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
                        tf.zeros_like(y), tf.constant(0.0))
   padded = examples.take(count).map(with_mask).concatenate(
       examples.take(1).map(zero).repeat(pad))
-  return (padded.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+  return _per_replica_batches(padded, ctx, global_batch_size)
+
+
+def _per_replica_batches(stream: tf.data.Dataset,
+                         ctx: tf.distribute.InputContext,
+                         global_batch_size: int) -> tf.data.Dataset:
+  """This pipeline's share of one global example order, in replica batches.
+
+  Sharding by element (not by file) keeps global batch k the same examples
+  whatever the number of pipelines and replicas.
+  """
+  return (stream.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
           .batch(ctx.get_per_replica_batch_size(global_batch_size),
                  drop_remainder=True)
           .prefetch(tf.data.AUTOTUNE))

@@ -50,10 +50,12 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def build(opt: ml_collections.ConfigDict,
           total_steps: int) -> keras.optimizers.Optimizer:
   """Returns the Keras optimizer for `config.optimizer` (call inside scope)."""
-  lr = opt.learning_rate
-  if opt.schedule != "constant" or opt.warmup_steps:
-    lr = WarmupSchedule(opt.learning_rate, opt.warmup_steps, opt.schedule,
-                        total_steps)
+  # Always a schedule, even for a constant rate: Keras checkpoints a plain
+  # float rate as a variable, so a resumed run would silently keep the old
+  # rate over a new --config.optimizer.learning_rate. A schedule is a
+  # function of the restored step and the config alone.
+  lr = WarmupSchedule(opt.learning_rate, opt.warmup_steps, opt.schedule,
+                      total_steps)
   if opt.name == "sgd":
     return keras.optimizers.SGD(lr, momentum=opt.momentum)
   if opt.name == "adamw":

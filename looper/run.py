@@ -115,7 +115,7 @@ def _train(trainer, ckpt: checkpoint.Checkpointer, out: summaries.Summaries,
     start = time.perf_counter()
     losses, logs = trainer.train(iterator, n)
     seconds = time.perf_counter() - start
-    _check_finite(losses, step + 1, ckpt.latest())
+    _check_finite(losses, step + 1, ckpt)
     logs = dict(loss=float(np.mean(losses)), **logs,
                 learning_rate=trainer.learning_rate(),
                 steps_per_sec=n / seconds, examples_per_sec=n * batch / seconds)
@@ -131,10 +131,12 @@ def _train(trainer, ckpt: checkpoint.Checkpointer, out: summaries.Summaries,
   return result
 
 
-def _check_finite(losses: np.ndarray, first_step: int, latest: str | None):
+def _check_finite(losses: np.ndarray, first_step: int,
+                  ckpt: checkpoint.Checkpointer):
   """Stops before a NaN/inf state can be saved over a good checkpoint."""
   bad = np.flatnonzero(~np.isfinite(losses))
   if bad.size:
+    latest = ckpt.latest()
     kept = f"{latest} is kept" if latest else "no checkpoint was written"
     raise FloatingPointError(
         f"train loss is {losses[bad[0]]} at step {first_step + bad[0]};"

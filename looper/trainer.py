@@ -75,7 +75,8 @@ class Trainer:
     self.model_fn = config_lib.resolve(config.model_fn, "model_fn")
     self.dataset_fn = config_lib.resolve(config.dataset_fn, "dataset_fn")
     self._loss_fn = _lookup(config.loss, LOSSES, "loss")
-    self._eval_data = None  # built on the first evaluate()
+    # Built on the first evaluate(): counting the split may take a pass.
+    self._eval_data, self._eval_steps = None, None
 
     # Same seed, same initial weights: whatever the replica count.
     keras.utils.set_random_seed(config.seed)

@@ -1,5 +1,7 @@
 """Subclassing the Trainer, and loops clamped to eval/checkpoint steps."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -58,19 +60,35 @@ def test_compute_loss_override_changes_only_the_loss(tmp_path):
 
 def test_nan_loss_stops_before_saving_over_a_good_checkpoint(tmp_path):
   c = tiny.get_config()
-  c.train.steps, c.checkpoint.every_steps = 40, 10
-  c.optimizer.learning_rate = 1e30  # diverges after a few steps
+  c.train.steps, c.checkpoint.every_steps = 20, 10
+  run.run(c, str(tmp_path))  # a good run: ckpt-10, ckpt-20
+  c.train.steps = 40
+  c.optimizer.learning_rate = 1e30  # resumed, it diverges within a loop
   with pytest.raises(FloatingPointError) as e:
     run.run(c, str(tmp_path))
   message = str(e.value)
-  assert "\n" not in message and "--config.optimizer.learning_rate" in message
-  saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.index"))
-  assert f"{tmp_path}/checkpoints/{saved[-1][:-6]} is kept" in message if (
-      saved) else "no checkpoint was written" in message
-  for name in saved:  # whatever was saved holds finite weights
-    reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints" /
-                                          name[:-6]))
-    for key in reader.get_variable_to_shape_map():
-      value = reader.get_tensor(key)
-      if np.issubdtype(np.asarray(value).dtype, np.floating):
-        assert np.isfinite(value).all(), key
+  ckpt_dir = tmp_path / "checkpoints"
+  assert re.fullmatch(
+      rf"train loss is (nan|inf|-inf) at step 2\d; {ckpt_dir}/ckpt-20 is"
+      r" kept; lower --config.optimizer.learning_rate or check the data",
+      message), message
+  assert tf.train.latest_checkpoint(str(ckpt_dir)).endswith("ckpt-20")
+  assert sorted(p.name for p in ckpt_dir.glob("*.index")) == [
+      "ckpt-10.index", "ckpt-20.index"]
+  reader = tf.train.load_checkpoint(str(ckpt_dir / "ckpt-20"))
+  floats = [k for k, dtype in reader.get_variable_to_dtype_map().items()
+            if dtype.is_floating]
+  assert len(floats) >= 4  # kernels, biases, optimizer slots
+  for key in floats:
+    assert np.isfinite(reader.get_tensor(key)).all(), key
+
+
+def test_resume_takes_the_new_learning_rate_from_the_config(tmp_path):
+  c = tiny.get_config()
+  c.train.steps = 20
+  run.run(c, str(tmp_path), mode="train")
+  c.train.steps, c.optimizer.learning_rate = 30, 0.5
+  result = run.run(c, str(tmp_path), mode="train")
+  assert result["train"]["learning_rate"] == pytest.approx(0.5)
+  assert scalars(tmp_path / "train", "learning_rate") == pytest.approx(
+      {10: 0.1, 20: 0.1, 30: 0.5})
