@@ -1,12 +1,15 @@
-"""Saving and restoring the training state; the run loop decides when.
+"""Saving and restoring the training state; the Controller decides when.
 
 Synopsis::
 
     ckpt = checkpoint.Checkpointer(f"{workdir}/checkpoints",
                                    trainer.checkpoint_items(), keep=3,
-                                   chief=True, task_id=0)
-    ckpt.restore()          # latest checkpoint, if any -> its path or None
+                                   chief=True, task_id=0, async_save=False)
+    ckpt.restore()          # latest readable checkpoint -> its path or None
     ckpt.save(step=500)     # writes checkpoints/ckpt-500.*
+    ckpt.save_best(500)     # checkpoints/best/ckpt-500.* (keeps one)
+    ckpt.wait()             # an async save in flight is durable after this
+    checkpoint.warm_start("/runs/a/checkpoints", {"model": model})
 
 What is saved: the model, the optimizer (slots and iteration count), the
 global step and the train data position (global examples consumed). The
@@ -16,11 +19,15 @@ distributed iterator itself cannot be checkpointed under tf.distribute
 A checkpoint is never half-written: TensorFlow writes the data to temporary
 files and renames them, and the `checkpoint` index that names the latest one
 is replaced atomically after that; a crash mid-save leaves the previous
-checkpoint as the latest.
+checkpoint as the latest. With `async_save` TensorFlow writes in a thread
+(`experimental_enable_async_checkpoint`): one save is in flight at most, the
+next save, `wait()` and a stop wait for it, and the index moves only once
+the files are complete. A newest checkpoint that cannot be read (a disk
+fault) is skipped with a warning for the one before it.
 
 Under multi-worker every task must call `save` (it is a collective), but
 only the chief's copy is kept: the others write to a scratch directory that
-is removed right after.
+is removed once the write is complete.
 """
 
 import os
@@ -30,11 +37,18 @@ from absl import logging
 import tensorflow as tf
 
 
+class CheckpointError(ValueError):
+  """A checkpoint cannot be used; the message names it and the fix."""
+
+
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
 class Checkpointer:
   """A CheckpointManager over the trainer's state, chief-aware."""
 
   def __init__(self, directory: str, items: dict[str, Any], *, keep: int,
-               chief: bool, task_id: int):
+               chief: bool, task_id: int, async_save: bool = False):
     self.directory = directory
     self._checkpoint = tf.train.Checkpoint(**items)
     self._save_dir = directory if chief else os.path.join(
@@ -42,22 +56,181 @@ class Checkpointer:
     self._chief = chief
     self._manager = tf.train.CheckpointManager(
         self._checkpoint, self._save_dir, max_to_keep=keep)
+    self._best = None  # a manager for checkpoints/best, made on first use
+    self._options = tf.train.CheckpointOptions(
+        experimental_enable_async_checkpoint=async_save)
+    self._async = async_save
+    self._in_flight = False
+    self._saved_step = None
 
   def latest(self) -> str | None:
     """Path prefix of the newest complete checkpoint, or None."""
     return tf.train.latest_checkpoint(self.directory)
 
-  def restore(self) -> str | None:
-    """Restores the newest checkpoint; returns its path (None: fresh start)."""
-    path = self.latest()
-    if path:
+  def all(self) -> list[str]:
+    """Complete checkpoints in the directory, oldest first."""
+    state = tf.train.get_checkpoint_state(self.directory)
+    if not state:
+      return []
+    return [p for p in state.all_model_checkpoint_paths
+            if tf.io.gfile.exists(p + ".index")]
+
+  def restore(self, path: str | None = None) -> str | None:
+    """Restores `path`, or the newest readable checkpoint; returns its path.
+
+    Returns None when there is no checkpoint (a fresh start).
+
+    Raises:
+      CheckpointError: `path` does not exist, no checkpoint is readable, or
+        the checkpoint belongs to a different model.
+    """
+    if path is not None:
+      if not tf.io.gfile.exists(path + ".index"):
+        raise CheckpointError(
+            f"--checkpoint={path}: no such checkpoint ({path}.index is"
+            f" missing); give a prefix like {self.directory}/ckpt-1000")
+      self._read(path)
+      return path
+    candidates = self.all()
+    latest = self.latest()
+    if latest and latest not in candidates:
+      candidates.append(latest)
+    for i, candidate in enumerate(reversed(candidates)):
+      try:
+        self._read(candidate)
+      except tf.errors.OpError as e:
+        older = candidates[-2 - i] if i + 2 <= len(candidates) else None
+        if older is None:
+          raise CheckpointError(
+              f"checkpoint {candidate} cannot be read"
+              f" ({_first_line(e)}); delete {candidate}.* (and its line in"
+              f" {self.directory}/checkpoint) or use a new --workdir"
+              ) from None
+        logging.warning("Checkpoint %s cannot be read (%s); falling back to"
+                        " %s. Delete %s.* to silence this.", candidate,
+                        _first_line(e), older, candidate)
+        continue
+      logging.info("Restored %s", candidate)
+      return candidate
+    return None
+
+  def _read(self, path: str) -> None:
+    try:
       self._checkpoint.restore(path).assert_existing_objects_matched()
-      logging.info("Restored %s", path)
+    except (ValueError, AssertionError) as e:
+      workdir = os.path.dirname(self.directory)
+      raise CheckpointError(
+          f"{path} holds a different model or trainer state than the config"
+          f" builds ({_first_line(e)}); use a new --workdir, or delete"
+          f" {workdir} to start over") from None
+    self._saved_step = _step_of(path)
+
+  def save(self, step: int, *, sync: bool = False) -> str | None:
+    """Saves the state as `ckpt-{step}`, unless that is the newest already.
+
+    Args:
+      step: the global step (names the checkpoint).
+      sync: write now even if async saving is on (a preemption save).
+    """
+    self.wait()
+    if self._saved_step == step:
+      return None
+    path = self._manager.save(
+        checkpoint_number=step,
+        options=None if sync or not self._async else self._options)
+    self._saved_step = step
+    self._in_flight = self._async and not sync
+    if not self._in_flight:
+      self._finish(path)
     return path
 
-  def save(self, step: int) -> None:
-    path = self._manager.save(checkpoint_number=step)
+  def save_best(self, step: int) -> str:
+    """Saves the state to `best/ckpt-{step}`, replacing the previous best."""
+    self.wait()
+    if self._best is None:
+      directory = os.path.join(self._save_dir, "best")
+      self._best = tf.train.CheckpointManager(self._checkpoint, directory,
+                                              max_to_keep=1)
+    path = self._best.save(checkpoint_number=step)
+    self._finish(path)
+    return path
+
+  def wait(self) -> None:
+    """Blocks until an async save is complete; raises if its write failed."""
+    if not self._in_flight:
+      return
+    self._in_flight = False
+    self._checkpoint.sync()
+    self._finish(self._manager.latest_checkpoint)
+
+  def _finish(self, path: str) -> None:
     if self._chief:
       logging.info("Saved %s", path)
     else:
       tf.io.gfile.rmtree(self._save_dir)
+
+
+def _first_line(e: BaseException) -> str:
+  text = getattr(e, "message", None) or str(e)
+  return text.strip().splitlines()[0] if text.strip() else type(e).__name__
+
+
+def _step_of(path: str) -> int | None:
+  tail = path.rsplit("-", 1)[-1]
+  return int(tail) if tail.isdigit() else None
+
+
+def _variables(path: str, prefix: str) -> dict[str, list[int]]:
+  """{name: shape} of the variables under `prefix/` in a checkpoint."""
+  shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+  return {k[len(prefix) + 1:-len(_VALUE)]: v for k, v in shapes.items()
+          if k.startswith(prefix + "/") and k.endswith(_VALUE)}
+
+
+def warm_start(path: str, items: dict[str, Any]) -> str:
+  """Restores `items` (e.g. the model) from another run before step 0.
+
+  Variables match by their place in the model (the same keys a checkpoint
+  of this model would use); those missing from the checkpoint keep their
+  initial values, and one line reports what matched.
+
+  Args:
+    path: a checkpoint prefix, or a directory holding checkpoints.
+    items: {'model': model} and optionally {'optimizer': optimizer}.
+
+  Returns:
+    The one-line report (also logged).
+
+  Raises:
+    CheckpointError: no checkpoint at `path`, or a variable's shape differs.
+  """
+  if tf.io.gfile.isdir(path):
+    path = tf.train.latest_checkpoint(path) or path
+  if not tf.io.gfile.exists(path + ".index"):
+    raise CheckpointError(
+        f"config.init.checkpoint={path!r}: no checkpoint there ({path}.index"
+        " is missing); give a checkpoint prefix like"
+        " /runs/a/checkpoints/ckpt-1000 or its directory")
+  # Our own keys, from a throwaway in-memory checkpoint of this model.
+  probe = tf.train.Checkpoint(**items).write(f"ram://looper-warm-start/{id(items)}")
+  parts = []
+  for name in items:
+    ours, theirs = _variables(probe, name), _variables(path, name)
+    for key, shape in ours.items():
+      if key in theirs and theirs[key] != shape:
+        raise CheckpointError(
+            f"config.init.checkpoint={path!r}: {name} variable {key} has shape"
+            f" {theirs[key]} there but {shape} here; make the model match, or"
+            " drop the layer from the warm start")
+    matched = [k for k in ours if k in theirs]
+    missing = [k for k in ours if k not in theirs]
+    unused = [k for k in theirs if k not in ours]
+    parts.append(f"{name}: {len(matched)} of {len(ours)} variables restored"
+                 + (f", not in the checkpoint: {', '.join(missing)}"
+                    if missing else "")
+                 + (f", unused from it: {', '.join(unused)}" if unused else ""))
+  tf.io.gfile.rmtree("ram://looper-warm-start")
+  tf.train.Checkpoint(**items).read(path).expect_partial()
+  report = f"Warm start from {path}: " + "; ".join(parts)
+  logging.info(report)
+  return report

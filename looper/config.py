@@ -19,6 +19,7 @@ so a bad `--config.*` override fails before TensorFlow touches a device.
 """
 
 import difflib
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -26,6 +27,8 @@ import inspect
 import json
 import os
 import re
+import sys
+import types
 from typing import Any
 
 import ml_collections
@@ -34,6 +37,14 @@ from ml_collections import config_dict
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "linear")
+BEST_MODES = ("max", "min")
+
+# Keys looper itself puts in the train and eval logs; a metric with one of
+# these names would overwrite them (see `check_metric_names`).
+RESERVED_METRIC_NAMES = ("loss", "examples", "learning_rate", "steps_per_sec",
+                         "examples_per_sec")
+# How `to_json` marks a callable that no 'module:name' string can load back.
+UNLOADABLE = "<unloadable: "
 
 # A split is a name with an optional TFDS-style slice: 'train', 'test[:8000]',
 # 'test[8000:]', 'train[10%:90%]'.
@@ -70,23 +81,48 @@ def default_config() -> ml_collections.ConfigDict:
   # Steps run inside one tf.function call; evaluation, checkpoints and the
   # end clamp a loop so they land exactly on their step.
   c.train.steps_per_loop = 100
+  # On a NaN/inf loss: restore the last checkpoint, skip the data that blew
+  # up and go on, at most this many times; 0 stops with an error at once.
+  c.train.nan_recovery_tries = 0
+  # Stop after this many evaluations without improving
+  # checkpoint.best_metric (needs it set); 0: never stop early.
+  c.train.early_stop_patience = 0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every_steps = 1000  # 0: evaluate only at the end of training.
   c.eval.batch_size = 256  # GLOBAL batch; the last one is padded and masked.
   c.eval.steps = config_dict.placeholder(int)  # None: the whole eval split.
+  # --mode=continuous_eval stops after this long without a new checkpoint.
+  c.eval.timeout_secs = 3600.0
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adam"  # sgd | adam | adamw
   c.optimizer.learning_rate = 1e-3
   c.optimizer.schedule = "constant"  # constant | cosine | linear (to 0)
-  c.optimizer.warmup_steps = 0  # linear warmup from 0 before the schedule
+  # Linear warmup before the schedule: update k uses k/warmup_steps of it.
+  c.optimizer.warmup_steps = 0
   c.optimizer.momentum = 0.9  # sgd only
   c.optimizer.weight_decay = 0.0  # adamw only
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 1000  # 0: save only at the end.
   c.checkpoint.keep = 3
+  # Also save when this long has passed since the last save (0: off), so a
+  # preemptible job loses at most this much work whatever the step time.
+  c.checkpoint.every_secs = 0.0
+  # Write checkpoints in a background thread (TensorFlow's async saving).
+  # Not `async`: that is a Python keyword, `c.checkpoint.async` won't parse.
+  c.checkpoint.async_save = False
+  # Keep the checkpoint with the best value of this eval metric (e.g.
+  # 'accuracy', or 'loss' with best_mode='min') in checkpoints/best/.
+  c.checkpoint.best_metric = ""
+  c.checkpoint.best_mode = "max"  # max | min
+
+  # Warm start: weights from another run's checkpoint before step 0 (only
+  # when the workdir has no checkpoint of its own).
+  c.init = ml_collections.ConfigDict()
+  c.init.checkpoint = ""  # a checkpoint prefix or a checkpoints/ directory
+  c.init.optimizer = False  # also restore the optimizer slots
 
   c.distribution = ml_collections.ConfigDict()
   c.distribution.strategy = "auto"  # see STRATEGIES; auto picks from below
@@ -119,6 +155,11 @@ def resolve(value: Any, field: str) -> Any:
         f" 'module:function' string")
   if not isinstance(value, str):
     return value
+  if value.startswith(UNLOADABLE):
+    raise ConfigError(
+        f"config.{field}={value!r} was saved from an object that cannot be"
+        f" loaded back; set config.{field} in get_config() to a module-level"
+        " function or a 'module:name' string")
   module_name, sep, attr = value.rpartition(":")
   if not sep or not module_name or not attr:
     raise ConfigError(
@@ -140,15 +181,46 @@ def resolve(value: Any, field: str) -> Any:
   return obj
 
 
+# Files loaded by `_import`, by real path.
+_FILES: dict[str, types.ModuleType] = {}
+
+
 def _import(module: str):
-  """Imports a module by dotted name, or a config file by its .py path."""
+  """Imports a module by dotted name, or a config file by its .py path.
+
+  A file runs at most once per process, like an imported module: its top
+  level may load data or have side effects, and every field naming it must
+  get the same objects. A file Python already loaded (imported as a module,
+  or by config_flags as the --config file) is reused, not run again.
+  """
   if not module.endswith(".py"):
     return importlib.import_module(module)
-  spec = importlib.util.spec_from_file_location(
-      os.path.splitext(os.path.basename(module))[0], module)
-  loaded = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(loaded)
-  return loaded
+  path = os.path.realpath(module)
+  if path not in _FILES:
+    loaded = _loaded_from(path)
+    if loaded is None:
+      spec = importlib.util.spec_from_file_location(
+          os.path.splitext(os.path.basename(module))[0], module)
+      loaded = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(loaded)  # cached only if it ran to the end
+    _FILES[path] = loaded
+  return _FILES[path]
+
+
+def _loaded_from(path: str) -> types.ModuleType | None:
+  """A module in sys.modules that was loaded from the file at `path`."""
+  for module in list(sys.modules.values()):
+    # vars(), not getattr: a lazy module (TensorFlow's) would import itself
+    # on a missing attribute.
+    file = vars(module).get("__file__") if isinstance(
+        module, types.ModuleType) else None
+    # Names first: realpath touches the disk, and TensorFlow brings
+    # thousands of modules.
+    if (isinstance(file, str) and
+        os.path.basename(file) == os.path.basename(path) and
+        os.path.realpath(file) == path):
+      return module
+  return None
 
 
 def parse_split(split: str, field: str = "data.split"):
@@ -221,7 +293,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for field, value in [("eval.every_steps", c.eval.every_steps),
                        ("checkpoint.every_steps", c.checkpoint.every_steps),
                        ("data.shuffle_buffer", c.data.shuffle_buffer),
-                       ("optimizer.warmup_steps", c.optimizer.warmup_steps)]:
+                       ("optimizer.warmup_steps", c.optimizer.warmup_steps),
+                       ("train.nan_recovery_tries",
+                        c.train.nan_recovery_tries),
+                       ("train.early_stop_patience",
+                        c.train.early_stop_patience)]:
     _check(isinstance(value, int) and value >= 0, field, value,
            f"must be a whole number >= 0; set --config.{field}")
   _check(c.eval.steps is None or c.eval.steps >= 1, "eval.steps",
@@ -230,6 +306,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
          c.optimizer.learning_rate, "must be > 0")
   _check(c.optimizer.warmup_steps <= c.train.steps, "optimizer.warmup_steps",
          c.optimizer.warmup_steps, f"must be <= train.steps={c.train.steps}")
+  for field, value in [("checkpoint.every_secs", c.checkpoint.every_secs),
+                       ("eval.timeout_secs", c.eval.timeout_secs)]:
+    _check(isinstance(value, (int, float)) and value >= 0, field, value,
+           f"must be a number of seconds >= 0; set --config.{field}")
+  _check_choice(c.checkpoint.best_mode, "checkpoint.best_mode", BEST_MODES)
+  _check(not c.train.early_stop_patience or bool(c.checkpoint.best_metric),
+         "train.early_stop_patience", c.train.early_stop_patience,
+         "early stopping watches checkpoint.best_metric; set"
+         " --config.checkpoint.best_metric (e.g. accuracy)")
   _check_choice(c.optimizer.name, "optimizer.name", OPTIMIZERS)
   _check_choice(c.optimizer.schedule, "optimizer.schedule", SCHEDULES)
   _check_choice(c.distribution.strategy, "distribution.strategy", STRATEGIES)
@@ -246,20 +331,101 @@ def _jsonable(value: Any) -> Any:
     return {k: _jsonable(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
     return [_jsonable(v) for v in value]
-  if callable(value):  # functions and classes: the string `resolve` reads
-    module = value.__module__
-    top_level = module.split(".")[0]
-    if importlib.machinery.PathFinder.find_spec(top_level) is None:
-      # Defined in a config file loaded by path (config_flags gives it a
-      # private module name): name the file instead.
-      module = os.path.relpath(inspect.getfile(value))
-    return f"{module}:{value.__qualname__}"
+  if callable(value):
+    return _loadable_name(value) or f"{UNLOADABLE}{_describe(value)}>"
   return value
 
 
+def _loadable_name(value: Any) -> str | None:
+  """The 'module:name' string `resolve` turns back into `value`, if any."""
+  module_name = getattr(value, "__module__", None)
+  qualname = getattr(value, "__qualname__", None)  # None on instances
+  if not (isinstance(module_name, str) and isinstance(qualname, str)):
+    return None
+  # '<lambda>', 'f.<locals>.g': no attribute path reaches them.
+  if "<" in qualname:
+    return None
+  module = sys.modules.get(module_name)
+  top_level = module_name.split(".")[0]
+  importable = (top_level in sys.builtin_module_names or
+                importlib.machinery.PathFinder.find_spec(top_level) is not None)
+  if importable and _attribute(module, qualname) is value:
+    return f"{module_name}:{qualname}"
+  # Defined in a file loaded by path: by config_flags (under a private module
+  # name that no other process can import) or by `resolve`. Name the file.
+  for module in [module, *_FILES.values()]:
+    file = vars(module).get("__file__") if module is not None else None
+    if isinstance(file, str) and _attribute(module, qualname) is value:
+      return f"{os.path.relpath(file)}:{qualname}"
+  return None  # e.g. a bound method, or a name rebound since
+
+
+def _attribute(obj: Any, dotted: str) -> Any:
+  for part in dotted.split("."):
+    obj = getattr(obj, part, None)
+  return obj
+
+
+def _describe(value: Any) -> str:
+  """A stable description of a callable for a reader; no memory addresses."""
+  if isinstance(value, functools.partial):
+    args = [_describe_arg(a) for a in value.args]
+    args += [f"{k}={_describe_arg(v)}" for k, v in value.keywords.items()]
+    return f"functools.partial({', '.join([_describe_arg(value.func)] + args)})"
+  qualname = getattr(value, "__qualname__", None)
+  if isinstance(qualname, str):
+    kind = ("class" if inspect.isclass(value) else
+            "method" if inspect.ismethod(value) else "function")
+    return f"{kind} {getattr(value, '__module__', '?')}:{qualname}"
+  cls = type(value)
+  return f"instance of {cls.__module__}:{cls.__qualname__}"
+
+
+def _describe_arg(value: Any) -> str:
+  if callable(value):
+    return _loadable_name(value) or _describe(value)
+  return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
 def to_json(c: ml_collections.ConfigDict) -> str:
-  """The resolved config as JSON; callables become 'module:name' strings."""
+  """The resolved config as JSON, with callables written as strings.
+
+  A callable that `resolve` can load back (a module-level function or class)
+  becomes 'module:name', or 'path/to/file.py:name' for one defined in a config
+  file loaded by path. Any other callable (a lambda, a nested function, a
+  functools.partial, a bound method, a callable instance such as
+  `keras.losses.SparseCategoricalCrossentropy(from_logits=True)`) becomes
+  '<unloadable: DESCRIPTION>', where DESCRIPTION is for a reader, e.g.
+  '<unloadable: functools.partial(mod:fn, from_logits=True)>' or
+  '<unloadable: instance of mod:Class>'. `resolve` rejects such a string with
+  a one-line error. Saving never fails on a callable.
+  """
   return json.dumps(_jsonable(c.to_dict()), indent=2, sort_keys=True)
+
+
+def check_metric_names(names) -> None:
+  """Checks the names of the built metric objects (they key the logs).
+
+  Called once the metrics are built, since factories choose their names.
+
+  Args:
+    names: the `.name` of every metric, in config.metrics order.
+
+  Raises:
+    ConfigError: a name is one looper logs itself, or is used twice.
+  """
+  seen = set()
+  for name in names:
+    if name in RESERVED_METRIC_NAMES:
+      raise ConfigError(
+          f"config.metrics: a metric is named {name!r}, which looper reports"
+          " itself; give it another name (e.g. keras.metrics.Mean("
+          f"name='my_{name}'))")
+    if name in seen:
+      raise ConfigError(
+          f"config.metrics: two metrics are named {name!r}, so one would"
+          " hide the other in the logs; give each its own name")
+    seen.add(name)
 
 
 def override_error(exc: BaseException, argv) -> str:
@@ -269,16 +435,68 @@ def override_error(exc: BaseException, argv) -> str:
     exc: what parsing a `--config.x.y=v` flag raised.
     argv: the command line, to name the flag that caused it.
   """
-  text = str(exc).replace("\\n", "\n").replace("\\'", "'")
-  key = re.search(r"""^['"]*(?:Key ")?([\w.]+)""", text)
+  text, bad, flag = _override_flag(exc, argv)
+  flag = flag or f"--config...{bad}"
   suggestion = re.search(r'Did you mean "([\w.]+)"', text)
-  bad = key.group(1) if key else "?"
-  flag = next((a.split("=")[0] for a in argv[1:]
-               if a.startswith("--config.") and
-               re.search(rf"\.{re.escape(bad)}(\.|=|$)", a.split("=")[0])),
-              f"--config...{bad}")
   head, _, tail = flag.rpartition(bad)
   hint = (f"did you mean {head}{suggestion.group(1)}{tail}?"
           if suggestion else "run with --helpfull to list the config fields")
   return f"{flag}: the config has no field {bad!r}; {hint}"
 
+
+def _override_flag(exc: BaseException, argv):
+  """(exc's text, the key it names, the --config.* flag with that key)."""
+  text = str(exc).replace("\\n", "\n").replace("\\'", "'")
+  key = re.search(r"""^['"]*(?:Key ")?([\w.]+)""", text)
+  bad = key.group(1) if key else "?"
+  flag = next((a.split("=")[0] for a in argv[1:]
+               if a.startswith("--config.") and
+               re.search(rf"\.{re.escape(bad)}(\.|=|$)", a.split("=")[0])),
+              None)
+  return text, bad, flag
+
+
+def parse_error(exc: BaseException, argv
+                ) -> tuple[str, types.TracebackType | None]:
+  """Explains a KeyError/AttributeError raised while the flags were parsed.
+
+  Two different errors arrive as these types. ml_collections raises one for
+  a --config.* override that names no field: a typo, for which one line is
+  best. The --config file's own code raises one too, e.g. os.environ['X'] in
+  get_config(): a bug in the file, for which the traceback is what helps. It
+  is an override error only if no frame of the traceback runs the config
+  file and the key it names is in a --config.* flag.
+
+  Args:
+    exc: what `flags.FLAGS(argv)` raised.
+    argv: the command line.
+
+  Returns:
+    (the one line to end with, the traceback to print before it or None).
+  """
+  path = _config_file_arg(argv)
+  in_file = exc.__traceback__
+  while in_file is not None and (
+      path is None or os.path.realpath(in_file.tb_frame.f_code.co_filename)
+      != os.path.realpath(path)):
+    in_file = in_file.tb_next
+  if in_file is None and _override_flag(exc, argv)[2]:
+    return override_error(exc, argv), None
+  # Printed from the config file's first frame on: absl's and
+  # ml_collections' frames above it would only hide the user's line.
+  return (f"--config={path}: loading the config file raised {exc!r}; see the"
+          " traceback above", in_file or exc.__traceback__)
+
+
+def _config_file_arg(argv) -> str | None:
+  """The path in --config=PATH[:ARG] (or --config PATH), if given."""
+  for i, arg in enumerate(argv[1:], 1):
+    if arg == "--":
+      break
+    match = re.match(r"^--?config(?:=(.*))?$", arg)
+    if match:
+      value = match.group(1) if "=" in arg else (
+          argv[i + 1] if i + 1 < len(argv) else None)
+      # config_flags passes what follows the first ':' to get_config().
+      return value.split(":", 1)[0] if value else None
+  return None

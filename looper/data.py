@@ -4,7 +4,8 @@ Synopsis::
 
     examples = lambda: data.checked(dataset_fn(config, split), split)
     train = data.distribute_train(strategy, examples, global_batch_size=128,
-                                  seed=0, shuffle_buffer=10_000, position=0)
+                                  seed=0, shuffle_buffer=10_000, position=0,
+                                  split="train")   # an empty split: error
     count, steps = data.eval_plan(num_examples, global_batch_size=256,
                                   steps=None)
     evaluation = data.distribute_eval(strategy, examples,
@@ -59,8 +60,13 @@ def checked(dataset: tf.data.Dataset, split: str) -> tf.data.Dataset:
   return dataset
 
 
-def num_examples(dataset: tf.data.Dataset, split: str) -> int:
-  """Size of a finite dataset; counted by one pass when TF cannot tell."""
+def num_examples(dataset: tf.data.Dataset, split: str,
+                 field: str = "data.eval_split") -> int:
+  """Size of a finite, non-empty dataset; counted by one pass if TF cannot tell.
+
+  Raises:
+    ConfigError: the dataset is endless or empty (`field` names the split).
+  """
   n = int(dataset.cardinality())
   if n == _INFINITE:
     raise ConfigError(
@@ -68,7 +74,45 @@ def num_examples(dataset: tf.data.Dataset, split: str) -> int:
         " return one pass over the data (looper repeats the train split)")
   if n == _UNKNOWN:
     n = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+  if not n:
+    raise _empty_split(split, field)
   return n
+
+
+def check_nonempty(dataset: tf.data.Dataset, split: str | None,
+                   field: str = "data.train_split") -> tf.data.Dataset:
+  """Returns `dataset` if it has an example; reads at most one to find out.
+
+  An empty train split would make the endless epoch stream of
+  `train_dataset` spin forever without yielding a batch, so it must be
+  caught before training starts.
+
+  Args:
+    dataset: one pass over a split, e.g. from `checked`.
+    split: the split's name as configured (None: not known here).
+    field: the config field that names the split, for the error.
+
+  Raises:
+    ConfigError: the dataset has no examples.
+  """
+  n = int(dataset.cardinality())
+  # Unknown (e.g. after a filter): take one example rather than count, so a
+  # non-empty split costs one element, not a pass. Only eagerly, as a graph
+  # cannot run the probe; distribute_datasets_from_function calls its
+  # dataset function eagerly, so `distribute_train` is covered.
+  if n == _UNKNOWN and tf.executing_eagerly():
+    n = sum(1 for _ in dataset.take(1))
+  if not n:
+    raise _empty_split(split, field)
+  return dataset
+
+
+def _empty_split(split: str | None, field: str) -> ConfigError:
+  value = "" if split is None else f"={split!r}"
+  return ConfigError(
+      f"config.{field}{value} selects no examples: config.dataset_fn returned"
+      f" an empty dataset; widen --config.{field} or check the data"
+      " dataset_fn reads")
 
 
 def check_divisible(global_batch_size: int, replicas: int, field: str):
@@ -82,7 +126,7 @@ def check_divisible(global_batch_size: int, replicas: int, field: str):
 
 def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
                   *, global_batch_size: int, seed: int, shuffle_buffer: int,
-                  position: int) -> tf.data.Dataset:
+                  position: int, split: str | None = None) -> tf.data.Dataset:
   """One input pipeline's endless stream of per-replica train batches.
 
   Args:
@@ -92,10 +136,15 @@ def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
     seed: epoch e is shuffled with a seed derived from (seed, e).
     shuffle_buffer: 0 keeps the dataset's order.
     position: global examples consumed before this stream starts.
+    split: config.data.train_split, named by the error for an empty split.
+
+  Raises:
+    ConfigError: the split is empty (the stream would never yield a batch).
   """
   if position % ctx.num_input_pipelines:
     raise ValueError(f"position {position} does not split over"
                      f" {ctx.num_input_pipelines} input pipelines")
+  check_nonempty(examples, split)
   size = int(examples.cardinality())
   # With a known epoch size we can jump straight to the epoch; without, the
   # stream restarts at epoch 0 and skips (slower, equally exact).
@@ -162,12 +211,17 @@ def eval_plan(num: int, global_batch_size: int, steps) -> tuple[int, int]:
 
 def distribute_train(strategy: tf.distribute.Strategy, examples: Examples, *,
                      global_batch_size: int, seed: int, shuffle_buffer: int,
-                     position: int) -> tf.distribute.DistributedDataset:
-  """The distributed train dataset, starting at global example `position`."""
+                     position: int, split: str | None = None
+                     ) -> tf.distribute.DistributedDataset:
+  """The distributed train dataset, starting at global example `position`.
+
+  Raises:
+    ConfigError: the train split (`split`, for the message) is empty.
+  """
   return strategy.distribute_datasets_from_function(
       lambda ctx: train_dataset(
           examples(), ctx, global_batch_size=global_batch_size, seed=seed,
-          shuffle_buffer=shuffle_buffer, position=position))
+          shuffle_buffer=shuffle_buffer, position=position, split=split))
 
 
 def distribute_eval(strategy: tf.distribute.Strategy, examples: Examples, *,

@@ -5,13 +5,22 @@ Synopsis::
     python -m looper.main --config=experiments/mnist.py --workdir=/tmp/mnist \
         --config.train.steps=500 --mode=train_and_eval
 
+    # Beside it, an evaluator on the same workdir:
+    python -m looper.main --config=... --workdir=/tmp/mnist \
+        --mode=continuous_eval
+    # One checkpoint, once:
+    python -m looper.main --config=... --workdir=/tmp/mnist --mode=eval \
+        --checkpoint=/tmp/mnist/checkpoints/ckpt-500
+
 This file is intentionally short: everything it does is `run.run(config,
-workdir, mode)`, callable from Python with a config from `get_config()`.
+workdir, mode, checkpoint)`, callable from Python with a config from
+`get_config()`.
 Config errors end the program with one line naming the field and the fix.
 """
 
 import os
 import sys
+import traceback
 
 # Keep TensorFlow's C++ start-up chatter out of the progress lines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -21,6 +30,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from looper import checkpoint as checkpoint_lib
 from looper import config as config_lib
 from looper import run
 
@@ -31,6 +41,9 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for checkpoints, events and config.json.")
 _MODE = flags.DEFINE_enum("mode", "train_and_eval", list(run.MODES),
                           "What to run.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None,
+    "--mode=eval: the checkpoint prefix to evaluate (default: the latest).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -40,8 +53,11 @@ def _parse_flags(argv):
     return flags.FLAGS(argv)
   except config_lib.ConfigError as e:
     sys.exit(f"looper: {e}")
-  except (AttributeError, KeyError) as e:  # ml_collections: no such field
-    sys.exit(f"looper: {config_lib.override_error(e, argv)}")
+  except (AttributeError, KeyError) as e:  # an override, or the config file
+    line, trace = config_lib.parse_error(e, argv)
+    if trace is not None:  # the config file's own bug: show where
+      traceback.print_exception(type(e), e, trace)
+    sys.exit(f"looper: {line}")
   except flags.Error as e:
     sys.exit(f"looper: {e}")
 
@@ -51,8 +67,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.INFO)
   try:
-    run.run(_CONFIG.value, _WORKDIR.value, _MODE.value)
-  except (config_lib.ConfigError, FloatingPointError) as e:
+    run.run(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
+  except (config_lib.ConfigError, checkpoint_lib.CheckpointError,
+          FloatingPointError) as e:
     sys.exit(f"looper: {e}")
 
 

@@ -8,7 +8,8 @@ Synopsis::
 
 Schedules are functions of the optimizer's step: `constant`, `cosine` (to 0
 at `total_steps`) and `linear` (to 0 at `total_steps`), each optionally after
-`warmup_steps` of linear warmup from 0.
+`warmup_steps` of linear warmup (update k of the warmup uses k/warmup_steps
+of the rate; see `WarmupSchedule`).
 """
 
 import keras
@@ -17,7 +18,22 @@ import tensorflow as tf
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-  """Linear warmup from 0 to `peak` over `warmup_steps`, then `decay`."""
+  """Linear warmup to `peak` over `warmup_steps` updates, then `decay`.
+
+  Keras calls the schedule with the updates done so far, `i = k - 1` for
+  update k (1-based). With W = warmup_steps and T = total_steps, update k
+  uses::
+
+    peak * min(1, k / W) * decay((k - 1 - W) / (T - W), clipped to [0, 1])
+
+  where decay(d) is 1 (constant), 1 - d (linear) or (1 + cos(pi d)) / 2
+  (cosine). So the first update uses peak / W (not 0: warmup counts the
+  update being made), update W is the first at the peak, and the decay
+  starts from the peak at update W + 1 (so updates W and W + 1 both use the
+  peak) and reaches 0 after T updates: update T uses peak / (T - W) under
+  `linear`, and the rate the optimizer reports at step T is 0. Without
+  warmup, update 1 uses the peak.
+  """
 
   def __init__(self, peak: float, warmup_steps: int, decay: str,
                total_steps: int):
@@ -39,7 +55,9 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     else:
       factor = tf.constant(1.0)
     if self.warmup_steps:
-      factor *= tf.minimum(1.0, step / warmup)
+      # `step` updates are done; this one is number step + 1. Counting from
+      # `step` would make the first update a no-op with rate 0.
+      factor *= tf.minimum(1.0, (step + 1.0) / warmup)
     return self.peak * factor
 
   def get_config(self):

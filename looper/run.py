@@ -1,63 +1,60 @@
-"""The outer loop: when to train, evaluate, checkpoint and write summaries.
+"""Assembles a run from a config: strategy, Trainer, actions, Controller.
 
 Synopsis (what `python -m looper.main` does, usable from a notebook)::
 
-    from looper import config as lc, run
+    from looper import run
     config = my_experiment.get_config()
     result = run.run(config, workdir="/tmp/exp", mode="train_and_eval")
     result["eval"]["accuracy"]
 
-The loop, from the last checkpoint in `workdir` (if any)::
+Modes (each a `Controller` method):
+  train            train from the last checkpoint in `workdir` (if any)
+  train_and_eval   the same, evaluating every `eval.every_steps` and at the end
+  eval             evaluate the latest checkpoint (or `checkpoint=PATH`) once
+  continuous_eval  beside a training process: evaluate each new checkpoint
+                   once, into `workdir/eval_continuous/`
 
-    while step < train.steps:
-      n = steps to the next of: steps_per_loop, eval, checkpoint, the end
-      losses, logs = trainer.train(iterator, n)     # one tf.function call
-      write summaries and a progress line; trainer.on_loop_end(step, logs)
-      if step is an eval step or the last: evaluate
-      if step is a checkpoint step or the last: save
-
-Clamping each loop to the next boundary makes evaluation and checkpoints
-land exactly on their steps, whatever `steps_per_loop` is.
+The actions, in the order they run after a loop: train summaries, the
+progress line and `Trainer.on_loop_end` (every loop); evaluation with the
+best checkpoint and early stop (train_and_eval); the checkpoint save
+(`checkpoint.every_steps`, `checkpoint.every_secs`, at the end and on a
+stop signal).
 """
 
 import os
-import time
 
-from absl import logging
 import ml_collections
-import numpy as np
 import tensorflow as tf
 
+from looper import actions
 from looper import checkpoint
 from looper import config as config_lib
+from looper import controller as controller_lib
 from looper import distribute
+from looper import evaluation
+from looper import preemption
 from looper import summaries
 
-MODES = ("train", "eval", "train_and_eval")
-
-
-def loop_length(step: int, total: int, steps_per_loop: int,
-                *every: int) -> int:
-  """Steps until the next boundary: a loop's end, an `every` multiple, total."""
-  n = min(steps_per_loop, total - step)
-  for interval in every:
-    if interval:
-      n = min(n, interval - step % interval)
-  return n
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+CONTINUOUS_EVAL_DIR = "eval_continuous"
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
-        mode: str = "train_and_eval") -> dict:
+        mode: str = "train_and_eval", checkpoint_path: str | None = None
+        ) -> dict:
   """Runs an experiment in `workdir`, resuming from its last checkpoint.
 
   Args:
     config: an experiment config (from `looper.config.default_config()`).
     workdir: where checkpoints, events and config.json go.
-    mode: 'train', 'eval' (the latest checkpoint, once) or 'train_and_eval'.
+    mode: one of MODES (see module doc).
+    checkpoint_path: for mode 'eval', a checkpoint prefix to evaluate
+      instead of the latest.
 
   Returns:
     {'step': the final step, 'train': the last loop's logs (if trained),
-     'eval': the last evaluation's logs (if evaluated)}.
+     'eval': the last evaluation's logs (if evaluated), 'stopped': the
+     signal that stopped training early, 'ended': why training ended early}.
   """
   if mode not in MODES:
     raise config_lib.ConfigError(
@@ -67,77 +64,90 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   trainer_cls = config_lib.resolve(config.trainer, "trainer")
   trainer = trainer_cls(config, strategy)
   chief = distribute.is_chief(strategy)
+  training = mode in ("train", "train_and_eval")
+  if chief and training:
+    _write_config(workdir, config_lib.to_json(config))
+  c = config.checkpoint
   ckpt = checkpoint.Checkpointer(
       os.path.join(workdir, "checkpoints"), trainer.checkpoint_items(),
-      keep=config.checkpoint.keep, chief=chief,
-      task_id=distribute.task_id(strategy))
-  out = summaries.Summaries(workdir, chief=chief,
-                            total_steps=config.train.steps)
-  config_json = config_lib.to_json(config)
-  if chief:
-    tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config_json)
-  restored = ckpt.restore()
+      keep=c.keep, chief=chief, task_id=distribute.task_id(strategy),
+      async_save=c.async_save)
+  out = summaries.Summaries(
+      workdir, chief=chief, total_steps=config.train.steps,
+      eval_dir="eval" if training or mode == "eval" else CONTINUOUS_EVAL_DIR)
   try:
+    ctl, evaluator = _controller(config, trainer, ckpt, out, chief)
     if mode == "eval":
-      if not restored:
-        raise config_lib.ConfigError(
-            f"--mode=eval found no checkpoint in {ckpt.directory}; train"
-            " first, or point --workdir at a trained run")
-      step = int(trainer.step.numpy())
-      logs = trainer.evaluate()
-      out.eval(step, logs)
-      return {"step": step, "eval": logs}
-    if not restored:
-      out.text("config", config_json)
-    return _train(trainer, ckpt, out, config,
-                  evaluate=mode == "train_and_eval")
+      return ctl.evaluate(checkpoint_path)
+    if mode == "continuous_eval":
+      return ctl.continuous_eval(timeout_secs=config.eval.timeout_secs)
+    if not ckpt.restore():
+      if config.init.checkpoint:
+        items = {"model": trainer.model}
+        if config.init.optimizer:
+          items["optimizer"] = trainer.optimizer
+        checkpoint.warm_start(config.init.checkpoint, items)
+        trainer.optimizer.iterations.assign(0)  # the schedule starts over
+      out.text("config", config_lib.to_json(config))
+    with preemption.StopOnSignal(ctl.request_stop):
+      result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
+    ckpt.wait()
+    if evaluator.last is not None:
+      result["eval"] = evaluator.last
+    return result
   finally:
     out.close()
 
 
-def _train(trainer, ckpt: checkpoint.Checkpointer, out: summaries.Summaries,
-           config: ml_collections.ConfigDict, evaluate: bool) -> dict:
-  total, batch = config.train.steps, config.train.batch_size
-  eval_every = config.eval.every_steps if evaluate else 0
-  ckpt_every = config.checkpoint.every_steps
-  step = int(trainer.step.numpy())
-  result = {"step": step}
-  if step >= total:
-    logging.info("Already at step %d of train.steps=%d; nothing to train.",
-                 step, total)
-    return result
-  iterator = iter(trainer.train_data(position=int(trainer.position.numpy())))
-  while step < total:
-    n = loop_length(step, total, config.train.steps_per_loop, eval_every,
-                    ckpt_every)
-    start = time.perf_counter()
-    losses, logs = trainer.train(iterator, n)
-    seconds = time.perf_counter() - start
-    _check_finite(losses, step + 1, ckpt)
-    logs = dict(loss=float(np.mean(losses)), **logs,
-                learning_rate=trainer.learning_rate(),
-                steps_per_sec=n / seconds, examples_per_sec=n * batch / seconds)
-    out.train(step + 1, losses, logs)
-    step += n
-    result.update(step=step, train=logs)
-    trainer.on_loop_end(step, logs)
-    if evaluate and (step == total or (eval_every and step % eval_every == 0)):
-      result["eval"] = trainer.evaluate()
-      out.eval(step, result["eval"])
-    if step == total or (ckpt_every and step % ckpt_every == 0):
-      ckpt.save(step)
-  return result
+def _write_config(workdir: str, config_json: str) -> None:
+  """Writes config.json, failing in one line if `workdir` is not writable."""
+  try:
+    tf.io.gfile.makedirs(workdir)
+    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config_json)
+  except (tf.errors.OpError, OSError) as e:
+    reason = getattr(e, "message", None) or str(e)
+    raise config_lib.ConfigError(
+        f"--workdir={workdir} is not a writable directory"
+        f" ({reason.splitlines()[0]}); choose another --workdir") from None
 
 
-def _check_finite(losses: np.ndarray, first_step: int,
-                  ckpt: checkpoint.Checkpointer):
-  """Stops before a NaN/inf state can be saved over a good checkpoint."""
-  bad = np.flatnonzero(~np.isfinite(losses))
-  if bad.size:
-    latest = ckpt.latest()
-    kept = f"{latest} is kept" if latest else "no checkpoint was written"
-    raise FloatingPointError(
-        f"train loss is {losses[bad[0]]} at step {first_step + bad[0]};"
-        f" {kept}; lower --config.optimizer.learning_rate or check the data")
+def _controller(config, trainer, ckpt: checkpoint.Checkpointer,
+                out: summaries.Summaries, chief: bool):
+  """The Controller with the actions the config asks for, and its evaluator."""
+  ctl = None  # the actions below call into it once it exists
+  evaluator = evaluation.Evaluator(
+      trainer, out, checkpointer=ckpt,
+      best_metric=config.checkpoint.best_metric,
+      best_mode=config.checkpoint.best_mode,
+      patience=config.train.early_stop_patience,
+      end_training=lambda reason: ctl.end_training(reason), chief=chief)
+
+  def on_resume(step):
+    out.purge_after(step)  # a killed run may have written past `step`
+    evaluator.resume(step)
+
+  report = [
+      actions.Action(lambda step, loop: out.train(loop.first_step,
+                                                  loop.losses, loop.logs),
+                     every_loop=True, name="train_summaries"),
+      actions.Action(lambda step, loop: out.progress(step, loop.logs),
+                     every_loop=True, name="progress"),
+      actions.Action(lambda step, loop: trainer.on_loop_end(step, loop.logs),
+                     every_loop=True, name="on_loop_end"),
+  ]
+  evaluate = [actions.Action(evaluator, every_steps=config.eval.every_steps,
+                             at_end=True, name="evaluate")]
+  save = [actions.Action(
+      # A stop (preemption) saves synchronously: the process exits next.
+      lambda step, loop: ckpt.save(step, sync=ctl.stopping),
+      every_steps=config.checkpoint.every_steps,
+      every_secs=config.checkpoint.every_secs, at_end=True, on_stop=True,
+      name="checkpoint")]
+  ctl = controller_lib.Controller(
+      trainer, ckpt, total_steps=config.train.steps,
+      steps_per_loop=config.train.steps_per_loop, report_actions=report,
+      eval_actions=evaluate, save_actions=save, evaluate=evaluator,
+      on_resume=on_resume,
+      nan_recovery_tries=config.train.nan_recovery_tries)
+  return ctl, evaluator

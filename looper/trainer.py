@@ -3,17 +3,20 @@
 Synopsis::
 
     trainer = Trainer(config, strategy)
-    iterator = iter(trainer.train_data(position=0))
-    losses, logs = trainer.train(iterator, steps=100)   # one tf.function call
-    eval_logs = trainer.evaluate()                       # the whole eval split
+    losses, logs = trainer.train(steps=100)   # one tf.function call
+    eval_logs = trainer.evaluate()            # the whole eval split
 
-One `train` call, all inside one tf.function (no host sync per step)::
+The Trainer owns its train iterator and data position (global examples
+consumed, checkpointed): `train` opens the stream where the position says,
+`seek` moves it (after a restore, or to skip data). One `train` call, all
+inside one tf.function (no host sync per step)::
 
     reset train metrics
     for i in tf.range(steps):                  # steps: an int32 tensor
+      if stop requested: break                 # request_stop(), any thread
       loss = strategy.run(train_step, next(iterator))
       losses[i] = strategy.reduce(SUM, loss)   # the global mean loss
-    step += steps; position += steps * global_batch_size
+    step += steps run; position += steps run * global_batch_size
     return losses, train metric results
 
 A subclass overrides one small method and inherits the loop, distribution
@@ -77,6 +80,11 @@ class Trainer:
     self._loss_fn = _lookup(config.loss, LOSSES, "loss")
     # Built on the first evaluate(): counting the split may take a pass.
     self._eval_data, self._eval_steps = None, None
+    self._iterator = None  # opened by train() at the data position
+    # Set from a signal-watching thread while a loop runs; read every step.
+    # A plain host variable outside the scope: it is not training state.
+    with tf.device("/cpu:0"):
+      self._stop = tf.Variable(False, trainable=False, name="stop")
 
     # Same seed, same initial weights: whatever the replica count.
     keras.utils.set_random_seed(config.seed)
@@ -88,6 +96,8 @@ class Trainer:
       self.optimizer.build(self.model.trainable_variables)
       self.train_metrics = self.build_metrics()
       self.eval_metrics = self.build_metrics()
+      # Their names key the logs, beside looper's own 'loss', 'examples'...
+      config_lib.check_metric_names([m.name for m in self.train_metrics])
       self._eval_loss = keras.metrics.Mean("loss")
       # float64 counts stay exact far beyond float32's 2**24 examples.
       self._eval_examples = keras.metrics.Sum("examples", dtype="float64")
@@ -159,31 +169,67 @@ class Trainer:
     """One pass over `split` as (inputs, label) examples, checked."""
     return data.checked(self.dataset_fn(self.config, split), split)
 
-  def train_data(self, position: int) -> tf.distribute.DistributedDataset:
-    """Distributed train batches, starting after `position` global examples."""
+  def train_data(self) -> tf.distribute.DistributedDataset:
+    """Distributed train batches from the current data position on."""
     c = self.config
     return data.distribute_train(
         self.strategy, lambda: self.examples(c.data.train_split),
         global_batch_size=self.global_batch_size, seed=c.seed,
-        shuffle_buffer=c.data.shuffle_buffer, position=position)
+        shuffle_buffer=c.data.shuffle_buffer,
+        position=int(self.position.numpy()), split=c.data.train_split)
+
+  def seek(self, position: int | None = None) -> None:
+    """Reopens the train stream at `position` (default: the current one).
+
+    Call it after restoring a checkpoint into a trainer that has trained.
+    """
+    if position is not None:
+      self.position.assign(position)
+    self._iterator = None
 
   # --- The loops --------------------------------------------------------------
 
-  def train(self, iterator, steps: int) -> tuple[np.ndarray, dict]:
-    """Runs `steps` steps in one call; returns per-step losses and metrics."""
-    losses, results = self._train_fn(iterator, tf.constant(steps, tf.int32))
+  @property
+  def global_step(self) -> int:
+    """Optimizer updates done so far (restored with the checkpoint)."""
+    return int(self.step.numpy())
+
+  @property
+  def data_position(self) -> int:
+    """Global train examples consumed so far (restored with the checkpoint)."""
+    return int(self.position.numpy())
+
+  def train(self, steps: int) -> tuple[np.ndarray, dict]:
+    """Runs `steps` steps in one call; returns per-step losses and metrics.
+
+    Fewer losses than `steps` come back if `request_stop` was called.
+    """
+    if self._iterator is None:
+      self._iterator = iter(self.train_data())
+    losses, results = self._train_fn(self._iterator,
+                                     tf.constant(steps, tf.int32))
     return losses.numpy(), {k: float(v) for k, v in results.items()}
+
+  def request_stop(self) -> None:
+    """Makes a running (or the next) train loop stop after its current step.
+
+    Safe from any thread. Single-process only: under multi-worker every
+    worker must run the same steps, so the stop happens between loops.
+    """
+    self._stop.assign(True)
 
   def _train_loop(self, iterator, steps):
     for metric in self.train_metrics:
       metric.reset_state()
-    losses = tf.TensorArray(tf.float32, size=steps)
+    losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
     for i in tf.range(steps):
+      if self._stop.read_value():
+        break
       loss = self.strategy.run(self.train_step, args=(next(iterator),))
       losses = losses.write(i, self.strategy.reduce("SUM", loss, axis=None))
-    steps = tf.cast(steps, tf.int64)
-    self.step.assign_add(steps)
-    self.position.assign_add(steps * self.global_batch_size)
+    ran = tf.cast(losses.size(), tf.int64)
+    self.step.assign_add(ran)
+    self.position.assign_add(ran * self.global_batch_size)
     return losses.stack(), {m.name: m.result() for m in self.train_metrics}
 
   def evaluate(self) -> dict[str, float]:

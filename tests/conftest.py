@@ -43,6 +43,10 @@ def scalars(logdir, tag: str) -> dict[int, float]:
       str(logdir), size_guidance={event_accumulator.TENSORS: 0})
   acc.Reload()
   events = acc.Tensors(tag) if tag in acc.Tags()["tensors"] else []
+  # TensorBoard shows every event it keeps: after a replay (resume from an
+  # older checkpoint) each step must still have exactly one.
+  steps = [e.step for e in events]
+  assert len(steps) == len(set(steps)), f"{tag}: a step written twice"
   return {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in events}
 
 

@@ -1,0 +1,230 @@
+"""The Controller: the outer loop's policy (when to train, act, stop, recover).
+
+Synopsis (what `looper.run.run` assembles from a config)::
+
+    controller = Controller(trainer, checkpointer, total_steps=1000,
+                            steps_per_loop=100, report_actions=[...],
+                            eval_actions=[...], save_actions=[...])
+    controller.train()            # or train_and_eval(), evaluate(),
+                                  # continuous_eval(...)
+
+`train` / `train_and_eval`, from the step the trainer was restored to::
+
+    for action in actions: action.start(step); on_resume(step)
+    while step < total_steps and no stop was requested:
+      n = steps to the nearest of: steps_per_loop, total_steps and the
+          next `every_steps` boundary of any action
+      loop = trainer.train(n)          # fewer steps if a signal stopped it
+      if a loss is NaN/inf: roll back to the last checkpoint and skip the
+          data (train.nan_recovery_tries), or raise FloatingPointError
+      for action in report + eval (train_and_eval only) + save actions:
+        action(step, loop, end=step == total_steps or early stop,
+               stop=a signal asked to stop)
+
+The Controller knows nothing of tf.distribute or Keras: the Trainer runs
+steps, the Checkpointer saves and restores, actions do everything else.
+"""
+
+import time
+from typing import Callable, Sequence
+
+from absl import logging
+import numpy as np
+
+from looper import actions as actions_lib
+from looper import checkpoint as checkpoint_lib
+
+
+def loop_length(step: int, total: int, steps_per_loop: int,
+                boundaries: Sequence[int | None] = ()) -> int:
+  """Steps until the next of: a loop's end, `total`, any boundary."""
+  n = min(steps_per_loop, total - step)
+  for boundary in boundaries:
+    if boundary is not None and boundary > step:
+      n = min(n, boundary - step)
+  return n
+
+
+class Controller:
+  """Runs the modes; see the module doc for the loop."""
+
+  def __init__(self, trainer, checkpointer: checkpoint_lib.Checkpointer, *,
+               total_steps: int, steps_per_loop: int,
+               report_actions: Sequence[actions_lib.Action] = (),
+               eval_actions: Sequence[actions_lib.Action] = (),
+               save_actions: Sequence[actions_lib.Action] = (),
+               evaluate: Callable[[int], dict] | None = None,
+               on_resume: Callable[[int], None] = lambda step: None,
+               nan_recovery_tries: int = 0,
+               clock: Callable[[], float] = time.perf_counter):
+    self.trainer = trainer
+    self.checkpointer = checkpointer
+    self.total_steps = total_steps
+    self.steps_per_loop = steps_per_loop
+    self.report_actions = list(report_actions)
+    self.eval_actions = list(eval_actions)
+    self.save_actions = list(save_actions)
+    self._evaluate = evaluate
+    self._on_resume = on_resume
+    self._nan_tries = nan_recovery_tries
+    self._clock = clock
+    self._stop_reason = None  # set by request_stop (a signal)
+    self._end_reason = None  # set by end_training (an early stop)
+
+  # --- Requests from actions and signal handlers ------------------------------
+
+  def request_stop(self, reason: str) -> None:
+    """Stops training after the current step; save actions still run."""
+    self._stop_reason = reason
+    self.trainer.request_stop()
+
+  @property
+  def stopping(self) -> bool:
+    """Whether a signal asked training to stop."""
+    return bool(self._stop_reason)
+
+  def end_training(self, reason: str) -> None:
+    """Ends training at the current step as if it were the last one."""
+    self._end_reason = reason
+
+  # --- Modes ------------------------------------------------------------------
+
+  def train(self) -> dict:
+    """Trains to `total_steps`; returns {'step', 'train', 'eval'?, ...}."""
+    return self._train(self.report_actions + self.save_actions)
+
+  def train_and_eval(self) -> dict:
+    """Trains, evaluating where the eval actions say (and at the end)."""
+    return self._train(self.report_actions + self.eval_actions +
+                       self.save_actions)
+
+  def evaluate(self, checkpoint: str | None = None) -> dict:
+    """Evaluates `checkpoint` (default: the latest) once."""
+    path = self.checkpointer.restore(checkpoint)
+    if not path:
+      raise checkpoint_lib.CheckpointError(
+          f"--mode=eval found no checkpoint in {self.checkpointer.directory};"
+          " train first, or point --workdir at a trained run")
+    step = self.trainer.global_step
+    return {"step": step, "checkpoint": path, "eval": self._evaluate(step)}
+
+  def continuous_eval(self, *, timeout_secs: float, poll_secs: float = 1.0,
+                      sleep: Callable[[float], None] = time.sleep) -> dict:
+    """Evaluates each new checkpoint once, beside a training process.
+
+    Stops after evaluating a checkpoint at `total_steps` or later, or when
+    no new checkpoint appeared for `timeout_secs`.
+    """
+    done, result = set(), {"step": None, "evaluated": []}
+    waited = 0.0
+    while True:
+      new = [p for p in self.checkpointer.all() if p not in done]
+      for path in new:
+        done.add(path)
+        try:
+          self.checkpointer.restore(path)
+        except checkpoint_lib.CheckpointError as e:  # deleted by `keep`
+          logging.warning("Skipped %s: %s", path, e)
+          continue
+        step = self.trainer.global_step
+        result.update(step=step, checkpoint=path, eval=self._evaluate(step))
+        result["evaluated"].append(step)
+        if step >= self.total_steps:
+          return result
+      waited = 0.0 if new else waited + poll_secs
+      if waited >= timeout_secs:
+        logging.info("No new checkpoint in %s for eval.timeout_secs=%s;"
+                     " stopping.", self.checkpointer.directory, timeout_secs)
+        return result
+      sleep(poll_secs)
+
+  # --- The loop ---------------------------------------------------------------
+
+  def _train(self, actions: list[actions_lib.Action]) -> dict:
+    step = self.trainer.global_step
+    result = {"step": step}
+    if step >= self.total_steps:
+      logging.info("Already at step %d of train.steps=%d; nothing to train.",
+                   step, self.total_steps)
+      return result
+    self._start(step, actions)
+    tries = 0
+    while step < self.total_steps and not (self._stop_reason or
+                                           self._end_reason):
+      n = loop_length(step, self.total_steps, self.steps_per_loop,
+                      [a.boundary(step) for a in actions])
+      start = self._clock()
+      losses, logs = self.trainer.train(n)
+      seconds = max(self._clock() - start, 1e-9)
+      if not np.isfinite(losses).all():
+        if tries >= self._nan_tries:
+          raise self._blow_up(losses, step + 1)
+        tries += 1
+        step = self._roll_back(losses, step + 1, tries)
+        self._start(step, actions)
+        continue
+      loop = None
+      if len(losses):  # zero if a stop came before the loop's first step
+        loop = actions_lib.Loop(step + 1, losses, dict(
+            loss=float(np.mean(losses)), **logs,
+            learning_rate=self.trainer.learning_rate(),
+            steps_per_sec=len(losses) / seconds,
+            examples_per_sec=(len(losses) * self.trainer.global_batch_size /
+                              seconds)))
+        step = loop.last_step
+        result.update(step=step, train=loop.logs)
+      self._act(actions, step, loop)
+    if self._stop_reason and step < self.total_steps:
+      logging.info("Stopped by %s at step %d; saved %s; rerun the same"
+                   " command to resume.", self._stop_reason, step,
+                   self.checkpointer.latest())
+      result["stopped"] = self._stop_reason
+    if self._end_reason:
+      result["ended"] = self._end_reason
+    return result
+
+  def _start(self, step: int, actions: list[actions_lib.Action]) -> None:
+    self._on_resume(step)
+    for action in actions:
+      action.start(step)
+
+  def _act(self, actions: list[actions_lib.Action], step: int,
+           loop: actions_lib.Loop | None) -> None:
+    for action in actions:
+      # Read per action: an eval action may end training (early stop), a
+      # signal may arrive while an action runs.
+      end = step >= self.total_steps or bool(self._end_reason)
+      stop = bool(self._stop_reason)
+      if action.every_loop and loop is None:
+        continue  # nothing ran: nothing to report
+      if stop and not (action.on_stop or action.every_loop):
+        continue  # a stop is not the time to evaluate
+      action(step, loop, end=end, stop=stop)
+
+  def _blow_up(self, losses: np.ndarray, first_step: int) -> Exception:
+    """The one-line error for a NaN/inf loss; nothing bad was saved."""
+    bad = int(np.flatnonzero(~np.isfinite(losses))[0])
+    latest = self.checkpointer.latest()
+    kept = f"{latest} is kept" if latest else "no checkpoint was written"
+    tries = (f" after {self._nan_tries} recoveries (train.nan_recovery_tries)"
+             if self._nan_tries else "")
+    return FloatingPointError(
+        f"train loss is {losses[bad]} at step {first_step + bad}{tries};"
+        f" {kept}; lower --config.optimizer.learning_rate or check the data")
+
+  def _roll_back(self, losses: np.ndarray, first_step: int, tries: int
+                 ) -> int:
+    """Restores the last checkpoint and skips the data that blew up."""
+    skip_to = self.trainer.data_position
+    path = self.checkpointer.restore()
+    if not path:
+      raise self._blow_up(losses, first_step)
+    self.trainer.seek(skip_to)
+    step = self.trainer.global_step
+    bad = int(np.flatnonzero(~np.isfinite(losses))[0])
+    logging.warning(
+        "train loss is %s at step %d; restored %s (step %d) and skipped the"
+        " data up to global example %d (recovery %d of"
+        " train.nan_recovery_tries=%d)", losses[bad], first_step + bad, path,
+        step, skip_to, tries, self._nan_tries)
+    return step

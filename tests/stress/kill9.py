@@ -1,0 +1,183 @@
+"""kill -9 trials: a run killed at random moments ends as if never stopped.
+
+Synopsis::
+
+    python -m tests.stress.kill9 --trials 20          # by hand, ~10 minutes
+    python -m tests.stress.kill9 --trials 3 --kinds save,loop,eval
+
+One uninterrupted reference run, then per trial: start the same command in
+a fresh workdir, SIGKILL it at a chosen moment, rerun the same command, and
+repeat until a run exits 0. The kill moment is one of:
+  loop  a random delay after the first progress line (inside training);
+  save  the moment a checkpoint's temporary files appear on disk;
+  eval  right after the progress line of an eval step (during evaluation).
+A trial is bit-exact when every tensor of the final checkpoint (model,
+optimizer, step, data position), the per-step loss curve read back from
+TensorBoard (steps 1..N once each) and the eval scalars equal the reference.
+"""
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ARGS = ("--config=tests/tiny.py", "--config.distribution.num_cpu_devices=2",
+        "--config.train.steps=120", "--config.train.steps_per_loop=5",
+        "--config.checkpoint.every_steps=10", "--config.eval.every_steps=20",
+        "--config.checkpoint.keep=100")
+TOTAL = 120
+KINDS = ("loop", "save", "eval")
+_ENV = {"GCE_METADATA_IP": "127.0.0.1:9", "GCE_METADATA_HOST": "127.0.0.1:9",
+        "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _start(workdir: pathlib.Path) -> subprocess.Popen:
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **_ENV)
+  env.pop("TF_CONFIG", None)
+  return subprocess.Popen(
+      [sys.executable, "-m", "looper.main", *ARGS, f"--workdir={workdir}"],
+      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      text=True)
+
+
+def run_to_end(workdir: pathlib.Path, timeout: float = 300) -> None:
+  proc = _start(workdir)
+  try:
+    _, err = proc.communicate(timeout=timeout)
+  finally:
+    proc.kill()
+  if proc.returncode != 0:
+    raise RuntimeError(f"run in {workdir} failed:\n{err[-3000:]}")
+
+
+def run_and_kill(workdir: pathlib.Path, kind: str, rng: random.Random,
+                 timeout: float = 300) -> str:
+  """Starts a run, SIGKILLs it at a `kind` moment; returns what happened."""
+  proc = _start(workdir)
+  lines, progress = [], threading.Event()
+  eval_line = threading.Event()
+
+  def read():
+    for line in proc.stderr:
+      lines.append(line)
+      if "train step " in line:
+        progress.set()
+        step = int(line.split("train step ")[1].split("/")[0])
+        if step % 20 == 0:
+          eval_line.set()
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  deadline = time.monotonic() + timeout
+  what = "exited before the kill"
+  try:
+    if kind == "loop":
+      if progress.wait(timeout):
+        time.sleep(rng.uniform(0.0, 1.5))
+        what = "killed in training"
+    elif kind == "eval":
+      if eval_line.wait(timeout):
+        what = "killed after an eval step's progress line"
+    elif kind == "save":
+      ckpt = workdir / "checkpoints"
+      while proc.poll() is None and time.monotonic() < deadline:
+        if ckpt.is_dir() and any("temp" in p for p in os.listdir(ckpt)):
+          what = "killed while a checkpoint was being written"
+          break
+        time.sleep(0.0005)
+    if proc.poll() is not None:
+      what = "exited before the kill"
+    proc.send_signal(signal.SIGKILL)
+  finally:
+    proc.kill()
+    proc.wait(timeout=30)
+    reader.join(timeout=5)
+  return what
+
+
+@dataclasses.dataclass
+class Outcome:
+  kind: str
+  kills: list[str]
+  exact: bool
+  detail: str
+
+
+def final_state(workdir: pathlib.Path) -> dict[str, np.ndarray]:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(str(workdir / "checkpoints" /
+                                        f"ckpt-{TOTAL}"))
+  return {k: reader.get_tensor(k)
+          for k in reader.get_variable_to_shape_map()
+          if "save_counter" not in k and k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+
+
+def compare(reference: pathlib.Path, workdir: pathlib.Path) -> str:
+  """'' when bit-exact, else what differs."""
+  from tests.conftest import curve, scalars  # pylint: disable=g-import-not-at-top
+  want, got = final_state(reference), final_state(workdir)
+  if sorted(want) != sorted(got):
+    return f"checkpoint keys differ: {sorted(set(want) ^ set(got))}"
+  for key in want:
+    if not np.array_equal(want[key], got[key]):
+      return f"{key} differs"
+  try:
+    got_curve = curve(workdir / "train")
+  except AssertionError as e:
+    return f"train curve steps are not 1..{TOTAL} once each: {e}"
+  if not np.array_equal(curve(reference / "train"), got_curve):
+    return "per-step losses differ"
+  for tag in ("loss", "accuracy", "examples"):
+    if scalars(reference / "eval", tag) != scalars(workdir / "eval", tag):
+      return f"eval {tag} differs"
+  return ""
+
+
+def trial(reference: pathlib.Path, workdir: pathlib.Path, kind: str,
+          rng: random.Random, max_kills: int = 3) -> Outcome:
+  kills = []
+  for _ in range(rng.randint(1, max_kills)):
+    what = run_and_kill(workdir, kind, rng)
+    kills.append(what)
+    if what == "exited before the kill":
+      break
+  run_to_end(workdir)
+  detail = compare(reference, workdir)
+  return Outcome(kind, kills, not detail, detail or "bit-exact")
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--trials", type=int, default=20)
+  parser.add_argument("--kinds", default=",".join(KINDS))
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--dir", default="/tmp/looper-kill9")
+  args = parser.parse_args(argv)
+  base = pathlib.Path(args.dir)
+  subprocess.run(["rm", "-rf", str(base)], check=True)
+  base.mkdir(parents=True)
+  rng = random.Random(args.seed)
+  run_to_end(base / "reference")
+  kinds = args.kinds.split(",")
+  exact = 0
+  for i in range(args.trials):
+    outcome = trial(base / "reference", base / f"trial{i}", kinds[i % len(kinds)],
+                    rng)
+    exact += outcome.exact
+    print(f"trial {i}: {outcome.kind}: {'; '.join(outcome.kills)} ->"
+          f" {outcome.detail}", flush=True)
+  print(f"{exact} of {args.trials} trials bit-exact")
+  return 0 if exact == args.trials else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

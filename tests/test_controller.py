@@ -1,0 +1,292 @@
+"""The Controller and its actions against a fake trainer: no TensorFlow.
+
+Each test states the expected steps by hand: where loops end, when an
+action fires, what a stop, an early end or a NaN roll-back does.
+"""
+
+import numpy as np
+import pytest
+
+from looper import actions
+from looper import controller as controller_lib
+
+
+class FakeTrainer:
+  """Steps are numbered; the loss of step s is 1/s (NaN at `nan_steps`)."""
+  global_batch_size = 4
+
+  def __init__(self, clock=None, secs_per_step=0.0, nan_steps=()):
+    self.global_step = 0
+    self.data_position = 0
+    self.loops = []  # (first step, steps run)
+    self.seeks = []
+    self._stop_after = None
+    self._clock, self._secs = clock, secs_per_step
+    self.nan_steps = set(nan_steps)
+
+  def train(self, steps):
+    if self._stop_after is not None:
+      steps = min(steps, self._stop_after)
+      self._stop_after = 0
+    first = self.global_step + 1
+    self.loops.append((first, steps))
+    losses = np.array([np.nan if s in self.nan_steps else 1.0 / s
+                       for s in range(first, first + steps)])
+    self.global_step += steps
+    self.data_position += steps * self.global_batch_size
+    if self._clock:
+      self._clock.now += steps * self._secs
+    return losses, {"accuracy": 0.5}
+
+  def learning_rate(self):
+    return 0.1
+
+  def request_stop(self):
+    self._stop_after = 0
+
+  def stop_after(self, steps):
+    """The next loop stops after `steps` steps (a signal mid-loop)."""
+    self._stop_after = steps
+
+  def seek(self, position=None):
+    self.seeks.append(position)
+    if position is not None:
+      self.data_position = position
+
+
+class FakeCheckpointer:
+  directory = "/fake/checkpoints"
+
+  def __init__(self, trainer):
+    self.trainer, self.saved, self.restored = trainer, {}, []
+
+  def save(self, step, sync=False):
+    self.saved[step] = (self.trainer.data_position, sync)
+
+  def latest(self):
+    return f"ckpt-{max(self.saved)}" if self.saved else None
+
+  def all(self):
+    return [f"ckpt-{s}" for s in sorted(self.saved)]
+
+  def restore(self, path=None):
+    if not self.saved:
+      return None
+    step = int(path.split("-")[1]) if path else max(self.saved)
+    self.trainer.global_step = step
+    self.trainer.data_position = self.saved[step][0]
+    self.restored.append(step)
+    return f"ckpt-{step}"
+
+
+class Clock:
+  now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def recorder(log, name):
+  return lambda step, loop: log.append((name, step))
+
+
+def make(total=40, steps_per_loop=7, trainer=None, **kwargs):
+  trainer = trainer or FakeTrainer()
+  ckpt = FakeCheckpointer(trainer)
+  ctl = controller_lib.Controller(trainer, ckpt, total_steps=total,
+                                  steps_per_loop=steps_per_loop, **kwargs)
+  return ctl, trainer, ckpt
+
+
+def test_loop_length():
+  assert controller_lib.loop_length(0, 40, 7, [20, 15]) == 7
+  assert controller_lib.loop_length(14, 40, 7, [20, 15]) == 1
+  assert controller_lib.loop_length(37, 40, 7, [None]) == 3
+
+
+def test_step_actions_land_exactly_and_fire_at_the_end():
+  log = []
+  evaluate = actions.Action(recorder(log, "eval"), every_steps=20,
+                            at_end=True)
+  save = actions.Action(recorder(log, "save"), every_steps=15, at_end=True)
+  report = actions.Action(recorder(log, "report"), every_loop=True)
+  ctl, trainer, _ = make(report_actions=[report], eval_actions=[evaluate],
+                         save_actions=[save])
+  result = ctl.train_and_eval()
+  assert [f + n - 1 for f, n in trainer.loops] == [7, 14, 15, 20, 27, 30, 37,
+                                                    40]
+  assert [s for n, s in log if n == "eval"] == [20, 40]
+  assert [s for n, s in log if n == "save"] == [15, 30, 40]
+  assert [s for n, s in log if n == "report"] == [7, 14, 15, 20, 27, 30, 37,
+                                                  40]
+  # Order after a loop: report, then eval, then save.
+  assert log[-3:] == [("report", 40), ("eval", 40), ("save", 40)]
+  assert result["step"] == 40 and result["train"]["loss"] == pytest.approx(
+      np.mean([1 / s for s in (38, 39, 40)]))
+
+
+def test_train_mode_skips_eval_actions():
+  log = []
+  ctl, _, _ = make(eval_actions=[actions.Action(recorder(log, "eval"),
+                                                every_steps=10, at_end=True)])
+  ctl.train()
+  assert log == []
+
+
+def test_every_secs_with_an_injected_clock():
+  clock = Clock()
+  trainer = FakeTrainer(clock=clock, secs_per_step=1.0)
+  log = []
+  save = actions.Action(recorder(log, "save"), every_secs=25, clock=clock)
+  ctl, trainer, _ = make(total=70, steps_per_loop=10, trainer=trainer,
+                         save_actions=[save], clock=clock)
+  ctl.train()
+  # 10 s a loop: 30 s have passed at step 30, 60 s at 60 (30 after it).
+  assert log == [("save", 30), ("save", 60)]
+
+
+def test_a_signal_mid_loop_saves_at_the_step_reached_and_skips_eval():
+  log = []
+  trainer = FakeTrainer()
+  evaluate = actions.Action(recorder(log, "eval"), every_steps=20,
+                            at_end=True)
+  report = actions.Action(recorder(log, "report"), every_loop=True)
+  save = actions.Action(recorder(log, "save"), every_steps=20, at_end=True,
+                        on_stop=True)
+  ctl, trainer, _ = make(steps_per_loop=10, trainer=trainer,
+                         report_actions=[report], eval_actions=[evaluate],
+                         save_actions=[save])
+  original = trainer.train
+
+  def train(steps):
+    if trainer.global_step == 20:  # the signal comes 3 steps into step 21
+      ctl.request_stop("SIGTERM")
+      trainer.stop_after(3)
+    return original(steps)
+
+  trainer.train = train
+  result = ctl.train_and_eval()
+  assert result["step"] == 23 and result["stopped"] == "SIGTERM"
+  assert log == [("report", 10), ("report", 20), ("eval", 20), ("save", 20),
+                 ("report", 23), ("save", 23)]
+
+
+def test_a_signal_between_loops_saves_once():
+  log = []
+  save = actions.Action(recorder(log, "save"), every_steps=20, at_end=True,
+                        on_stop=True)
+  report = actions.Action(recorder(log, "report"), every_loop=True)
+  ctl, trainer, _ = make(steps_per_loop=10, report_actions=[report],
+                         save_actions=[save])
+  report.fn = lambda step, loop: (log.append(("report", step)),
+                                  step == 10 and ctl.request_stop("SIGINT"))
+  result = ctl.train()
+  # The next loop runs no step: nothing to report, one save at step 10.
+  assert log == [("report", 10), ("save", 10)]
+  assert result["stopped"] == "SIGINT" and trainer.global_step == 10
+
+
+def test_end_training_from_an_eval_action_saves_that_step():
+  log = []
+  ctl = None
+
+  def evaluate(step, loop):
+    log.append(("eval", step))
+    if step == 20:
+      ctl.end_training("early stop")
+
+  save = actions.Action(recorder(log, "save"), every_steps=15, at_end=True)
+  ctl, trainer, _ = make(eval_actions=[actions.Action(evaluate,
+                                                      every_steps=10)],
+                         save_actions=[save])
+  result = ctl.train_and_eval()
+  assert log == [("eval", 10), ("save", 15), ("eval", 20), ("save", 20)]
+  assert result["ended"] == "early stop" and trainer.global_step == 20
+
+
+def test_nan_loss_raises_naming_step_and_kept_checkpoint():
+  save = actions.Action(lambda step, loop: ckpt.save(step), every_steps=10)
+  ctl, trainer, ckpt = make(steps_per_loop=5,
+                            trainer=FakeTrainer(nan_steps={23}),
+                            save_actions=[save])
+  with pytest.raises(FloatingPointError) as e:
+    ctl.train()
+  assert str(e.value) == (
+      "train loss is nan at step 23; ckpt-20 is kept; lower"
+      " --config.optimizer.learning_rate or check the data")
+  assert sorted(ckpt.saved) == [10, 20]
+
+
+def test_nan_recovery_rolls_back_and_skips_the_window():
+  log = []
+  save = actions.Action(lambda step, loop: ckpt.save(step), every_steps=10,
+                        at_end=True)
+  report = actions.Action(recorder(log, "report"), every_loop=True)
+  resumed = []
+  trainer = FakeTrainer(nan_steps={23})
+  ctl, trainer, ckpt = make(steps_per_loop=5, trainer=trainer,
+                            report_actions=[report], save_actions=[save],
+                            nan_recovery_tries=1, on_resume=resumed.append)
+  original = trainer.train
+
+  def train(steps):  # the bad data is consumed once: the replay is clean
+    losses, logs = original(steps)
+    if np.isnan(losses).any():
+      trainer.nan_steps.clear()
+    return losses, logs
+
+  trainer.train = train
+  result = ctl.train()
+  # Loop 21..25 blew up: back to ckpt-20 (position 80), data skipped to
+  # position 100 (after the bad loop), steps 21..40 trained again.
+  assert ckpt.restored == [20] and trainer.seeks == [100]
+  assert resumed == [0, 20]
+  assert [s for _, s in log] == [5, 10, 15, 20, 25, 30, 35, 40]
+  assert result["step"] == 40
+  assert trainer.data_position == 100 + 20 * 4
+
+
+def test_nan_recovery_gives_up_after_its_tries():
+  save = actions.Action(lambda step, loop: ckpt.save(step), every_steps=10)
+  # The fake's bad step stays bad: the replay after the roll-back blows up.
+  ctl, _, ckpt = make(steps_per_loop=5, trainer=FakeTrainer(
+      nan_steps={23}), save_actions=[save], nan_recovery_tries=1)
+  with pytest.raises(FloatingPointError,
+                     match=r"^train loss is nan at step 23 after 1 recoveries"
+                     r" \(train.nan_recovery_tries\); ckpt-20 is kept"):
+    ctl.train()
+
+
+def test_continuous_eval_evaluates_each_checkpoint_once():
+  trainer = FakeTrainer()
+  evaluated = []
+
+  def evaluate(step):
+    evaluated.append(step)
+    return {"loss": 1.0 / step}
+
+  ctl, trainer, ckpt = make(total=30, evaluate=evaluate)
+  ckpt.save(10)
+  arrivals = iter([[], [20], [], [25, 30]])  # what training writes meanwhile
+
+  def sleep(secs):
+    for step in next(arrivals):
+      ckpt.save(step)
+
+  result = ctl.continuous_eval(timeout_secs=10, sleep=sleep)
+  assert evaluated == [10, 20, 25, 30]
+  assert result["evaluated"] == [10, 20, 25, 30] and result["step"] == 30
+
+
+def test_continuous_eval_times_out_without_new_checkpoints():
+  ctl, _, ckpt = make(total=30, evaluate=lambda step: {})
+  ckpt.save(10)
+  sleeps = []
+  result = ctl.continuous_eval(timeout_secs=3, poll_secs=1,
+                               sleep=sleeps.append)
+  assert result["evaluated"] == [10] and len(sleeps) == 3
+
+
+def test_action_rejects_negative_intervals():
+  with pytest.raises(ValueError, match="must be >= 0"):
+    actions.Action(print, every_steps=-1)
