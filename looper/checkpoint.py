@@ -35,13 +35,11 @@ from typing import Any
 
 from absl import logging
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 
 class CheckpointError(ValueError):
   """A checkpoint cannot be used; the message names it and the fix."""
-
-
-_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 class Checkpointer:
@@ -180,11 +178,39 @@ def _step_of(path: str) -> int | None:
   return int(tail) if tail.isdigit() else None
 
 
-def _variables(path: str, prefix: str) -> dict[str, list[int]]:
-  """{name: shape} of the variables under `prefix/` in a checkpoint."""
-  shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-  return {k[len(prefix) + 1:-len(_VALUE)]: v for k, v in shapes.items()
-          if k.startswith(prefix + "/") and k.endswith(_VALUE)}
+def variable_keys(path: str, prefix: str) -> dict[str, str]:
+  """{name: checkpoint key} of the variables under `prefix` (e.g. 'model').
+
+  A checkpoint stores each variable once, under the first path that
+  reaches it (a model's weights usually sit under `optimizer/`), so the
+  names come from walking the object graph from `prefix`: the same names
+  for the same model, whatever else the checkpoint holds.
+  """
+  reader = tf.compat.v1.train.NewCheckpointReader(path)
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+  keys, seen = {}, set()
+
+  def walk(node_id: int, name: str):
+    seen.add(node_id)
+    for attribute in graph.nodes[node_id].attributes:
+      if attribute.name == "VARIABLE_VALUE":
+        keys[name] = attribute.checkpoint_key
+    for child in graph.nodes[node_id].children:
+      if child.node_id not in seen:
+        walk(child.node_id, f"{name}/{child.local_name}" if name
+             else child.local_name)
+
+  for child in graph.nodes[0].children:
+    if child.local_name == prefix:
+      walk(child.node_id, "")
+  return keys
+
+
+def _shapes(path: str, prefix: str) -> dict[str, list[int]]:
+  shapes = tf.compat.v1.train.NewCheckpointReader(
+      path).get_variable_to_shape_map()
+  return {name: shapes[key] for name, key in variable_keys(path, prefix).items()}
 
 
 def warm_start(path: str, items: dict[str, Any]) -> str:
@@ -215,7 +241,7 @@ def warm_start(path: str, items: dict[str, Any]) -> str:
   probe = tf.train.Checkpoint(**items).write(f"ram://looper-warm-start/{id(items)}")
   parts = []
   for name in items:
-    ours, theirs = _variables(probe, name), _variables(path, name)
+    ours, theirs = _shapes(probe, name), _shapes(path, name)
     for key, shape in ours.items():
       if key in theirs and theirs[key] != shape:
         raise CheckpointError(

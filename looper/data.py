@@ -115,6 +115,37 @@ def _empty_split(split: str | None, field: str) -> ConfigError:
       " dataset_fn reads")
 
 
+def check_class_labels(labels: tf.Tensor, logits: tf.Tensor,
+                       split: str) -> None:
+  """Class-id labels for logits [batch, classes]: integer, scalar, in range.
+
+  Raises:
+    ConfigError: float labels (silently truncated by the loss), one-hot or
+      other non-scalar labels, or ids outside [0, classes).
+  """
+  where = f"config.dataset_fn yields labels for split {split!r}"
+  if not labels.dtype.is_integer:
+    raise ConfigError(
+        f"{where} of dtype {labels.dtype.name}; class ids must be integers:"
+        " tf.cast(label, tf.int32) in dataset_fn (or use another config.loss)")
+  if labels.shape.rank != 1:
+    raise ConfigError(
+        f"{where} of shape {labels.shape[1:].as_list()} each; give one class"
+        " id per example (shape []): not one-hot, not [1]")
+  if logits.shape.rank != 2:
+    raise ConfigError(
+        f"config.model_fn returns outputs of shape"
+        f" {logits.shape[1:].as_list()} per example; return logits of shape"
+        " [classes] for config.loss='sparse_categorical_crossentropy'")
+  classes = logits.shape[-1]
+  low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
+  if low < 0 or high >= classes:
+    raise ConfigError(
+        f"{where} up to {high} (from {low}), but the model has {classes}"
+        f" outputs; class ids must lie in [0, {classes}): widen the model's"
+        " last layer or fix the labels")
+
+
 def check_divisible(global_batch_size: int, replicas: int, field: str):
   """Every replica must get the same number of examples."""
   if global_batch_size % replicas:

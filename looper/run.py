@@ -74,7 +74,8 @@ def run(config: ml_collections.ConfigDict, workdir: str,
       async_save=c.async_save)
   out = summaries.Summaries(
       workdir, chief=chief, total_steps=config.train.steps,
-      eval_dir="eval" if training or mode == "eval" else CONTINUOUS_EVAL_DIR)
+      eval_dir={"train": None, "continuous_eval": CONTINUOUS_EVAL_DIR}.get(
+          mode, "eval"))
   try:
     ctl, evaluator = _controller(config, trainer, ckpt, out, chief)
     if mode == "eval":

@@ -18,9 +18,11 @@ train and eval on one chart. A continuous evaluator writes to its own
 directory (`eval_dir`, e.g. `workdir/eval_continuous/`).
 
 Replays: a run killed after its last checkpoint wrote events for steps it
-will redo when resumed. `purge_after(step)` writes TensorBoard's restart
-marker (a SessionLog START event at step + 1), so readers drop the old
-events from that step on and never show two values for one step.
+will redo when resumed. `purge_after(step)` rewrites the event files without
+them before training goes on, so TensorBoard never shows two values for one
+step. (TensorBoard's own restart marker, a SessionLog START event, is not
+enough: its legacy reader and the Rust data server ignore it for TF2
+summaries; removing the events works with every reader.)
 """
 
 import datetime
@@ -29,9 +31,6 @@ import os
 from absl import logging
 import numpy as np
 import tensorflow as tf
-# TensorFlow's own op for writing a whole Event (TF2 has no public wrapper):
-# the only way to write a SessionLog through a TF2 summary writer.
-from tensorflow.python.ops import summary_ops_v2
 
 
 def _format(logs: dict[str, float]) -> str:
@@ -77,16 +76,20 @@ class Summaries:
   """Writes train/ and eval/ event files; a no-op writer on non-chiefs."""
 
   def __init__(self, workdir: str, *, chief: bool, total_steps: int,
-               eval_dir: str = "eval"):
+               eval_dir: str | None = "eval"):
+    """`eval_dir`: under `workdir`; None when the run does not evaluate."""
     self._chief = chief
     self._total_steps = total_steps
-    if chief:
-      self._train = tf.summary.create_file_writer(
-          os.path.join(workdir, "train"))
-      self._eval = tf.summary.create_file_writer(
-          os.path.join(workdir, eval_dir))
-    else:
-      self._train = self._eval = tf.summary.create_noop_writer()
+    self._dirs = [os.path.join(workdir, "train")]
+    if eval_dir:
+      self._dirs.append(os.path.join(workdir, eval_dir))
+    self._open()
+
+  def _open(self) -> None:
+    writers = [tf.summary.create_file_writer(d) if self._chief
+               else tf.summary.create_noop_writer() for d in self._dirs]
+    noop = tf.summary.create_noop_writer()
+    self._train, self._eval = (writers + [noop])[:2]
     self._train_scalars = _GraphWriter(self._train)
     self._eval_scalars = _GraphWriter(self._eval)
 
@@ -95,13 +98,27 @@ class Summaries:
       tf.summary.text(tag, f"```\n{text}\n```", step=step)
 
   def purge_after(self, step: int) -> None:
-    """Marks a restart at `step`: readers drop events of later steps."""
-    event = tf.compat.v1.Event(step=step + 1, session_log=tf.compat.v1.SessionLog(
-        status=tf.compat.v1.SessionLog.START))
-    for writer in (self._train, self._eval):
-      with writer.as_default():
-        summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
-      writer.flush()
+    """Removes events of steps after `step` (a resume or a roll-back).
+
+    The files holding any are rewritten without them (atomically, file by
+    file), so no reader can show a replayed step twice; new events then go
+    to new files.
+    """
+    if not self._chief:
+      return
+    self._train.flush()
+    self._eval.flush()
+    stale = {}
+    for directory in self._dirs:
+      for path in tf.io.gfile.glob(os.path.join(directory, "*tfevents*")):
+        kept = _events_up_to(path, step)
+        if kept is not None:
+          stale[path] = kept
+    if stale:
+      self.close()
+      for path, kept in stale.items():
+        _rewrite(path, kept)
+      self._open()
 
   def train(self, first_step: int, losses: np.ndarray,
             logs: dict[str, float]) -> None:
@@ -128,3 +145,31 @@ class Summaries:
   def close(self) -> None:
     self._train.close()
     self._eval.close()
+
+
+def _events_up_to(path: str, step: int) -> list[bytes] | None:
+  """The records of an event file up to `step`; None if that is all of them.
+
+  A file cut short by a crash ends in a partial record: it is dropped too.
+  """
+  kept, dropped = [], False
+  try:
+    for record in tf.data.TFRecordDataset(path):
+      record = record.numpy()
+      if tf.compat.v1.Event.FromString(record).step > step:
+        dropped = True
+      else:
+        kept.append(record)
+  except tf.errors.DataLossError:  # the partial last record of a crash
+    dropped = True
+  return kept if dropped else None
+
+
+def _rewrite(path: str, records: list[bytes]) -> None:
+  """Replaces an event file atomically by one holding `records`."""
+  # No 'tfevents' in the name: TensorBoard must not read the partial copy.
+  tmp = os.path.join(os.path.dirname(path), ".looper-purge.tmp")
+  with tf.io.TFRecordWriter(tmp) as writer:
+    for record in records:
+      writer.write(record)
+  tf.io.gfile.rename(tmp, path, overwrite=True)

@@ -64,6 +64,16 @@ def _lookup(value: Any, table: dict, field: str):
   return table[value]
 
 
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
+def _name(value: Any) -> str:
+  return repr(value) if isinstance(value, str) else getattr(
+      value, "__name__", type(value).__name__)
+
+
 class Trainer:
   """Builds the training state in `strategy.scope()` and runs the loops."""
 
@@ -90,6 +100,7 @@ class Trainer:
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
       self.model = self.build_model()
+      self.check_inputs()
       self.optimizer = self.build_optimizer()
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here.
@@ -119,6 +130,46 @@ class Trainer:
       model(tf.nest.map_structure(
           lambda s: tf.zeros([1] + s.shape.as_list(), s.dtype), inputs))
     return model
+
+  def check_inputs(self, probe: int = 256) -> None:
+    """Runs the model and the loss on the first train examples, eagerly.
+
+    A mismatch between dataset_fn, model_fn and the loss would otherwise
+    surface as a multi-page trace from inside the first train loop (or, for
+    float or out-of-range class ids, as silently wrong training).
+
+    Raises:
+      ConfigError: one line naming what does not fit and the fix.
+    """
+    split = self.config.data.train_split
+    examples = data.check_nonempty(self.examples(split), split)
+    inputs, labels = next(iter(examples.batch(probe)))
+    shapes = tf.nest.map_structure(lambda t: (t.shape[1:].as_list(),
+                                              t.dtype.name), inputs)
+    try:
+      logits = tf.cast(self.model(inputs, training=False), tf.float32)
+    except Exception as e:  # pylint: disable=broad-except
+      raise config_lib.ConfigError(
+          f"config.model_fn: the model rejects the examples of split"
+          f" {split!r} (inputs {shapes}): {_first_line(e)}; make the model's"
+          " Input match what config.dataset_fn yields") from None
+    if self.config.loss == "sparse_categorical_crossentropy":
+      data.check_class_labels(labels, logits, split)
+    try:
+      per_example = self.compute_loss(labels, logits)
+    except Exception as e:  # pylint: disable=broad-except
+      raise config_lib.ConfigError(
+          f"config.loss={_name(self.config.loss)} fails on logits of shape"
+          f" {logits.shape.as_list()} and labels of shape"
+          f" {labels.shape.as_list()} ({labels.dtype.name}):"
+          f" {_first_line(e)}; make the labels of split {split!r} fit the"
+          " loss, or choose another config.loss") from None
+    if per_example.shape.as_list() != [len(logits)]:
+      raise config_lib.ConfigError(
+          f"config.loss={_name(self.config.loss)} returns shape"
+          f" {per_example.shape.as_list()} for a batch of {len(logits)};"
+          " return one loss per example (shape [batch]): looper averages"
+          " over the global batch itself")
 
   def build_optimizer(self) -> keras.optimizers.Optimizer:
     return optimizers.build(self.config.optimizer, self.config.train.steps)
