@@ -58,7 +58,10 @@ class Checkpointer:
     self._options = tf.train.CheckpointOptions(
         experimental_enable_async_checkpoint=async_save)
     self._async = async_save
+    if async_save:
+      _patch_keras_async_copy()
     self._in_flight = False
+    self._pending = None  # the path of the save in flight
     self._saved_step = None
 
   def latest(self) -> str | None:
@@ -96,7 +99,9 @@ class Checkpointer:
     for i, candidate in enumerate(reversed(candidates)):
       try:
         self._read(candidate)
-      except tf.errors.OpError as e:
+      # A damaged file fails in TensorFlow's reader (OpError) or, cut short,
+      # in its Python side ("Read less bytes than requested": IndexError).
+      except (tf.errors.OpError, IndexError, EOFError) as e:
         older = candidates[-2 - i] if i + 2 <= len(candidates) else None
         if older is None:
           raise CheckpointError(
@@ -138,6 +143,7 @@ class Checkpointer:
         options=None if sync or not self._async else self._options)
     self._saved_step = step
     self._in_flight = self._async and not sync
+    self._pending = path
     if not self._in_flight:
       self._finish(path)
     return path
@@ -154,18 +160,60 @@ class Checkpointer:
     return path
 
   def wait(self) -> None:
-    """Blocks until an async save is complete; raises if its write failed."""
+    """Blocks until an async save is complete; raises if its write failed.
+
+    TensorFlow's `sync()` does not raise a failed background write (it
+    would surface only at the next save, or be lost at exit), so the error
+    is fetched here, and the index must name the checkpoint just written.
+    """
     if not self._in_flight:
       return
     self._in_flight = False
+    path = self._pending
     self._checkpoint.sync()
-    self._finish(self._manager.latest_checkpoint)
+    error = None
+    helper = getattr(self._checkpoint, "_async_checkpointer_impl", None)
+    try:
+      if helper is not None:
+        helper._check_async_thread_error()  # pylint: disable=protected-access
+    except Exception as e:  # pylint: disable=broad-except
+      error = _first_line(e)
+    if error is None and tf.train.latest_checkpoint(self._save_dir) != path:
+      error = f"{self._save_dir}/checkpoint does not name it"
+    if error is not None:
+      raise CheckpointError(
+          f"the background save of {path} failed ({error}); the newest"
+          f" complete checkpoint is {tf.train.latest_checkpoint(self.directory)};"
+          " check the disk, or set --config.checkpoint.async_save=False")
+    self._finish(path)
 
   def _finish(self, path: str) -> None:
     if self._chief:
       logging.info("Saved %s", path)
     else:
       tf.io.gfile.rmtree(self._save_dir)
+
+
+def _patch_keras_async_copy() -> None:
+  """Lets TensorFlow's async checkpointing copy Keras 3 variables twice.
+
+  Keras 3 (3.15) wraps each tf.Variable in its own Variable, whose
+  `_copy_trackable_to_cpu` creates a new CPU variable inside a tf.function
+  on every save: the second async save fails with "tf.function only
+  supports singleton tf.Variables created on the first call". Delegating
+  to the wrapped tf.Variable (which updates its CPU copy in place) fixes
+  it; the checkpoint format is unchanged.
+  """
+  from keras.src.backend.tensorflow import core  # pylint: disable=g-import-not-at-top
+  if getattr(core.Variable, "_looper_async_patch", False):
+    return
+
+  def copy_to_cpu(self, object_map):
+    self.value._copy_trackable_to_cpu(object_map)  # pylint: disable=protected-access
+    object_map[self] = object_map[self.value]
+
+  core.Variable._copy_trackable_to_cpu = copy_to_cpu  # pylint: disable=protected-access
+  core.Variable._looper_async_patch = True  # pylint: disable=protected-access
 
 
 def _first_line(e: BaseException) -> str:

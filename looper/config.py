@@ -128,6 +128,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.distribution.strategy = "auto"  # see STRATEGIES; auto picks from below
   c.distribution.num_cpu_devices = 1  # >1: split the CPU, mirror over it
   c.distribution.tpu = ""  # TPU name or grpc:// address ('local' on a VM)
+  # multi_worker: how long a worker waits for the others to come up before
+  # failing with one line naming the missing ones.
+  c.distribution.worker_timeout_secs = 300.0
 
   c.data = ml_collections.ConfigDict()
   c.data.dir = ""  # where the experiment's dataset_fn reads its files
@@ -257,6 +260,11 @@ def split_slice(split: str, num_examples: int, field: str = "data.split"):
   return name, selected
 
 
+def _whole(value: Any) -> bool:
+  """An int that is not a bool (True would silently mean 1)."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check(ok: bool, field: str, value: Any, fix: str):
   if not ok:
     raise ConfigError(f"config.{field}={value!r}: {fix}")
@@ -288,7 +296,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
               ("distribution.num_cpu_devices",
                c.distribution.num_cpu_devices)]
   for field, value in positive:
-    _check(isinstance(value, int) and value >= 1, field, value,
+    _check(_whole(value) and value >= 1, field, value,
            f"must be a whole number >= 1; set --config.{field}")
   for field, value in [("eval.every_steps", c.eval.every_steps),
                        ("checkpoint.every_steps", c.checkpoint.every_steps),
@@ -298,7 +306,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
                         c.train.nan_recovery_tries),
                        ("train.early_stop_patience",
                         c.train.early_stop_patience)]:
-    _check(isinstance(value, int) and value >= 0, field, value,
+    _check(_whole(value) and value >= 0, field, value,
            f"must be a whole number >= 0; set --config.{field}")
   _check(c.eval.steps is None or c.eval.steps >= 1, "eval.steps",
          c.eval.steps, "must be >= 1, or None for the whole eval split")
@@ -306,6 +314,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
          c.optimizer.learning_rate, "must be > 0")
   _check(c.optimizer.warmup_steps <= c.train.steps, "optimizer.warmup_steps",
          c.optimizer.warmup_steps, f"must be <= train.steps={c.train.steps}")
+  _check(isinstance(c.distribution.worker_timeout_secs, (int, float)) and
+         c.distribution.worker_timeout_secs > 0,
+         "distribution.worker_timeout_secs", c.distribution.worker_timeout_secs,
+         "must be a number of seconds > 0")
   for field, value in [("checkpoint.every_secs", c.checkpoint.every_secs),
                        ("eval.timeout_secs", c.eval.timeout_secs)]:
     _check(isinstance(value, (int, float)) and value >= 0, field, value,

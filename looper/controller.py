@@ -68,14 +68,20 @@ class Controller:
     self._on_resume = on_resume
     self._nan_tries = nan_recovery_tries
     self._clock = clock
-    self._stop_reason = None  # set by request_stop (a signal)
+    self._signal = None  # set by request_stop (a signal here)
+    self._stop_reason = None  # set once the trainer has stopped for one
     self._end_reason = None  # set by end_training (an early stop)
 
   # --- Requests from actions and signal handlers ------------------------------
 
   def request_stop(self, reason: str) -> None:
-    """Stops training after the current step; save actions still run."""
-    self._stop_reason = reason
+    """Stops training after the current step; save actions still run.
+
+    The stop takes effect when the trainer reports it (`stop_requested`
+    after a `train` call): under multi-worker all workers agree on it there,
+    so every worker stops at the same step.
+    """
+    self._signal = reason
     self.trainer.request_stop()
 
   @property
@@ -156,6 +162,8 @@ class Controller:
       start = self._clock()
       losses, logs = self.trainer.train(n)
       seconds = max(self._clock() - start, 1e-9)
+      if self.trainer.stop_requested:
+        self._stop_reason = self._signal or "a signal to another worker"
       if not np.isfinite(losses).all():
         if tries >= self._nan_tries:
           raise self._blow_up(losses, step + 1)

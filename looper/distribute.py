@@ -22,10 +22,15 @@ tf.distribute is the only engine: this module only chooses and builds.
 
 import json
 import os
+import re
 
 from absl import logging
 import ml_collections
 import tensorflow as tf
+# The coordination service's settings have no public API (see
+# _bound_cluster_waits).
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.python.eager import context
 
 from looper.config import ConfigError
 
@@ -108,8 +113,61 @@ def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
       raise ConfigError(
           "config.distribution.strategy='multi_worker' needs TF_CONFIG"
           " naming the cluster and this task; set it, or use 'mirrored'")
+    _bound_cluster_waits(dist.worker_timeout_secs)
     return tf.distribute.MultiWorkerMirroredStrategy()
   return tpu_strategy(dist.tpu)
+
+
+def _bound_cluster_waits(timeout_secs: float) -> None:
+  """Makes a worker that never comes up an error, not an endless wait.
+
+  By default MultiWorkerMirroredStrategy waits (for an hour or more) for
+  every task to register. The coordination service can bound that, with a
+  barrier that names the missing tasks, but only through TensorFlow's
+  internal context (no public API or environment variable exists); it must
+  be configured before the strategy is built. A worker lost later is
+  detected by the service's heartbeats (about 10 s by default).
+  """
+  cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+  jobs = [job for job in ("chief", "worker") if cluster.get(job)]
+  ctx = context.context()
+  ctx.configure_coordination_service(
+      service_type="standalone", service_leader=f"/job:{jobs[0]}/replica:0/task:0",
+      cluster_register_timeout_in_ms=int(timeout_secs * 1000),
+      coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
+          name=job, num_tasks=len(cluster[job])) for job in jobs])
+  # Without the barrier the leader waits regardless of the timeout.
+  ctx._coordination_service_config.cluster_register_with_barrier = True  # pylint: disable=protected-access
+
+
+_TASK = r"/job:\w+/replica:\d+/task:\d+"
+
+
+def cluster_error(e: Exception, timeout_secs: float) -> str | None:
+  """One line for a multi-worker failure TensorFlow reports in pages.
+
+  Returns None when `e` is not about a lost or missing task.
+  """
+  text = str(e)
+  missing = re.search(rf"timed out task names:\s*((?:{_TASK}[,\s]*)+)", text)
+  if "Barrier timed out" in text and missing:
+    tasks = ", ".join(re.findall(_TASK, missing.group(1)))
+    return (f"worker {tasks} did not come up within"
+            f" distribution.worker_timeout_secs={timeout_secs:g}; start it"
+            " with the same TF_CONFIG cluster, or raise the timeout")
+  lost = re.search(rf"stopped sending heartbeats\)?:?\s*({_TASK})", text)
+  reason = "it stopped sending heartbeats"
+  if not lost and isinstance(e, (tf.errors.UnavailableError,
+                                 tf.errors.DeadlineExceededError)):
+    lost = re.search(rf"remote target:?\s*({_TASK})", text)
+    known = re.search(r"Connection reset by peer|Socket closed|Connection"
+                      r" refused|timed out", text)
+    reason = known.group(0) if known else type(e).__name__
+  if lost:
+    return (f"lost worker {lost.group(1)} ({reason}); this worker stopped"
+            " too. Restart all workers with the same command to resume from"
+            " the last checkpoint")
+  return None
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

@@ -32,6 +32,15 @@ from looper import summaries as summaries_lib
 from looper.config import ConfigError
 
 
+def check_best_metric(best_metric: str, trainer) -> None:
+  """`checkpoint.best_metric` must be one of the values evaluation reports."""
+  names = ["loss"] + [m.name for m in trainer.eval_metrics]
+  if best_metric and best_metric not in names:
+    raise ConfigError(
+        f"config.checkpoint.best_metric={best_metric!r} is not an eval"
+        f" metric; use one of {', '.join(names)}")
+
+
 class Evaluator:
   """Evaluates the trainer's current state once per step (see module doc)."""
 
@@ -52,11 +61,7 @@ class Evaluator:
     self.last, self.last_step = None, None
     self._history = []  # [(step, value)] of best_metric, in step order
     if best_metric:
-      names = ["loss"] + [m.name for m in trainer.eval_metrics]
-      if best_metric not in names:
-        raise ConfigError(
-            f"config.checkpoint.best_metric={best_metric!r} is not an eval"
-            f" metric; use one of {', '.join(names)}")
+      check_best_metric(best_metric, trainer)
       self._path = os.path.join(checkpointer.directory, "best",
                                 "history.json")
       if tf.io.gfile.exists(self._path):

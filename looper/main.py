@@ -29,9 +29,11 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+import tensorflow as tf
 
 from looper import checkpoint as checkpoint_lib
 from looper import config as config_lib
+from looper import distribute
 from looper import run
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -54,12 +56,22 @@ def _parse_flags(argv):
   except config_lib.ConfigError as e:
     sys.exit(f"looper: {e}")
   except (AttributeError, KeyError) as e:  # an override, or the config file
-    line, trace = config_lib.parse_error(e, argv)
-    if trace is not None:  # the config file's own bug: show where
-      traceback.print_exception(type(e), e, trace)
-    sys.exit(f"looper: {line}")
+    _exit_with(e, argv)
   except flags.Error as e:
+    # ml_collections re-raises a TypeError/ValueError of the config file
+    # (e.g. `c.train.steps = "100"`) as text; the original is its context.
+    wrapper = e.__context__
+    if (wrapper is not None and wrapper.__context__ is not None and
+        str(wrapper).startswith("Error whilst parsing config file")):
+      _exit_with(wrapper.__context__, argv)
     sys.exit(f"looper: {e}")
+
+
+def _exit_with(e: BaseException, argv):
+  line, trace = config_lib.parse_error(e, argv)
+  if trace is not None:  # the config file's own bug: show where
+    traceback.print_exception(type(e), e, trace)
+  sys.exit(f"looper: {line}")
 
 
 def main(argv):
@@ -71,6 +83,12 @@ def main(argv):
   except (config_lib.ConfigError, checkpoint_lib.CheckpointError,
           FloatingPointError) as e:
     sys.exit(f"looper: {e}")
+  except tf.errors.OpError as e:  # a lost or missing worker: one line
+    message = distribute.cluster_error(
+        e, _CONFIG.value.distribution.worker_timeout_secs)
+    if message is None:
+      raise
+    sys.exit(f"looper: {message}")
 
 
 def cli():

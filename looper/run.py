@@ -59,30 +59,48 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   if mode not in MODES:
     raise config_lib.ConfigError(
         f"mode={mode!r} is not one of {', '.join(MODES)}; set --mode")
+  if checkpoint_path and mode != "eval":
+    raise config_lib.ConfigError(
+        f"--checkpoint={checkpoint_path} is only read by --mode=eval; to"
+        " start training from it set --config.init.checkpoint instead")
   config_lib.validate(config)
   strategy = distribute.strategy_for(config)
   trainer_cls = config_lib.resolve(config.trainer, "trainer")
   trainer = trainer_cls(config, strategy)
   chief = distribute.is_chief(strategy)
-  training = mode in ("train", "train_and_eval")
-  if chief and training:
-    _write_config(workdir, config_lib.to_json(config))
+  # Everything that can be checked is checked before a file is written:
+  # nothing already saved in `workdir` is touched by a bad config.
+  if mode != "train":  # fail now, not after hours of training
+    trainer.check_inputs(config.data.eval_split)
+  evaluation.check_best_metric(config.checkpoint.best_metric, trainer)
   c = config.checkpoint
   ckpt = checkpoint.Checkpointer(
       os.path.join(workdir, "checkpoints"), trainer.checkpoint_items(),
       keep=c.keep, chief=chief, task_id=distribute.task_id(strategy),
       async_save=c.async_save)
-  out = summaries.Summaries(
-      workdir, chief=chief, total_steps=config.train.steps,
-      eval_dir={"train": None, "continuous_eval": CONTINUOUS_EVAL_DIR}.get(
-          mode, "eval"))
+  training = mode in ("train", "train_and_eval")
+  restored = ckpt.restore() if training else None
+  try:
+    if chief and training:
+      tf.io.gfile.makedirs(workdir)
+      with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config_lib.to_json(config))
+    out = summaries.Summaries(
+        workdir, chief=chief, total_steps=config.train.steps,
+        eval_dir={"train": None, "continuous_eval": CONTINUOUS_EVAL_DIR}.get(
+            mode, "eval"))
+  except (tf.errors.OpError, OSError) as e:
+    reason = getattr(e, "message", None) or str(e)
+    raise config_lib.ConfigError(
+        f"--workdir={workdir} is not a writable directory"
+        f" ({reason.splitlines()[0]}); choose another --workdir") from None
   try:
     ctl, evaluator = _controller(config, trainer, ckpt, out, chief)
     if mode == "eval":
       return ctl.evaluate(checkpoint_path)
     if mode == "continuous_eval":
       return ctl.continuous_eval(timeout_secs=config.eval.timeout_secs)
-    if not ckpt.restore():
+    if not restored:
       if config.init.checkpoint:
         items = {"model": trainer.model}
         if config.init.optimizer:
@@ -98,19 +116,6 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     return result
   finally:
     out.close()
-
-
-def _write_config(workdir: str, config_json: str) -> None:
-  """Writes config.json, failing in one line if `workdir` is not writable."""
-  try:
-    tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config_json)
-  except (tf.errors.OpError, OSError) as e:
-    reason = getattr(e, "message", None) or str(e)
-    raise config_lib.ConfigError(
-        f"--workdir={workdir} is not a writable directory"
-        f" ({reason.splitlines()[0]}); choose another --workdir") from None
 
 
 def _controller(config, trainer, ckpt: checkpoint.Checkpointer,

@@ -25,6 +25,7 @@ and bookkeeping: `build_model`, `build_optimizer`, `build_metrics`,
 Point `config.trainer` at the subclass.
 """
 
+import re
 from typing import Any
 
 import keras
@@ -65,8 +66,11 @@ def _lookup(value: Any, table: dict, field: str):
 
 
 def _first_line(e: BaseException) -> str:
-  text = str(e).strip()
-  return text.splitlines()[0] if text else type(e).__name__
+  """The informative line of an error (Keras leads with a generic one)."""
+  text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Keras' terminal colours
+  lines = [l.strip() for l in text.splitlines() if l.strip() and
+           not l.startswith("Exception encountered when calling")]
+  return lines[0] if lines else type(e).__name__
 
 
 def _name(value: Any) -> str:
@@ -95,12 +99,18 @@ class Trainer:
     # A plain host variable outside the scope: it is not training state.
     with tf.device("/cpu:0"):
       self._stop = tf.Variable(False, trainable=False, name="stop")
+    # Several workers must stop at the same step (every step is a collective
+    # across them): there they agree once per loop, before it starts, and
+    # a loop is never cut short.
+    self._agree_on_stop, self._agreed_stop = None, False
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+      self._agree_on_stop = tf.function(self._any_worker_stopped)
 
     # Same seed, same initial weights: whatever the replica count.
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
       self.model = self.build_model()
-      self.check_inputs()
+      self.check_inputs(config.data.train_split)
       self.optimizer = self.build_optimizer()
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here.
@@ -131,8 +141,8 @@ class Trainer:
           lambda s: tf.zeros([1] + s.shape.as_list(), s.dtype), inputs))
     return model
 
-  def check_inputs(self, probe: int = 256) -> None:
-    """Runs the model and the loss on the first train examples, eagerly.
+  def check_inputs(self, split: str, probe: int = 256) -> None:
+    """Runs the model and the loss on the first examples of `split`, eagerly.
 
     A mismatch between dataset_fn, model_fn and the loss would otherwise
     surface as a multi-page trace from inside the first train loop (or, for
@@ -141,8 +151,9 @@ class Trainer:
     Raises:
       ConfigError: one line naming what does not fit and the fix.
     """
-    split = self.config.data.train_split
-    examples = data.check_nonempty(self.examples(split), split)
+    field = ("data.train_split" if split == self.config.data.train_split
+             else "data.eval_split")
+    examples = data.check_nonempty(self.examples(split), split, field)
     inputs, labels = next(iter(examples.batch(probe)))
     shapes = tf.nest.map_structure(lambda t: (t.shape[1:].as_list(),
                                               t.dtype.name), inputs)
@@ -255,11 +266,31 @@ class Trainer:
 
     Fewer losses than `steps` come back if `request_stop` was called.
     """
+    if self._agree_on_stop is not None and bool(self._agree_on_stop()):
+      self._agreed_stop = True  # some worker got a signal: all stop here
+      return np.zeros([0], np.float32), {}
     if self._iterator is None:
       self._iterator = iter(self.train_data())
     losses, results = self._train_fn(self._iterator,
                                      tf.constant(steps, tf.int32))
     return losses.numpy(), {k: float(v) for k, v in results.items()}
+
+  @property
+  def stop_requested(self) -> bool:
+    """Whether training stops: `request_stop` was called and took effect.
+
+    Under multi-worker that is once all workers agreed, before a loop.
+    """
+    if self._agree_on_stop is not None:
+      return self._agreed_stop
+    return bool(self._stop.numpy())
+
+  def _any_worker_stopped(self):
+    total = self.strategy.run(
+        lambda: tf.distribute.get_replica_context().all_reduce(
+            "SUM", tf.cast(self._stop.read_value(), tf.int32)))
+    # Every local replica holds the same cluster-wide sum.
+    return self.strategy.experimental_local_results(total)[0] > 0
 
   def request_stop(self) -> None:
     """Makes a running (or the next) train loop stop after its current step.
@@ -274,7 +305,7 @@ class Trainer:
       metric.reset_state()
     losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
     for i in tf.range(steps):
-      if self._stop.read_value():
+      if self._agree_on_stop is None and self._stop.read_value():
         break
       loss = self.strategy.run(self.train_step, args=(next(iterator),))
       losses = losses.write(i, self.strategy.reduce("SUM", loss, axis=None))

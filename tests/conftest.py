@@ -61,3 +61,55 @@ def curve(logdir, tag: str = "loss") -> np.ndarray:
 def tiny_config():
   from tests import tiny
   return tiny.get_config()
+
+
+def free_ports(n: int) -> list[int]:
+  """`n` free TCP ports on loopback (the only addresses tests may use)."""
+  import socket
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
+
+
+def start_workers(args, num_workers: int, logdir, *, only=None):
+  """Starts looper workers of one TF_CONFIG cluster on 127.0.0.1.
+
+  Each worker's stderr goes to `logdir/worker{i}.log` (files, not pipes: a
+  full pipe would stall a worker nobody reads yet). `only`: start just
+  these task indices (the others never come up). Returns the Popens; end
+  them with `finish`.
+  """
+  import json
+  ports = free_ports(num_workers)
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+  procs = []
+  for index in (range(num_workers) if only is None else only):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
+    env["TF_CONFIG"] = json.dumps({"cluster": cluster,
+                                   "task": {"type": "worker", "index": index}})
+    with open(pathlib.Path(logdir) / f"worker{index}.log", "w") as log:
+      procs.append(subprocess.Popen(
+          [sys.executable, "-m", "looper.main", *args], cwd=ROOT, env=env,
+          stdout=subprocess.DEVNULL, stderr=log))
+    procs[-1].log = pathlib.Path(logdir) / f"worker{index}.log"
+  return procs
+
+
+def finish(procs, timeout: float) -> list[str]:
+  """Waits for every process (killing all at `timeout`); returns the logs."""
+  import time
+  deadline = time.monotonic() + timeout
+  try:
+    for proc in procs:
+      proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+  except subprocess.TimeoutExpired:
+    pass  # killed below; the caller's asserts on returncode say so
+  finally:
+    for proc in procs:
+      proc.kill()
+      proc.wait()
+  return [proc.log.read_text() for proc in procs]

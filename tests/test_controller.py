@@ -43,6 +43,9 @@ class FakeTrainer:
 
   def request_stop(self):
     self._stop_after = 0
+    self.stop_requested = True
+
+  stop_requested = False
 
   def stop_after(self, steps):
     """The next loop stops after `steps` steps (a signal mid-loop)."""

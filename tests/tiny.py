@@ -38,7 +38,9 @@ def model_fn(config):
 
 
 def dataset_fn(config, split):
-  name, selected = lc.split_slice(split, config.model.num_examples)
+  field = "data.train_split" if split == config.data.train_split else (
+      "data.eval_split")
+  name, selected = lc.split_slice(split, config.model.num_examples, field)
   x, y = make_data(config.model.num_examples, seed={"train": 0, "test": 1}[name])
   return tf.data.Dataset.from_tensor_slices((x[selected], y[selected]))
 
