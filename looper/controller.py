@@ -46,7 +46,21 @@ def loop_length(step: int, total: int, steps_per_loop: int,
 
 
 class Controller:
-  """Runs the modes; see the module doc for the loop."""
+  """Runs the modes; see the module doc for the loop.
+
+  Args (all but the first two keyword-only):
+    trainer: runs steps (`train(n)`), knows `global_step`, `data_position`,
+      and can `seek` and `request_stop`.
+    checkpointer: saves and restores (used for `evaluate`, continuous eval
+      and NaN roll-backs; saving itself is a save action).
+    total_steps, steps_per_loop: `train.steps`, `train.steps_per_loop`.
+    report_actions, eval_actions, save_actions: run in this order after
+      each loop; eval actions only in `train_and_eval`.
+    evaluate: fn(step) -> eval logs, for `evaluate` and `continuous_eval`.
+    on_resume: fn(step), called when training starts or rolls back there.
+    nan_recovery_tries: `train.nan_recovery_tries`.
+    clock: times each loop (steps_per_sec), injectable for tests.
+  """
 
   def __init__(self, trainer, checkpointer: checkpoint_lib.Checkpointer, *,
                total_steps: int, steps_per_loop: int,

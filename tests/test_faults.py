@@ -208,6 +208,19 @@ def test_warm_start_restores_the_model_and_reports(tmp_path, caplog):
   assert reports == [f"Warm start from {tmp_path}/a/checkpoints/ckpt-20:"
                      " model: 4 of 4 variables restored"]
 
+  # With init.optimizer the slots come too; the schedule starts at 0.
+  c.init.optimizer = True
+  result = run.run(c, str(tmp_path / "c"), mode="train")
+  reports = [r.getMessage() for r in caplog.records
+             if r.getMessage().startswith("Warm start")]
+  # SGD with momentum: the iteration count and one slot per weight.
+  assert reports[-1] == (f"Warm start from {tmp_path}/a/checkpoints/ckpt-20:"
+                         " model: 4 of 4 variables restored; optimizer: 9 of"
+                         " 9 variables restored")
+  assert result["train"]["learning_rate"] == pytest.approx(1e-30)
+  reader = tf.train.load_checkpoint(str(tmp_path / "c/checkpoints/ckpt-1"))
+  assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 1
+
 
 def test_warm_start_errors_name_the_variable_or_the_path(tmp_path):
   source = tiny.get_config()
