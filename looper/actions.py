@@ -13,7 +13,8 @@ train loop when any of these holds:
   each loop exactly on the next such multiple (`boundary`), so step-based
   actions land on their step whatever `steps_per_loop` is;
 - `every_secs`: that long has passed since it last fired (or since the run
-  started), by `clock` (injectable, so tests need not sleep);
+  started), by `clock` (injectable, so tests need not sleep); under
+  multi-worker the workers agree on it, so all fire at the same step;
 - `every_loop`: after every loop (summaries, progress line);
 - `at_end`: training ended (the last step, or an early stop);
 - `on_stop`: training is stopping early on a signal (preemption).
@@ -76,20 +77,28 @@ class Action:
       return None
     return (step // self.every_steps + 1) * self.every_steps
 
-  def due(self, step: int, *, end: bool = False, stop: bool = False) -> bool:
-    """Whether the action fires after a loop that ended at `step`."""
+  def due(self, step: int, *, end: bool = False, stop: bool = False,
+          agree: Callable[[bool], bool] = bool) -> bool:
+    """Whether the action fires after a loop that ended at `step`.
+
+    `agree`: makes a per-process decision (the clock) the same on every
+    worker; it is called whenever `every_secs` is set, so that every worker
+    calls it at the same point.
+    """
+    late = bool(self.every_secs) and agree(
+        self._clock() - self._last_time >= self.every_secs)
     if (end and self.at_end) or (stop and self.on_stop) or self.every_loop:
       return True
     if self.every_steps and (step // self.every_steps !=
                              self._last_step // self.every_steps):
       return True
-    return bool(self.every_secs and
-                self._clock() - self._last_time >= self.every_secs)
+    return late
 
   def __call__(self, step: int, loop: Loop | None, *, end: bool = False,
-               stop: bool = False) -> bool:
+               stop: bool = False, agree: Callable[[bool], bool] = bool
+               ) -> bool:
     """Fires if due; returns whether it fired."""
-    if not self.due(step, end=end, stop=stop):
+    if not self.due(step, end=end, stop=stop, agree=agree):
       self._last_step = step
       return False
     self.fn(step, loop)

@@ -37,9 +37,15 @@ from absl import logging
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from looper.config import first_line
+
 
 class CheckpointError(ValueError):
   """A checkpoint cannot be used; the message names it and the fix."""
+
+
+class CheckpointMissing(CheckpointError):
+  """The checkpoint's files are not there (never written, or deleted)."""
 
 
 class Checkpointer:
@@ -85,12 +91,18 @@ class Checkpointer:
       CheckpointError: `path` does not exist, no checkpoint is readable, or
         the checkpoint belongs to a different model.
     """
+    self.wait()  # a save in flight would be the newest checkpoint
     if path is not None:
+      try:
+        self._read(path)
+      except tf.errors.OpError:
+        if tf.io.gfile.exists(path + ".index"):
+          raise
       if not tf.io.gfile.exists(path + ".index"):
-        raise CheckpointError(
+        # Also when `keep` deleted it while it was being read.
+        raise CheckpointMissing(
             f"--checkpoint={path}: no such checkpoint ({path}.index is"
             f" missing); give a prefix like {self.directory}/ckpt-1000")
-      self._read(path)
       return path
     candidates = self.all()
     latest = self.latest()
@@ -106,12 +118,12 @@ class Checkpointer:
         if older is None:
           raise CheckpointError(
               f"checkpoint {candidate} cannot be read"
-              f" ({_first_line(e)}); delete {candidate}.* (and its line in"
+              f" ({first_line(e)}); delete {candidate}.* (and its line in"
               f" {self.directory}/checkpoint) or use a new --workdir"
               ) from None
         logging.warning("Checkpoint %s cannot be read (%s); falling back to"
                         " %s. Delete %s.* to silence this.", candidate,
-                        _first_line(e), older, candidate)
+                        first_line(e), older, candidate)
         continue
       logging.info("Restored %s", candidate)
       return candidate
@@ -124,19 +136,22 @@ class Checkpointer:
       workdir = os.path.dirname(self.directory)
       raise CheckpointError(
           f"{path} holds a different model or trainer state than the config"
-          f" builds ({_first_line(e)}); use a new --workdir, or delete"
+          f" builds ({first_line(e)}); use a new --workdir, or delete"
           f" {workdir} to start over") from None
     self._saved_step = _step_of(path)
 
-  def save(self, step: int, *, sync: bool = False) -> str | None:
+  def save(self, step: int, *, sync: bool = False, force: bool = False
+           ) -> str | None:
     """Saves the state as `ckpt-{step}`, unless that is the newest already.
 
     Args:
       step: the global step (names the checkpoint).
       sync: write now even if async saving is on (a preemption save).
+      force: write even if `ckpt-{step}` is the newest: the state changed
+        without a step (a NaN roll-back moved the data position).
     """
     self.wait()
-    if self._saved_step == step:
+    if self._saved_step == step and not force:
       return None
     path = self._manager.save(
         checkpoint_number=step,
@@ -177,7 +192,7 @@ class Checkpointer:
       if helper is not None:
         helper._check_async_thread_error()  # pylint: disable=protected-access
     except Exception as e:  # pylint: disable=broad-except
-      error = _first_line(e)
+      error = first_line(e)
     if error is None and tf.train.latest_checkpoint(self._save_dir) != path:
       error = f"{self._save_dir}/checkpoint does not name it"
     if error is not None:
@@ -214,11 +229,6 @@ def _patch_keras_async_copy() -> None:
 
   core.Variable._copy_trackable_to_cpu = copy_to_cpu  # pylint: disable=protected-access
   core.Variable._looper_async_patch = True  # pylint: disable=protected-access
-
-
-def _first_line(e: BaseException) -> str:
-  text = getattr(e, "message", None) or str(e)
-  return text.strip().splitlines()[0] if text.strip() else type(e).__name__
 
 
 def _step_of(path: str) -> int | None:
@@ -288,8 +298,14 @@ def warm_start(path: str, items: dict[str, Any]) -> str:
   # Our own keys, from a throwaway in-memory checkpoint of this model.
   probe = tf.train.Checkpoint(**items).write(f"ram://looper-warm-start/{id(items)}")
   parts = []
+  # The optimizer also reaches the model's weights: report those once.
+  model_keys = set(variable_keys(probe, "model").values())
   for name in items:
-    ours, theirs = _shapes(probe, name), _shapes(path, name)
+    own = {n for n, k in variable_keys(probe, name).items()
+           if name == "model" or k not in model_keys}
+    ours = {n: v for n, v in _shapes(probe, name).items() if n in own}
+    theirs = {n: v for n, v in _shapes(path, name).items()
+              if n in own or n not in _shapes(probe, name)}
     for key, shape in ours.items():
       if key in theirs and theirs[key] != shape:
         raise CheckpointError(

@@ -55,6 +55,18 @@ class ConfigError(ValueError):
   """A config value is wrong; the message is one line naming field and fix."""
 
 
+def first_line(e: BaseException) -> str:
+  """The informative first line of an error, for a one-line message.
+
+  Keras leads with a generic "Exception encountered when calling ..." line
+  and colours the rest for a terminal; both are dropped.
+  """
+  text = re.sub(r"\x1b\[[0-9;]*m", "", getattr(e, "message", None) or str(e))
+  lines = [l.strip() for l in text.splitlines() if l.strip() and
+           not l.startswith("Exception encountered when calling")]
+  return lines[0] if lines else type(e).__name__
+
+
 def _object_field(default):
   # A field that holds a callable, a class or a 'module:name' string. Without
   # field_type=object ml_collections would fix its type at the first value.

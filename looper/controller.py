@@ -143,8 +143,9 @@ class Controller:
         done.add(path)
         try:
           self.checkpointer.restore(path)
-        except checkpoint_lib.CheckpointError as e:  # deleted by `keep`
-          logging.warning("Skipped %s: %s", path, e)
+        except checkpoint_lib.CheckpointMissing:  # deleted by `keep`
+          logging.warning("Skipped %s: deleted (checkpoint.keep) before it"
+                          " could be evaluated", path)
           continue
         step = self.trainer.global_step
         result.update(step=step, checkpoint=path, eval=self._evaluate(step))
@@ -176,15 +177,15 @@ class Controller:
       start = self._clock()
       losses, logs = self.trainer.train(n)
       seconds = max(self._clock() - start, 1e-9)
-      if self.trainer.stop_requested:
-        self._stop_reason = self._signal or "a signal to another worker"
-      if not np.isfinite(losses).all():
+      if not (np.isfinite(losses).all() and self.trainer.weights_finite):
         if tries >= self._nan_tries:
-          raise self._blow_up(losses, step + 1)
+          raise self._blow_up(losses, step + 1, tries)
         tries += 1
         step = self._roll_back(losses, step + 1, tries)
         self._start(step, actions)
         continue
+      if self.trainer.stop_requested and step + len(losses) < self.total_steps:
+        self._stop_reason = self._signal or "a signal to another worker"
       loop = None
       if len(losses):  # zero if a stop came before the loop's first step
         loop = actions_lib.Loop(step + 1, losses, dict(
@@ -213,26 +214,25 @@ class Controller:
   def _act(self, actions: list[actions_lib.Action], step: int,
            loop: actions_lib.Loop | None) -> None:
     for action in actions:
-      # Read per action: an eval action may end training (early stop), a
-      # signal may arrive while an action runs.
+      # Read per action: an eval action may end training (early stop).
       end = step >= self.total_steps or bool(self._end_reason)
       stop = bool(self._stop_reason)
       if action.every_loop and loop is None:
         continue  # nothing ran: nothing to report
       if stop and not (action.on_stop or action.every_loop):
         continue  # a stop is not the time to evaluate
-      action(step, loop, end=end, stop=stop)
+      action(step, loop, end=end, stop=stop, agree=self.trainer.agree)
 
-  def _blow_up(self, losses: np.ndarray, first_step: int) -> Exception:
+  def _blow_up(self, losses: np.ndarray, first_step: int, tries: int
+               ) -> Exception:
     """The one-line error for a NaN/inf loss; nothing bad was saved."""
-    bad = int(np.flatnonzero(~np.isfinite(losses))[0])
     latest = self.checkpointer.latest()
     kept = f"{latest} is kept" if latest else "no checkpoint was written"
-    tries = (f" after {self._nan_tries} recoveries (train.nan_recovery_tries)"
-             if self._nan_tries else "")
+    after = (f" after {tries} recoveries (train.nan_recovery_tries)"
+             if tries else "")
     return FloatingPointError(
-        f"train loss is {losses[bad]} at step {first_step + bad}{tries};"
-        f" {kept}; lower --config.optimizer.learning_rate or check the data")
+        f"{_what_blew_up(losses, first_step)}{after}; {kept}; lower"
+        " --config.optimizer.learning_rate or check the data")
 
   def _roll_back(self, losses: np.ndarray, first_step: int, tries: int
                  ) -> int:
@@ -240,13 +240,23 @@ class Controller:
     skip_to = self.trainer.data_position
     path = self.checkpointer.restore()
     if not path:
-      raise self._blow_up(losses, first_step)
+      raise self._blow_up(losses, first_step, tries - 1)
     self.trainer.seek(skip_to)
     step = self.trainer.global_step
-    bad = int(np.flatnonzero(~np.isfinite(losses))[0])
+    # Saved at once: a restart must not replay the data that blew up.
+    self.checkpointer.save(step, force=True)
     logging.warning(
-        "train loss is %s at step %d; restored %s (step %d) and skipped the"
-        " data up to global example %d (recovery %d of"
-        " train.nan_recovery_tries=%d)", losses[bad], first_step + bad, path,
-        step, skip_to, tries, self._nan_tries)
+        "%s; restored %s (step %d) and skipped the data up to global example"
+        " %d (recovery %d of train.nan_recovery_tries=%d)",
+        _what_blew_up(losses, first_step), path, step, skip_to, tries,
+        self._nan_tries)
     return step
+
+
+def _what_blew_up(losses: np.ndarray, first_step: int) -> str:
+  bad = np.flatnonzero(~np.isfinite(losses))
+  if bad.size:
+    return f"train loss is {losses[bad[0]]} at step {first_step + bad[0]}"
+  # Every loss was finite, but the last step's update was not.
+  return (f"the weights are not finite after step"
+          f" {first_step + len(losses) - 1}")

@@ -46,7 +46,9 @@ def _cluster_size() -> int:
     raise ConfigError(
         f"TF_CONFIG={raw!r} is not a JSON object with 'cluster' and 'task';"
         " fix or unset the TF_CONFIG environment variable") from None
-  return sum(len(tasks) for tasks in cluster.values())
+  # An evaluator (or parameter server) task does not make training
+  # multi-worker.
+  return sum(len(cluster.get(job, ())) for job in ("chief", "worker"))
 
 
 def choose(dist: ml_collections.ConfigDict, num_gpus: int) -> str:

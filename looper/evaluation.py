@@ -45,11 +45,11 @@ class Evaluator:
   """Evaluates the trainer's current state once per step (see module doc)."""
 
   def __init__(self, trainer, out: summaries_lib.Summaries, *,
-               checkpointer: checkpoint_lib.Checkpointer | None = None,
+               checkpointer: checkpoint_lib.Checkpointer,
+               end_training: Callable[[str], None],
                best_metric: str = "", best_mode: str = "max",
-               patience: int = 0,
-               end_training: Callable[[str], None] | None = None,
-               chief: bool = True):
+               patience: int = 0, chief: bool = True):
+    """`best_metric` must be an eval metric (see `check_best_metric`)."""
     self._trainer = trainer
     self._out = out
     self._checkpointer = checkpointer
@@ -61,12 +61,17 @@ class Evaluator:
     self.last, self.last_step = None, None
     self._history = []  # [(step, value)] of best_metric, in step order
     if best_metric:
-      check_best_metric(best_metric, trainer)
       self._path = os.path.join(checkpointer.directory, "best",
                                 "history.json")
       if tf.io.gfile.exists(self._path):
         with tf.io.gfile.GFile(self._path) as f:
-          self._history = [tuple(e) for e in json.load(f)["history"]]
+          saved = json.load(f)
+        if (saved["metric"], saved["mode"]) == (best_metric, best_mode):
+          self._history = [tuple(e) for e in saved["history"]]
+        else:  # another criterion: its best is not this one's
+          logging.warning("%s tracked %s (%s); starting over for %s (%s)",
+                          self._path, saved["metric"], saved["mode"],
+                          best_metric, best_mode)
 
   def __call__(self, step: int, loop=None) -> dict[str, float]:
     """Evaluates at `step` (once: a repeated call returns the last logs)."""
@@ -81,6 +86,8 @@ class Evaluator:
   def resume(self, step: int) -> None:
     """Forgets evaluations after `step` and ends training if patience ran out."""
     self._history = [(s, v) for s, v in self._history if s <= step]
+    if self.last_step is not None and self.last_step > step:
+      self.last, self.last_step = None, None  # to be evaluated again
     if self._patience and self._stale() >= self._patience:
       self._end(step)
 

@@ -14,9 +14,12 @@ step. So a loop of any length stops within a step, and the Controller then
 saves a checkpoint at the step reached. A second signal ends the process
 at once with the usual exit code (128 + signal number).
 
-Under multi-worker the stop must happen at the same step on every worker,
-so there TensorFlow's `PreemptionCheckpointHandler` is used instead (see
-`looper.run`), which agrees on the step across workers.
+Under multi-worker the stop must happen at the same step on every worker:
+there the Trainer does not cut a loop short; before each loop the workers
+agree (one all-reduce) whether any of them was asked to stop, and all stop
+and save at that step. This must be entered after the strategy is built:
+MultiWorkerMirroredStrategy installs a C++ SIGTERM handler of its own.
+(Why not TensorFlow's PreemptionCheckpointHandler: see BUILD.md.)
 """
 
 import os

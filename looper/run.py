@@ -68,9 +68,13 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   trainer_cls = config_lib.resolve(config.trainer, "trainer")
   trainer = trainer_cls(config, strategy)
   chief = distribute.is_chief(strategy)
+  training = mode in ("train", "train_and_eval")
   # Everything that can be checked is checked before a file is written:
-  # nothing already saved in `workdir` is touched by a bad config.
-  if mode != "train":  # fail now, not after hours of training
+  # nothing already saved in `workdir` is touched by a bad config, and a
+  # bad eval split fails now, not after hours of training.
+  if training:
+    trainer.check_inputs(config.data.train_split)
+  if mode != "train":
     trainer.check_inputs(config.data.eval_split)
   evaluation.check_best_metric(config.checkpoint.best_metric, trainer)
   c = config.checkpoint
@@ -78,35 +82,21 @@ def run(config: ml_collections.ConfigDict, workdir: str,
       os.path.join(workdir, "checkpoints"), trainer.checkpoint_items(),
       keep=c.keep, chief=chief, task_id=distribute.task_id(strategy),
       async_save=c.async_save)
-  training = mode in ("train", "train_and_eval")
   restored = ckpt.restore() if training else None
+  if training and not restored and config.init.checkpoint:
+    items = {"model": trainer.model}
+    if config.init.optimizer:
+      items["optimizer"] = trainer.optimizer
+    checkpoint.warm_start(config.init.checkpoint, items)
+    trainer.optimizer.iterations.assign(0)  # the schedule starts over
+  out = _open_workdir(workdir, config, mode, chief)
   try:
-    if chief and training:
-      tf.io.gfile.makedirs(workdir)
-      with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config_lib.to_json(config))
-    out = summaries.Summaries(
-        workdir, chief=chief, total_steps=config.train.steps,
-        eval_dir={"train": None, "continuous_eval": CONTINUOUS_EVAL_DIR}.get(
-            mode, "eval"))
-  except (tf.errors.OpError, OSError) as e:
-    reason = getattr(e, "message", None) or str(e)
-    raise config_lib.ConfigError(
-        f"--workdir={workdir} is not a writable directory"
-        f" ({reason.splitlines()[0]}); choose another --workdir") from None
-  try:
-    ctl, evaluator = _controller(config, trainer, ckpt, out, chief)
+    ctl, evaluator = _controller(config, trainer, ckpt, out, chief, training)
     if mode == "eval":
       return ctl.evaluate(checkpoint_path)
     if mode == "continuous_eval":
       return ctl.continuous_eval(timeout_secs=config.eval.timeout_secs)
     if not restored:
-      if config.init.checkpoint:
-        items = {"model": trainer.model}
-        if config.init.optimizer:
-          items["optimizer"] = trainer.optimizer
-        checkpoint.warm_start(config.init.checkpoint, items)
-        trainer.optimizer.iterations.assign(0)  # the schedule starts over
       out.text("config", config_lib.to_json(config))
     with preemption.StopOnSignal(ctl.request_stop):
       result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
@@ -118,16 +108,41 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     out.close()
 
 
+def _open_workdir(workdir: str, config, mode: str, chief: bool
+                  ) -> summaries.Summaries:
+  """config.json (training only) and the event writers, or one line."""
+  training = mode in ("train", "train_and_eval")
+  try:
+    if chief and training:
+      tf.io.gfile.makedirs(workdir)
+      with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config_lib.to_json(config))
+    return summaries.Summaries(
+        workdir, chief=chief, total_steps=config.train.steps,
+        train_dir="train" if training else None,
+        eval_dir={"train": None, "continuous_eval": CONTINUOUS_EVAL_DIR}.get(
+            mode, "eval"))
+  except (tf.errors.OpError, OSError) as e:
+    raise config_lib.ConfigError(
+        f"--workdir={workdir} is not a writable directory"
+        f" ({config_lib.first_line(e)}); choose another --workdir") from None
+
+
 def _controller(config, trainer, ckpt: checkpoint.Checkpointer,
-                out: summaries.Summaries, chief: bool):
-  """The Controller with the actions the config asks for, and its evaluator."""
+                out: summaries.Summaries, chief: bool, training: bool):
+  """The Controller with the actions the config asks for, and its evaluator.
+
+  The best checkpoint and early stop belong to training: an evaluator
+  (--mode=eval, continuous_eval) never touches them.
+  """
   ctl = None  # the actions below call into it once it exists
   evaluator = evaluation.Evaluator(
       trainer, out, checkpointer=ckpt,
-      best_metric=config.checkpoint.best_metric,
+      end_training=lambda reason: ctl.end_training(reason),
+      best_metric=config.checkpoint.best_metric if training else "",
       best_mode=config.checkpoint.best_mode,
-      patience=config.train.early_stop_patience,
-      end_training=lambda reason: ctl.end_training(reason), chief=chief)
+      patience=config.train.early_stop_patience if training else 0,
+      chief=chief)
 
   def on_resume(step):
     out.purge_after(step)  # a killed run may have written past `step`

@@ -76,20 +76,20 @@ class Summaries:
   """Writes train/ and eval/ event files; a no-op writer on non-chiefs."""
 
   def __init__(self, workdir: str, *, chief: bool, total_steps: int,
+               train_dir: str | None = "train",
                eval_dir: str | None = "eval"):
-    """`eval_dir`: under `workdir`; None when the run does not evaluate."""
+    """The directories are under `workdir`; None: that part is not written
+    (an evaluator writes no train events, `--mode=train` no eval ones)."""
     self._chief = chief
     self._total_steps = total_steps
-    self._dirs = [os.path.join(workdir, "train")]
-    if eval_dir:
-      self._dirs.append(os.path.join(workdir, eval_dir))
+    self._dirs = [os.path.join(workdir, d) if d and chief else None
+                  for d in (train_dir, eval_dir)]
     self._open()
 
   def _open(self) -> None:
-    writers = [tf.summary.create_file_writer(d) if self._chief
-               else tf.summary.create_noop_writer() for d in self._dirs]
-    noop = tf.summary.create_noop_writer()
-    self._train, self._eval = (writers + [noop])[:2]
+    self._train, self._eval = [
+        tf.summary.create_file_writer(d) if d else
+        tf.summary.create_noop_writer() for d in self._dirs]
     self._train_scalars = _GraphWriter(self._train)
     self._eval_scalars = _GraphWriter(self._eval)
 
@@ -109,7 +109,7 @@ class Summaries:
     self._train.flush()
     self._eval.flush()
     stale = {}
-    for directory in self._dirs:
+    for directory in filter(None, self._dirs):
       for path in tf.io.gfile.glob(os.path.join(directory, "*tfevents*")):
         kept = _events_up_to(path, step)
         if kept is not None:

@@ -25,7 +25,6 @@ and bookkeeping: `build_model`, `build_optimizer`, `build_metrics`,
 Point `config.trainer` at the subclass.
 """
 
-import re
 from typing import Any
 
 import keras
@@ -65,14 +64,6 @@ def _lookup(value: Any, table: dict, field: str):
   return table[value]
 
 
-def _first_line(e: BaseException) -> str:
-  """The informative line of an error (Keras leads with a generic one)."""
-  text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Keras' terminal colours
-  lines = [l.strip() for l in text.splitlines() if l.strip() and
-           not l.startswith("Exception encountered when calling")]
-  return lines[0] if lines else type(e).__name__
-
-
 def _name(value: Any) -> str:
   return repr(value) if isinstance(value, str) else getattr(
       value, "__name__", type(value).__name__)
@@ -102,15 +93,15 @@ class Trainer:
     # Several workers must stop at the same step (every step is a collective
     # across them): there they agree once per loop, before it starts, and
     # a loop is never cut short.
-    self._agree_on_stop, self._agreed_stop = None, False
+    self._any_worker_fn, self._agreed_stop = None, False
+    self.weights_finite = True  # after the last train loop
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-      self._agree_on_stop = tf.function(self._any_worker_stopped)
+      self._any_worker_fn = tf.function(self._any_worker)
 
     # Same seed, same initial weights: whatever the replica count.
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
       self.model = self.build_model()
-      self.check_inputs(config.data.train_split)
       self.optimizer = self.build_optimizer()
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here.
@@ -157,23 +148,26 @@ class Trainer:
     inputs, labels = next(iter(examples.batch(probe)))
     shapes = tf.nest.map_structure(lambda t: (t.shape[1:].as_list(),
                                               t.dtype.name), inputs)
+    # Only what a mismatch raises becomes one line; any other error is a bug
+    # in the user's code and keeps its traceback.
+    mismatch = (ValueError, TypeError, tf.errors.InvalidArgumentError)
     try:
       logits = tf.cast(self.model(inputs, training=False), tf.float32)
-    except Exception as e:  # pylint: disable=broad-except
+    except mismatch as e:
       raise config_lib.ConfigError(
           f"config.model_fn: the model rejects the examples of split"
-          f" {split!r} (inputs {shapes}): {_first_line(e)}; make the model's"
+          f" {split!r} (inputs {shapes}): {config_lib.first_line(e)}; make the model's"
           " Input match what config.dataset_fn yields") from None
     if self.config.loss == "sparse_categorical_crossentropy":
       data.check_class_labels(labels, logits, split)
     try:
       per_example = self.compute_loss(labels, logits)
-    except Exception as e:  # pylint: disable=broad-except
+    except mismatch as e:
       raise config_lib.ConfigError(
           f"config.loss={_name(self.config.loss)} fails on logits of shape"
           f" {logits.shape.as_list()} and labels of shape"
           f" {labels.shape.as_list()} ({labels.dtype.name}):"
-          f" {_first_line(e)}; make the labels of split {split!r} fit the"
+          f" {config_lib.first_line(e)}; make the labels of split {split!r} fit the"
           " loss, or choose another config.loss") from None
     if per_example.shape.as_list() != [len(logits)]:
       raise config_lib.ConfigError(
@@ -240,13 +234,12 @@ class Trainer:
         shuffle_buffer=c.data.shuffle_buffer,
         position=int(self.position.numpy()), split=c.data.train_split)
 
-  def seek(self, position: int | None = None) -> None:
-    """Reopens the train stream at `position` (default: the current one).
+  def seek(self, position: int) -> None:
+    """Reopens the train stream at `position` global examples.
 
     Call it after restoring a checkpoint into a trainer that has trained.
     """
-    if position is not None:
-      self.position.assign(position)
+    self.position.assign(position)
     self._iterator = None
 
   # --- The loops --------------------------------------------------------------
@@ -266,14 +259,22 @@ class Trainer:
 
     Fewer losses than `steps` come back if `request_stop` was called.
     """
-    if self._agree_on_stop is not None and bool(self._agree_on_stop()):
+    if self._any_worker_fn is not None and self.agree(self._stop.numpy()):
       self._agreed_stop = True  # some worker got a signal: all stop here
       return np.zeros([0], np.float32), {}
     if self._iterator is None:
       self._iterator = iter(self.train_data())
-    losses, results = self._train_fn(self._iterator,
-                                     tf.constant(steps, tf.int32))
+    losses, finite, results = self._train_fn(self._iterator,
+                                             tf.constant(steps, tf.int32))
+    self.weights_finite = bool(finite)
     return losses.numpy(), {k: float(v) for k, v in results.items()}
+
+  def agree(self, flag: bool) -> bool:
+    """True if `flag` is true on any worker (one all-reduce under
+    multi-worker); every worker must call it at the same point."""
+    if self._any_worker_fn is None:
+      return bool(flag)
+    return bool(self._any_worker_fn(tf.constant(bool(flag))))
 
   @property
   def stop_requested(self) -> bool:
@@ -281,14 +282,14 @@ class Trainer:
 
     Under multi-worker that is once all workers agreed, before a loop.
     """
-    if self._agree_on_stop is not None:
+    if self._any_worker_fn is not None:
       return self._agreed_stop
     return bool(self._stop.numpy())
 
-  def _any_worker_stopped(self):
+  def _any_worker(self, flag):
     total = self.strategy.run(
         lambda: tf.distribute.get_replica_context().all_reduce(
-            "SUM", tf.cast(self._stop.read_value(), tf.int32)))
+            "SUM", tf.cast(flag, tf.int32)))
     # Every local replica holds the same cluster-wide sum.
     return self.strategy.experimental_local_results(total)[0] > 0
 
@@ -305,14 +306,19 @@ class Trainer:
       metric.reset_state()
     losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
     for i in tf.range(steps):
-      if self._agree_on_stop is None and self._stop.read_value():
+      if self._any_worker_fn is None and self._stop.read_value():
         break
       loss = self.strategy.run(self.train_step, args=(next(iterator),))
       losses = losses.write(i, self.strategy.reduce("SUM", loss, axis=None))
     ran = tf.cast(losses.size(), tf.int64)
     self.step.assign_add(ran)
     self.position.assign_add(ran * self.global_batch_size)
-    return losses.stack(), {m.name: m.result() for m in self.train_metrics}
+    # A finite loss does not prove finite weights (the last step's gradient
+    # may not be): checked here so no NaN state is ever saved.
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
+                            for v in self.model.trainable_variables])
+    return (losses.stack(), finite,
+            {m.name: m.result() for m in self.train_metrics})
 
   def evaluate(self) -> dict[str, float]:
     """Evaluates the whole eval split (or `eval.steps` batches) exactly once.

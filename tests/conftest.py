@@ -29,6 +29,23 @@ def run_looper(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
       capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def popen_looper(*args: str) -> subprocess.Popen:
+  """Starts `python -m looper.main ARGS` (stderr piped, text); end it!"""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
+  env.pop("TF_CONFIG", None)
+  return subprocess.Popen([sys.executable, "-m", "looper.main", *args],
+                          cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def checkpoint_tensors(prefix) -> dict[str, np.ndarray]:
+  """Every saved value of a checkpoint but its save counter, by key."""
+  import tensorflow as tf
+  reader = tf.train.load_checkpoint(str(prefix))
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if "save_counter" not in k and k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+
+
 def run_ok(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
   proc = run_looper(*args, timeout=timeout)
   assert proc.returncode == 0, proc.stderr[-3000:]

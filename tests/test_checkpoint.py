@@ -10,12 +10,7 @@ import tensorflow as tf
 from looper import checkpoint
 from looper import run
 from tests import tiny
-
-
-def tensors(prefix) -> dict[str, np.ndarray]:
-  reader = tf.train.load_checkpoint(str(prefix))
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if "save_counter" not in k and k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+from tests.conftest import checkpoint_tensors
 
 
 def test_async_saves_equal_sync_saves_and_resume(tmp_path):
@@ -31,8 +26,8 @@ def test_async_saves_equal_sync_saves_and_resume(tmp_path):
   assert names == ["ckpt-10.index", "ckpt-20.index", "ckpt-30.index",
                    "ckpt-40.index"]
   for step in (10, 20, 30, 40):
-    want = tensors(tmp_path / f"sync/checkpoints/ckpt-{step}")
-    got = tensors(tmp_path / f"async/checkpoints/ckpt-{step}")
+    want = checkpoint_tensors(tmp_path / f"sync/checkpoints/ckpt-{step}")
+    got = checkpoint_tensors(tmp_path / f"async/checkpoints/ckpt-{step}")
     assert sorted(want) == sorted(got) and len(want) >= 10
     for key in want:
       np.testing.assert_array_equal(want[key], got[key], err_msg=key)

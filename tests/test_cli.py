@@ -67,9 +67,15 @@ def test_console_script_overrides_and_eval_mode(tmp_path):
   assert (saved["train"]["steps"], saved["train"]["steps_per_loop"]) == (6, 4)
   assert len(curve(tmp_path / "train")) == 6
   assert not (tmp_path / "eval").exists()  # train mode: no eval
-  proc = run_looper(TINY, f"--workdir={tmp_path}", "--mode=eval")
+  record = (tmp_path / "config.json").read_text()
+  train_events = sorted((tmp_path / "train").iterdir())
+  # An evaluation with its own override must not rewrite the run's record.
+  proc = run_looper(TINY, f"--workdir={tmp_path}", "--mode=eval",
+                    "--config.eval.batch_size=32")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert scalars(tmp_path / "eval", "examples") == {6: 1001}
+  assert (tmp_path / "config.json").read_text() == record
+  assert sorted((tmp_path / "train").iterdir()) == train_events
 
 
 def test_readme_example_experiment_runs(tmp_path):

@@ -46,6 +46,8 @@ class FakeTrainer:
     self.stop_requested = True
 
   stop_requested = False
+  weights_finite = True
+  agree = staticmethod(bool)
 
   def stop_after(self, steps):
     """The next loop stops after `steps` steps (a signal mid-loop)."""
@@ -63,7 +65,7 @@ class FakeCheckpointer:
   def __init__(self, trainer):
     self.trainer, self.saved, self.restored = trainer, {}, []
 
-  def save(self, step, sync=False):
+  def save(self, step, sync=False, force=False):
     self.saved[step] = (self.trainer.data_position, sync)
 
   def latest(self):
@@ -293,3 +295,57 @@ def test_continuous_eval_times_out_without_new_checkpoints():
 def test_action_rejects_negative_intervals():
   with pytest.raises(ValueError, match="must be >= 0"):
     actions.Action(print, every_steps=-1)
+
+
+def test_a_signal_during_the_last_step_still_ends_normally():
+  log = []
+  evaluate = actions.Action(recorder(log, "eval"), every_steps=20,
+                            at_end=True)
+  save = actions.Action(recorder(log, "save"), at_end=True, on_stop=True)
+  ctl, trainer, _ = make(total=20, steps_per_loop=10, eval_actions=[evaluate],
+                         save_actions=[save])
+  original = trainer.train
+
+  def train(steps):
+    if trainer.global_step == 10:  # the signal comes during the last loop
+      ctl.request_stop("SIGTERM")
+      trainer.stop_after(10)
+    return original(steps)
+
+  trainer.train = train
+  result = ctl.train_and_eval()
+  assert log == [("eval", 20), ("save", 20)] and "stopped" not in result
+
+
+def test_non_finite_weights_after_finite_losses_stop_before_saving():
+  save = actions.Action(lambda step, loop: ckpt.save(step), every_steps=10,
+                        at_end=True)
+  ctl, trainer, ckpt = make(steps_per_loop=10, save_actions=[save])
+  original = trainer.train
+
+  def train(steps):
+    out = original(steps)
+    trainer.weights_finite = trainer.global_step < 20
+    return out
+
+  trainer.train = train
+  with pytest.raises(FloatingPointError) as e:
+    ctl.train()
+  assert str(e.value) == (
+      "the weights are not finite after step 20; ckpt-10 is kept; lower"
+      " --config.optimizer.learning_rate or check the data")
+  assert sorted(ckpt.saved) == [10]
+
+
+def test_every_secs_asks_all_workers():
+  asked = []
+
+  def agree(flag):  # another worker's clock ran out, this one's did not
+    asked.append(flag)
+    return True
+
+  clock = Clock()
+  action = actions.Action(lambda step, loop: None, every_secs=100,
+                          clock=clock)
+  action.start(0)
+  assert action(10, None, agree=agree) and asked == [False]

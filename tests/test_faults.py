@@ -7,11 +7,8 @@ expectation.
 
 import json
 import logging
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -21,7 +18,8 @@ import tensorflow as tf
 from looper import checkpoint
 from looper import run
 from tests import tiny
-from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok, scalars
+from tests.conftest import checkpoint_tensors, curve, popen_looper, run_ok
+from tests.conftest import scalars
 from tests.stress import kill9
 
 TINY = "--config=tests/tiny.py"
@@ -33,12 +31,6 @@ def model_tensors(prefix) -> dict[str, np.ndarray]:
   keys = checkpoint.variable_keys(str(prefix), "model")
   assert len(keys) == 4, keys  # tiny's two kernels and two biases
   return {name: reader.get_tensor(key) for name, key in keys.items()}
-
-
-def all_tensors(prefix) -> dict[str, np.ndarray]:
-  reader = tf.train.load_checkpoint(str(prefix))
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if "save_counter" not in k and k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 
 def assert_same_tensors(want, got):
@@ -58,14 +50,6 @@ def test_kill9_at_random_moments_resumes_bit_exact(tmp_path):
     assert outcome.kills != ["exited before the kill"], kind
 
 
-def _popen(*args):
-  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
-  env.pop("TF_CONFIG", None)
-  return subprocess.Popen([sys.executable, "-m", "looper.main", *args],
-                          cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
-
-
 def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path):
   # Two loops of 8000 tiny steps (a few seconds each): the signal lands
   # inside the second one, which must stop at once rather than finish.
@@ -75,7 +59,7 @@ def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path):
   whole, split = tmp_path / "whole", tmp_path / "split"
   run_ok(*args, f"--workdir={whole}")
 
-  proc = _popen(*args, f"--workdir={split}")
+  proc = popen_looper(*args, f"--workdir={split}")
   try:
     for line in proc.stderr:
       if "train step 8000/16000" in line:
@@ -99,17 +83,17 @@ def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path):
 
   run_ok(*args, f"--workdir={split}")
   np.testing.assert_array_equal(curve(split / "train"), curve(whole / "train"))
-  assert_same_tensors(all_tensors(whole / "checkpoints" / "ckpt-16000"),
-                      all_tensors(split / "checkpoints" / "ckpt-16000"))
+  assert_same_tensors(checkpoint_tensors(whole / "checkpoints" / "ckpt-16000"),
+                      checkpoint_tensors(split / "checkpoints" / "ckpt-16000"))
 
 
 def test_continuous_eval_beside_training_evaluates_each_checkpoint_once(
     tmp_path):
-  train = _popen(TINY, f"--workdir={tmp_path}", "--mode=train",
+  train = popen_looper(TINY, f"--workdir={tmp_path}", "--mode=train",
                  "--config.train.steps=60", "--config.train.steps_per_loop=5",
                  "--config.checkpoint.every_steps=10",
                  "--config.checkpoint.keep=10")
-  evaluator = _popen(TINY, f"--workdir={tmp_path}", "--mode=continuous_eval",
+  evaluator = popen_looper(TINY, f"--workdir={tmp_path}", "--mode=continuous_eval",
                      "--config.train.steps=60", "--config.eval.batch_size=32",
                      "--config.eval.timeout_secs=120")
   try:
@@ -164,6 +148,18 @@ def test_nan_in_the_data_stops_before_saving(tmp_path):
       "ckpt-10")
 
 
+def test_nan_weights_after_a_finite_loss_are_never_saved(tmp_path):
+  # Step 19's loss is finite but its update is not; a save is due at 19.
+  c = nan_config()
+  c.checkpoint.every_steps = 19
+  with pytest.raises(FloatingPointError) as e:
+    run.run(c, str(tmp_path), mode="train")
+  assert str(e.value) == (
+      "the weights are not finite after step 19; no checkpoint was written;"
+      " lower --config.optimizer.learning_rate or check the data")
+  assert not list((tmp_path / "checkpoints").glob("*.index"))
+
+
 def test_nan_recovery_skips_the_window_that_blew_up(tmp_path, caplog):
   result = run.run(nan_config(tries=1), str(tmp_path), mode="train")
   # Loop 16..20 blew up at step 20: back to ckpt-10, the data position
@@ -213,11 +209,12 @@ def test_warm_start_restores_the_model_and_reports(tmp_path, caplog):
   result = run.run(c, str(tmp_path / "c"), mode="train")
   reports = [r.getMessage() for r in caplog.records
              if r.getMessage().startswith("Warm start")]
-  # SGD with momentum: the iteration count and one slot per weight.
+  # SGD with momentum: the iteration count and one slot per weight (the
+  # weights it also tracks are the model's, counted there).
   assert reports[-1] == (f"Warm start from {tmp_path}/a/checkpoints/ckpt-20:"
-                         " model: 4 of 4 variables restored; optimizer: 9 of"
-                         " 9 variables restored")
-  assert result["train"]["learning_rate"] == pytest.approx(1e-30)
+                         " model: 4 of 4 variables restored; optimizer: 5 of"
+                         " 5 variables restored")
+  assert result["train"]["learning_rate"] == pytest.approx(1e-30, rel=1e-6, abs=0)
   reader = tf.train.load_checkpoint(str(tmp_path / "c/checkpoints/ckpt-1"))
   assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 1
 
@@ -264,11 +261,16 @@ def test_best_checkpoint_is_the_best_evaluation(tmp_path):
       "*.index")) == [f"ckpt-{best}.index"]
   assert_same_tensors(model_tensors(tmp_path / f"checkpoints/ckpt-{best}"),
                       model_tensors(tmp_path / f"checkpoints/best/ckpt-{best}"))
-  history = json.loads(
-      (tmp_path / "checkpoints" / "best" / "history.json").read_text())
+  history_file = tmp_path / "checkpoints" / "best" / "history.json"
+  history = json.loads(history_file.read_text())
   assert [s for s, _ in history["history"]] == sorted(losses)
   np.testing.assert_allclose([v for _, v in history["history"]],
                              [losses[s] for s in sorted(losses)], rtol=1e-6)
+  # Evaluating a checkpoint again is not training: the record stays.
+  before = history_file.read_bytes()
+  run.run(c, str(tmp_path), mode="eval",
+          checkpoint_path=str(tmp_path / "checkpoints" / "ckpt-10"))
+  assert history_file.read_bytes() == before
 
 
 def expected_early_stop(values: dict[int, float], patience: int, better):

@@ -29,24 +29,18 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.conftest import checkpoint_tensors, curve, popen_looper, scalars
+
 ARGS = ("--config=tests/tiny.py", "--config.distribution.num_cpu_devices=2",
         "--config.train.steps=120", "--config.train.steps_per_loop=5",
         "--config.checkpoint.every_steps=10", "--config.eval.every_steps=20",
         "--config.checkpoint.keep=100")
 TOTAL = 120
 KINDS = ("loop", "save", "eval")
-_ENV = {"GCE_METADATA_IP": "127.0.0.1:9", "GCE_METADATA_HOST": "127.0.0.1:9",
-        "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def _start(workdir: pathlib.Path) -> subprocess.Popen:
-  env = dict(os.environ, PYTHONPATH=str(ROOT), **_ENV)
-  env.pop("TF_CONFIG", None)
-  return subprocess.Popen(
-      [sys.executable, "-m", "looper.main", *ARGS, f"--workdir={workdir}"],
-      cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-      text=True)
+  return popen_looper(*ARGS, f"--workdir={workdir}")
 
 
 def run_to_end(workdir: pathlib.Path, timeout: float = 300) -> None:
@@ -112,19 +106,10 @@ class Outcome:
   detail: str
 
 
-def final_state(workdir: pathlib.Path) -> dict[str, np.ndarray]:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  reader = tf.train.load_checkpoint(str(workdir / "checkpoints" /
-                                        f"ckpt-{TOTAL}"))
-  return {k: reader.get_tensor(k)
-          for k in reader.get_variable_to_shape_map()
-          if "save_counter" not in k and k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
-
-
 def compare(reference: pathlib.Path, workdir: pathlib.Path) -> str:
   """'' when bit-exact, else what differs."""
-  from tests.conftest import curve, scalars  # pylint: disable=g-import-not-at-top
-  want, got = final_state(reference), final_state(workdir)
+  final = lambda d: checkpoint_tensors(d / "checkpoints" / f"ckpt-{TOTAL}")
+  want, got = final(reference), final(workdir)
   if sorted(want) != sorted(got):
     return f"checkpoint keys differ: {sorted(set(want) ^ set(got))}"
   for key in want:
