@@ -80,18 +80,6 @@ def tiny_config():
   return tiny.get_config()
 
 
-def free_ports(n: int) -> list[int]:
-  """`n` free TCP ports on loopback (the only addresses tests may use)."""
-  import socket
-  socks = [socket.socket() for _ in range(n)]
-  for s in socks:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in socks]
-  for s in socks:
-    s.close()
-  return ports
-
-
 def start_workers(args, num_workers: int, logdir, *, only=None):
   """Starts looper workers of one TF_CONFIG cluster on 127.0.0.1.
 
@@ -100,14 +88,12 @@ def start_workers(args, num_workers: int, logdir, *, only=None):
   these task indices (the others never come up). Returns the Popens; end
   them with `finish`.
   """
-  import json
-  ports = free_ports(num_workers)
-  cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+  from looper import launch
+  configs = launch.tf_configs(num_workers)
   procs = []
   for index in (range(num_workers) if only is None else only):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
-    env["TF_CONFIG"] = json.dumps({"cluster": cluster,
-                                   "task": {"type": "worker", "index": index}})
+    env["TF_CONFIG"] = configs[index]
     with open(pathlib.Path(logdir) / f"worker{index}.log", "w") as log:
       procs.append(subprocess.Popen(
           [sys.executable, "-m", "looper.main", *args], cwd=ROOT, env=env,

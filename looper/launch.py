@@ -1,0 +1,155 @@
+"""Runs N workers of one multi-worker job on this machine (development, CI).
+
+Synopsis::
+
+    python -m looper.launch --workers=2 -- --config=tests/tiny.py \
+        --workdir=/tmp/tiny2
+
+Each worker is `python -m looper.main <the flags after -->` with a TF_CONFIG
+naming all of them on free 127.0.0.1 ports (worker 0 is the chief). Their
+output lines are prefixed (`[worker 1] ...`). The launcher returns the
+chief's exit code when every worker succeeds; when one fails it ends the
+others (by PID), says which failed first, and returns that worker's code.
+SIGINT/SIGTERM to the launcher are passed to every worker (they stop after
+the step, save and exit 0); a second one kills them at once.
+
+For real clusters set TF_CONFIG per machine yourself (see BUILD.md): this
+launcher only ever uses loopback addresses.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+_GRACE_SECS = 30  # after a failure: how long the others get to exit
+
+
+def free_ports(n: int) -> list[int]:
+  """`n` distinct free TCP ports on 127.0.0.1."""
+  sockets = [socket.socket() for _ in range(n)]
+  try:
+    for s in sockets:
+      s.bind(("127.0.0.1", 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def tf_configs(num_workers: int) -> list[str]:
+  """TF_CONFIG of each worker of one loopback cluster."""
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(num_workers)]}
+  return [json.dumps({"cluster": cluster,
+                      "task": {"type": "worker", "index": i}})
+          for i in range(num_workers)]
+
+
+def _exit_name(code: int) -> str:
+  if code < 0:
+    return f"killed by {signal.Signals(-code).name}"
+  return f"exit {code}"
+
+
+class Launcher:
+  """Starts the workers, relays their output, ends them all together."""
+
+  def __init__(self, num_workers: int, args: list[str], out=sys.stdout):
+    self._out = out
+    self._lock = threading.Lock()
+    self._procs = []
+    self._signals = 0
+    for index, tf_config in enumerate(tf_configs(num_workers)):
+      env = dict(os.environ, TF_CONFIG=tf_config)
+      proc = subprocess.Popen(
+          [sys.executable, "-m", "looper.main", *args], env=env,
+          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      self._procs.append(proc)
+      self._say(f"[launch] worker {index}: pid {proc.pid}")
+      threading.Thread(target=self._relay, args=(index, proc),
+                       daemon=True).start()
+
+  def _say(self, line: str) -> None:
+    with self._lock:
+      self._out.write(line + "\n")
+      self._out.flush()
+
+  def _relay(self, index: int, proc: subprocess.Popen) -> None:
+    for line in proc.stdout:
+      self._say(f"[worker {index}] {line.rstrip()}")
+
+  def on_signal(self, signum, frame) -> None:
+    """First signal: pass it on (workers save and stop); second: kill."""
+    del frame
+    self._signals += 1
+    for proc in self._procs:
+      if proc.poll() is None:
+        if self._signals == 1:
+          proc.send_signal(signum)
+        else:
+          proc.kill()
+
+  def wait(self) -> int:
+    """Waits for all workers; returns the launcher's exit code."""
+    failed = None
+    while any(p.poll() is None for p in self._procs):
+      if failed is None:
+        failed = next((i for i, p in enumerate(self._procs)
+                       if p.poll() not in (None, 0)), None)
+        if failed is not None:
+          self._end_others(failed)
+      time.sleep(0.1)
+    if failed is None:
+      failed = next((i for i, p in enumerate(self._procs) if p.returncode),
+                    None)
+    if failed is None:
+      return self._procs[0].returncode
+    code = self._procs[failed].returncode
+    self._say(f"[launch] worker {failed} failed first"
+              f" ({_exit_name(code)}); the others were ended")
+    return code if code > 0 else 128 - code
+
+  def _end_others(self, failed: int) -> None:
+    """SIGTERM the other workers; SIGKILL what is left after a grace time."""
+    others = [p for i, p in enumerate(self._procs)
+              if i != failed and p.poll() is None]
+    for proc in others:
+      proc.terminate()
+    deadline = time.monotonic() + _GRACE_SECS
+    for proc in others:
+      try:
+        proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m looper.launch",
+      description=__doc__.splitlines()[0],
+      usage="%(prog)s --workers=N -- <python -m looper.main flags>")
+  parser.add_argument("--workers", type=int, required=True,
+                      help="how many worker processes (>= 1)")
+  parser.add_argument("args", nargs=argparse.REMAINDER,
+                      help="after --: the flags of python -m looper.main")
+  options = parser.parse_args(argv)
+  args = options.args[1:] if options.args[:1] == ["--"] else options.args
+  if options.workers < 1:
+    parser.error(f"--workers={options.workers}: give 1 or more")
+  if not args:
+    parser.error("give looper's flags after --, e.g. -- --config=... "
+                 "--workdir=...")
+  launcher = Launcher(options.workers, args)
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, launcher.on_signal)
+  return launcher.wait()
+
+
+if __name__ == "__main__":
+  sys.exit(main())
