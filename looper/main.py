@@ -92,7 +92,10 @@ def main(argv):
 
 
 def cli():
-  """The `looper` console script."""
+  """The `looper` console script (`looper launch ...`: see looper.launch)."""
+  if sys.argv[1:2] == ["launch"]:
+    from looper import launch  # pylint: disable=g-import-not-at-top
+    sys.exit(launch.main(sys.argv[2:]))
   app.run(main, flags_parser=_parse_flags)
 
 

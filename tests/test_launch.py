@@ -1,6 +1,7 @@
 """`python -m looper.launch`: N workers on loopback, all-or-nothing."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,3 +97,16 @@ def test_sigterm_to_the_launcher_stops_every_worker_saved(tmp_path):
   assert len(stopped) == 2, out[-3000:]  # both workers, at one step
   assert len({l.split(" at step ")[1].split(";")[0] for l in stopped}) == 1
   assert not any(alive(pid) for pid in pids(lines))
+
+
+def test_looper_launch_console_script(tmp_path):
+  script = shutil.which("looper")
+  assert script, "no `looper` console script: pip install -e '.[test]'"
+  proc = subprocess.run(
+      [script, "launch", "--workers=1", "--", *TINY,
+       "--config.train.steps=10", f"--workdir={tmp_path}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, **LOOPBACK_ENV))
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert "[worker 0] " in proc.stdout and "train step 10/10" in proc.stdout
+  assert len(curve(tmp_path / "train")) == 10
