@@ -21,8 +21,9 @@ Replays: a run killed after its last checkpoint wrote events for steps it
 will redo when resumed. `purge_after(step)` rewrites the event files without
 them before training goes on, so TensorBoard never shows two values for one
 step. (TensorBoard's own restart marker, a SessionLog START event, is not
-enough: its legacy reader and the Rust data server ignore it for TF2
-summaries; removing the events works with every reader.)
+enough: the EventAccumulator never purges TF2 summaries with it, and
+TensorBoard's Python loader only in some configurations; removing the
+events works with every reader.)
 """
 
 import datetime
