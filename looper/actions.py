@@ -105,7 +105,3 @@ class Action:
     self._last_step = step
     self._last_time = self._clock()
     return True
-
-  def __repr__(self) -> str:
-    return (f"Action({self.name}, every_steps={self.every_steps},"
-            f" every_secs={self.every_secs}, at_end={self.at_end})")

@@ -66,8 +66,7 @@ class Checkpointer:
     self._async = async_save
     if async_save:
       _patch_keras_async_copy()
-    self._in_flight = False
-    self._pending = None  # the path of the save in flight
+    self._pending = None  # the path of an async save in flight
     self._saved_step = None
 
   def latest(self) -> str | None:
@@ -157,9 +156,9 @@ class Checkpointer:
         checkpoint_number=step,
         options=None if sync or not self._async else self._options)
     self._saved_step = step
-    self._in_flight = self._async and not sync
-    self._pending = path
-    if not self._in_flight:
+    if self._async and not sync:
+      self._pending = path
+    else:
       self._finish(path)
     return path
 
@@ -181,10 +180,9 @@ class Checkpointer:
     would surface only at the next save, or be lost at exit), so the error
     is fetched here, and the index must name the checkpoint just written.
     """
-    if not self._in_flight:
+    if self._pending is None:
       return
-    self._in_flight = False
-    path = self._pending
+    path, self._pending = self._pending, None
     self._checkpoint.sync()
     error = None
     helper = getattr(self._checkpoint, "_async_checkpointer_impl", None)

@@ -296,8 +296,9 @@ class Trainer:
   def request_stop(self) -> None:
     """Makes a running (or the next) train loop stop after its current step.
 
-    Safe from any thread. Single-process only: under multi-worker every
-    worker must run the same steps, so the stop happens between loops.
+    Safe from any thread. Under multi-worker a loop is never cut short
+    (every worker must run the same steps): the workers agree on the stop
+    before the next loop.
     """
     self._stop.assign(True)
 

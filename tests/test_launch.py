@@ -64,17 +64,26 @@ def test_two_workers_train_like_two_replicas(tmp_path):
       "checkpoints", "config.json", "eval", "train"]  # the chief's only
 
 
-def test_a_failing_worker_ends_all_and_is_named(tmp_path):
+def launch_then(tmp_path, act):
+  """A long 2-worker launch; `act(proc, pids)` once training runs.
+
+  Returns (the launcher process, all its output, the worker pids).
+  """
   proc = launch(*TINY, "--config.train.steps=100000",
                 f"--workdir={tmp_path}/run")
   lines = []
   try:
     read_until(proc, "train step ", lines)
-    workers = pids(lines)
-    os.kill(workers[1], signal.SIGKILL)
+    act(proc, pids(lines))
     out = "".join(lines) + proc.communicate(timeout=120)[0]
   finally:
     proc.kill()
+  return proc, out, pids(lines)
+
+
+def test_a_failing_worker_ends_all_and_is_named(tmp_path):
+  proc, out, workers = launch_then(
+      tmp_path, lambda proc, pids: os.kill(pids[1], signal.SIGKILL))
   assert proc.returncode == 128 + signal.SIGKILL, out[-3000:]
   assert out.strip().splitlines()[-1] == (
       "[launch] worker 1 failed first (killed by SIGKILL); the others were"
@@ -83,20 +92,13 @@ def test_a_failing_worker_ends_all_and_is_named(tmp_path):
 
 
 def test_sigterm_to_the_launcher_stops_every_worker_saved(tmp_path):
-  proc = launch(*TINY, "--config.train.steps=100000",
-                f"--workdir={tmp_path}/run")
-  lines = []
-  try:
-    read_until(proc, "train step ", lines)
-    proc.send_signal(signal.SIGTERM)
-    out = "".join(lines) + proc.communicate(timeout=120)[0]
-  finally:
-    proc.kill()
+  proc, out, workers = launch_then(
+      tmp_path, lambda proc, pids: proc.send_signal(signal.SIGTERM))
   assert proc.returncode == 0, out[-3000:]
   stopped = [l for l in out.splitlines() if "Stopped by SIGTERM" in l]
   assert len(stopped) == 2, out[-3000:]  # both workers, at one step
   assert len({l.split(" at step ")[1].split(";")[0] for l in stopped}) == 1
-  assert not any(alive(pid) for pid in pids(lines))
+  assert not any(alive(pid) for pid in workers)
 
 
 def test_looper_launch_console_script(tmp_path):

@@ -22,14 +22,15 @@ import os
 import pathlib
 import random
 import signal
-import subprocess
+import shutil
 import sys
 import threading
 import time
 
 import numpy as np
 
-from tests.conftest import checkpoint_tensors, curve, popen_looper, scalars
+from tests.conftest import checkpoint_tensors, curve, popen_looper
+from tests.conftest import run_looper, scalars
 
 ARGS = ("--config=tests/tiny.py", "--config.distribution.num_cpu_devices=2",
         "--config.train.steps=120", "--config.train.steps_per_loop=5",
@@ -39,24 +40,16 @@ TOTAL = 120
 KINDS = ("loop", "save", "eval")
 
 
-def _start(workdir: pathlib.Path) -> subprocess.Popen:
-  return popen_looper(*ARGS, f"--workdir={workdir}")
-
-
 def run_to_end(workdir: pathlib.Path, timeout: float = 300) -> None:
-  proc = _start(workdir)
-  try:
-    _, err = proc.communicate(timeout=timeout)
-  finally:
-    proc.kill()
+  proc = run_looper(*ARGS, f"--workdir={workdir}", timeout=timeout)
   if proc.returncode != 0:
-    raise RuntimeError(f"run in {workdir} failed:\n{err[-3000:]}")
+    raise RuntimeError(f"run in {workdir} failed:\n{proc.stderr[-3000:]}")
 
 
 def run_and_kill(workdir: pathlib.Path, kind: str, rng: random.Random,
                  timeout: float = 300) -> str:
   """Starts a run, SIGKILLs it at a `kind` moment; returns what happened."""
-  proc = _start(workdir)
+  proc = popen_looper(*ARGS, f"--workdir={workdir}")
   lines, progress = [], threading.Event()
   eval_line = threading.Event()
 
@@ -148,7 +141,7 @@ def main(argv=None) -> int:
   parser.add_argument("--dir", default="/tmp/looper-kill9")
   args = parser.parse_args(argv)
   base = pathlib.Path(args.dir)
-  subprocess.run(["rm", "-rf", str(base)], check=True)
+  shutil.rmtree(base, ignore_errors=True)
   base.mkdir(parents=True)
   rng = random.Random(args.seed)
   run_to_end(base / "reference")
