@@ -48,11 +48,22 @@ class CheckpointMissing(CheckpointError):
   """The checkpoint's files are not there (never written, or deleted)."""
 
 
+def io_device(on_tpu: bool, directory: str) -> str | None:
+  """Where checkpoint files are read and written from.
+
+  A TPU worker cannot reach the host's local disk: a local workdir must be
+  written through the host ('/job:localhost'). Cloud paths (gs://...) are
+  reached by the TPU workers themselves, so they get no device.
+  """
+  return "/job:localhost" if on_tpu and "://" not in directory else None
+
+
 class Checkpointer:
   """A CheckpointManager over the trainer's state, chief-aware."""
 
   def __init__(self, directory: str, items: dict[str, Any], *, keep: int,
-               chief: bool, task_id: int, async_save: bool = False):
+               chief: bool, task_id: int, async_save: bool = False,
+               on_tpu: bool = False):
     self.directory = directory
     self._checkpoint = tf.train.Checkpoint(**items)
     self._save_dir = directory if chief else os.path.join(
@@ -61,7 +72,11 @@ class Checkpointer:
     self._manager = tf.train.CheckpointManager(
         self._checkpoint, self._save_dir, max_to_keep=keep)
     self._best = None  # a manager for checkpoints/best, made on first use
+    device = io_device(on_tpu, directory)
+    self._sync_options = tf.train.CheckpointOptions(
+        experimental_io_device=device)
     self._options = tf.train.CheckpointOptions(
+        experimental_io_device=device,
         experimental_enable_async_checkpoint=async_save)
     self._async = async_save
     if async_save:
@@ -130,7 +145,8 @@ class Checkpointer:
 
   def _read(self, path: str) -> None:
     try:
-      self._checkpoint.restore(path).assert_existing_objects_matched()
+      self._checkpoint.restore(
+          path, options=self._sync_options).assert_existing_objects_matched()
     except (ValueError, AssertionError) as e:
       workdir = os.path.dirname(self.directory)
       raise CheckpointError(
@@ -154,7 +170,8 @@ class Checkpointer:
       return None
     path = self._manager.save(
         checkpoint_number=step,
-        options=None if sync or not self._async else self._options)
+        options=self._sync_options if sync or not self._async
+        else self._options)
     self._saved_step = step
     if self._async and not sync:
       self._pending = path
@@ -169,7 +186,7 @@ class Checkpointer:
       directory = os.path.join(self._save_dir, "best")
       self._best = tf.train.CheckpointManager(self._checkpoint, directory,
                                               max_to_keep=1)
-    path = self._best.save(checkpoint_number=step)
+    path = self._best.save(checkpoint_number=step, options=self._sync_options)
     self._finish(path)
     return path
 

@@ -28,9 +28,11 @@ import json
 import os
 import re
 import sys
+import traceback
 import types
 from typing import Any
 
+from absl import flags
 import ml_collections
 from ml_collections import config_dict
 
@@ -42,7 +44,7 @@ BEST_MODES = ("max", "min")
 # Keys looper itself puts in the train and eval logs; a metric with one of
 # these names would overwrite them (see `check_metric_names`).
 RESERVED_METRIC_NAMES = ("loss", "examples", "learning_rate", "steps_per_sec",
-                         "examples_per_sec")
+                         "examples_per_sec", "input_wait_fraction")
 # How `to_json` marks a callable that no 'module:name' string can load back.
 UNLOADABLE = "<unloadable: "
 
@@ -115,6 +117,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.optimizer.warmup_steps = 0
   c.optimizer.momentum = 0.9  # sgd only
   c.optimizer.weight_decay = 0.0  # adamw only
+  # Linear scaling (Goyal et al.): the rate used is learning_rate *
+  # train.batch_size / reference_batch_size; pair it with warmup_steps.
+  c.optimizer.scale_lr_with_batch = False
+  c.optimizer.reference_batch_size = 256
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 1000  # 0: save only at the end.
@@ -140,6 +146,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.distribution.strategy = "auto"  # see STRATEGIES; auto picks from below
   c.distribution.num_cpu_devices = 1  # >1: split the CPU, mirror over it
   c.distribution.tpu = ""  # TPU name or grpc:// address ('local' on a VM)
+  # A dry run of the TPU start-up checks (batch per core) off a TPU: the
+  # cores the real run will have. 0: check only on a TPU.
+  c.distribution.tpu_cores = 0
   # multi_worker: how long a worker waits for the others to come up before
   # failing with one line naming the missing ones.
   c.distribution.worker_timeout_secs = 300.0
@@ -149,6 +158,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.data.train_split = "train"
   c.data.eval_split = "test"
   c.data.shuffle_buffer = 10_000  # 0: keep the dataset's order
+  # Read each split from shards_dir/<split>, written by `python -m
+  # looper.shards write`, instead of calling dataset_fn (file mode).
+  c.data.shards_dir = ""
+  # File mode: the files are dealt into this many fixed groups; a global
+  # batch takes train.batch_size / virtual_shards examples from each, so it
+  # is the same on any topology whose replica count divides this.
+  c.data.virtual_shards = 64
+  c.data.cache = False  # file mode: keep parsed examples in memory
 
   c.model = ml_collections.ConfigDict()  # the experiment's own fields
   return c
@@ -306,11 +323,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
               ("eval.batch_size", c.eval.batch_size),
               ("checkpoint.keep", c.checkpoint.keep),
               ("distribution.num_cpu_devices",
-               c.distribution.num_cpu_devices)]
+               c.distribution.num_cpu_devices),
+              ("data.virtual_shards", c.data.virtual_shards),
+              ("optimizer.reference_batch_size",
+               c.optimizer.reference_batch_size)]
   for field, value in positive:
     _check(_whole(value) and value >= 1, field, value,
            f"must be a whole number >= 1; set --config.{field}")
   for field, value in [("eval.every_steps", c.eval.every_steps),
+                       ("distribution.tpu_cores", c.distribution.tpu_cores),
                        ("checkpoint.every_steps", c.checkpoint.every_steps),
                        ("data.shuffle_buffer", c.data.shuffle_buffer),
                        ("optimizer.warmup_steps", c.optimizer.warmup_steps),
@@ -524,3 +545,28 @@ def _config_file_arg(argv) -> str | None:
       # config_flags passes what follows the first ':' to get_config().
       return value.split(":", 1)[0] if value else None
   return None
+
+
+def parse_flags(argv):
+  """absl's parser (`app.run(..., flags_parser=)`), config errors in one line."""
+  try:
+    return flags.FLAGS(argv)
+  except ConfigError as e:
+    sys.exit(f"looper: {e}")
+  except (AttributeError, KeyError) as e:  # an override, or the config file
+    _exit_with(e, argv)
+  except flags.Error as e:
+    # ml_collections re-raises a TypeError/ValueError of the config file
+    # (e.g. `c.train.steps = "100"`) as text; the original is its context.
+    wrapper = e.__context__
+    if (wrapper is not None and wrapper.__context__ is not None and
+        str(wrapper).startswith("Error whilst parsing config file")):
+      _exit_with(wrapper.__context__, argv)
+    sys.exit(f"looper: {e}")
+
+
+def _exit_with(e: BaseException, argv):
+  line, trace = parse_error(e, argv)
+  if trace is not None:  # the config file's own bug: show where
+    traceback.print_exception(type(e), e, trace)
+  sys.exit(f"looper: {line}")

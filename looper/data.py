@@ -2,15 +2,17 @@
 
 Synopsis::
 
-    examples = lambda: data.checked(dataset_fn(config, split), split)
-    train = data.distribute_train(strategy, examples, global_batch_size=128,
-                                  seed=0, shuffle_buffer=10_000, position=0,
-                                  split="train")   # an empty split: error
+    examples = data.checked(dataset_fn(config, split), split)
+    batches = data.train_dataset(examples, ctx, global_batch_size=128,
+                                 seed=0, shuffle_buffer=10_000, position=0,
+                                 split="train")   # an empty split: error
     count, steps = data.eval_plan(num_examples, global_batch_size=256,
                                   steps=None)
-    evaluation = data.distribute_eval(strategy, examples,
-                                      global_batch_size=256, count=count,
-                                      steps=steps)
+    masked = data.eval_dataset(examples, ctx, global_batch_size=256,
+                               count=count, steps=steps)
+
+This is element mode (any Dataset) and what every mode shares: the checks,
+the eval plan, the seeded shuffle. `sources` picks the mode.
 
 Why looper batches (and the experiment returns single examples):
 * Exact math on any replica count. All input pipelines see ONE global order
@@ -27,17 +29,13 @@ Train batches are `(inputs, labels)`; eval batches `(inputs, labels, mask)`.
 """
 
 import math
-from typing import Callable
-
 import tensorflow as tf
 
 from looper.config import ConfigError
 
-Examples = Callable[[], tf.data.Dataset]
-
 _INFINITE = tf.data.INFINITE_CARDINALITY
 _UNKNOWN = tf.data.UNKNOWN_CARDINALITY
-_INFINITE_EPOCHS = 2**62  # Dataset.range needs an end; this never comes.
+INFINITE_EPOCHS = 2**62  # Dataset.range needs an end; this never comes.
 
 
 def checked(dataset: tf.data.Dataset, split: str) -> tf.data.Dataset:
@@ -75,7 +73,7 @@ def num_examples(dataset: tf.data.Dataset, split: str,
   if n == _UNKNOWN:
     n = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
   if not n:
-    raise _empty_split(split, field)
+    raise empty_split(split, field)
   return n
 
 
@@ -99,15 +97,15 @@ def check_nonempty(dataset: tf.data.Dataset, split: str | None,
   # Unknown (e.g. after a filter): take one example rather than count, so a
   # non-empty split costs one element, not a pass. Only eagerly, as a graph
   # cannot run the probe; distribute_datasets_from_function calls its
-  # dataset function eagerly, so `distribute_train` is covered.
+  # dataset function eagerly, so `train_dataset` is covered.
   if n == _UNKNOWN and tf.executing_eagerly():
     n = sum(1 for _ in dataset.take(1))
   if not n:
-    raise _empty_split(split, field)
+    raise empty_split(split, field)
   return dataset
 
 
-def _empty_split(split: str | None, field: str) -> ConfigError:
+def empty_split(split: str | None, field: str) -> ConfigError:
   value = "" if split is None else f"={split!r}"
   return ConfigError(
       f"config.{field}{value} selects no examples: config.dataset_fn returned"
@@ -182,18 +180,26 @@ def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
   start_epoch, offset = divmod(position, size) if size > 0 else (0, position)
   buffer = min(shuffle_buffer, size) if size > 0 else shuffle_buffer
 
-  def epoch(e):
-    if not buffer:
-      return examples
-    # Epoch e's order comes from (seed, e) alone, so a restart can start at
-    # any epoch. Setting the graph-level seed here keeps the process's global
-    # seed out of it, and keeps it non-zero: with a zero graph seed TF
-    # compares the tensor op seed as a Python bool and fails.
-    tf.random.set_seed(seed % (2**31 - 2) + 1)
-    return examples.shuffle(buffer, seed=e)
-
-  stream = tf.data.Dataset.range(start_epoch, _INFINITE_EPOCHS).flat_map(epoch)
+  epoch = lambda e: seeded_shuffle(examples, buffer, seed, e,
+                                   enabled=buffer > 0)
+  stream = tf.data.Dataset.range(start_epoch, INFINITE_EPOCHS).flat_map(epoch)
   return _per_replica_batches(stream.skip(offset), ctx, global_batch_size)
+
+
+def seeded_shuffle(dataset: tf.data.Dataset, buffer, seed: int, op_seed,
+                   enabled: bool = True) -> tf.data.Dataset:
+  """`dataset` shuffled in an order that comes from (seed, op_seed) alone.
+
+  Call it inside a tf.data function (e.g. per epoch in a flat_map, op_seed
+  the epoch), so a restart can begin at any epoch.
+  """
+  if not enabled:
+    return dataset
+  # Setting the graph-level seed here keeps the process's global seed out of
+  # the order, and keeps it non-zero: with a zero graph seed TF compares the
+  # tensor op seed as a Python bool and fails.
+  tf.random.set_seed(seed % (2**31 - 2) + 1)
+  return dataset.shuffle(buffer, seed=op_seed)
 
 
 def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
@@ -238,28 +244,3 @@ def eval_plan(num: int, global_batch_size: int, steps) -> tuple[int, int]:
   whole = math.ceil(num / global_batch_size)
   steps = whole if steps is None else min(steps, whole)
   return min(num, steps * global_batch_size), steps
-
-
-def distribute_train(strategy: tf.distribute.Strategy, examples: Examples, *,
-                     global_batch_size: int, seed: int, shuffle_buffer: int,
-                     position: int, split: str | None = None
-                     ) -> tf.distribute.DistributedDataset:
-  """The distributed train dataset, starting at global example `position`.
-
-  Raises:
-    ConfigError: the train split (`split`, for the message) is empty.
-  """
-  return strategy.distribute_datasets_from_function(
-      lambda ctx: train_dataset(
-          examples(), ctx, global_batch_size=global_batch_size, seed=seed,
-          shuffle_buffer=shuffle_buffer, position=position, split=split))
-
-
-def distribute_eval(strategy: tf.distribute.Strategy, examples: Examples, *,
-                    global_batch_size: int, count: int, steps: int
-                    ) -> tf.distribute.DistributedDataset:
-  """The distributed eval dataset: `steps` global batches, masked padding."""
-  return strategy.distribute_datasets_from_function(
-      lambda ctx: eval_dataset(
-          examples(), ctx, global_batch_size=global_batch_size, count=count,
-          steps=steps))

@@ -188,3 +188,29 @@ def task_id(strategy: tf.distribute.Strategy) -> int:
   """This worker's index (0 outside multi-worker)."""
   resolver = getattr(strategy, "cluster_resolver", None)
   return getattr(resolver, "task_id", None) or 0
+
+
+def tpu_cores(strategy: tf.distribute.Strategy,
+              dist: ml_collections.ConfigDict) -> int:
+  """TPU cores the run has (its replicas on a TPU), else the dry-run count
+  `distribution.tpu_cores` (0: not a TPU run)."""
+  if isinstance(strategy, tf.distribute.TPUStrategy):
+    return strategy.num_replicas_in_sync
+  return dist.tpu_cores
+
+
+def tpu_batch_warning(global_batch_size: int, cores: int) -> str | None:
+  """What is wrong with the batch per TPU core, if anything, and the fix.
+
+  A TPU core pads every batch dimension to a multiple of 8 (its matrix
+  unit's tiles), so a per-core batch below 8 or off a multiple of 8 wastes
+  the padding; the TPU guides use 128 per core.
+  """
+  per_core = global_batch_size / cores
+  if per_core >= 8 and per_core == int(per_core) and per_core % 8 == 0:
+    return None
+  good = cores * max(8, 8 * round(per_core / 8))
+  return (f"config.train.batch_size={global_batch_size} gives {per_core:g}"
+          f" examples per TPU core ({cores} cores); a core pads to a multiple"
+          f" of 8, so set --config.train.batch_size={good} (the TPU guides"
+          f" use 128 per core: {128 * cores})")

@@ -20,7 +20,6 @@ Config errors end the program with one line naming the field and the fix.
 
 import os
 import sys
-import traceback
 
 # Keep TensorFlow's C++ start-up chatter out of the progress lines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -49,31 +48,6 @@ _CHECKPOINT = flags.DEFINE_string(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _parse_flags(argv):
-  """absl's parser, with config errors shortened to one line."""
-  try:
-    return flags.FLAGS(argv)
-  except config_lib.ConfigError as e:
-    sys.exit(f"looper: {e}")
-  except (AttributeError, KeyError) as e:  # an override, or the config file
-    _exit_with(e, argv)
-  except flags.Error as e:
-    # ml_collections re-raises a TypeError/ValueError of the config file
-    # (e.g. `c.train.steps = "100"`) as text; the original is its context.
-    wrapper = e.__context__
-    if (wrapper is not None and wrapper.__context__ is not None and
-        str(wrapper).startswith("Error whilst parsing config file")):
-      _exit_with(wrapper.__context__, argv)
-    sys.exit(f"looper: {e}")
-
-
-def _exit_with(e: BaseException, argv):
-  line, trace = config_lib.parse_error(e, argv)
-  if trace is not None:  # the config file's own bug: show where
-    traceback.print_exception(type(e), e, trace)
-  sys.exit(f"looper: {line}")
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -96,7 +70,7 @@ def cli():
   if sys.argv[1:2] == ["launch"]:
     from looper import launch  # pylint: disable=g-import-not-at-top
     sys.exit(launch.main(sys.argv[2:]))
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=config_lib.parse_flags)
 
 
 if __name__ == "__main__":

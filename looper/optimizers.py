@@ -3,13 +3,16 @@
 Synopsis::
 
     with strategy.scope():
-      opt = optimizers.build(config.optimizer, total_steps=config.train.steps)
+      opt = optimizers.build(config.optimizer, total_steps=config.train.steps,
+                             global_batch_size=config.train.batch_size)
       opt.build(model.trainable_variables)   # before the first trace
 
 Schedules are functions of the optimizer's step: `constant`, `cosine` (to 0
 at `total_steps`) and `linear` (to 0 at `total_steps`), each optionally after
 `warmup_steps` of linear warmup (update k of the warmup uses k/warmup_steps
-of the rate; see `WarmupSchedule`).
+of the rate; see `WarmupSchedule`). With `scale_lr_with_batch` the peak
+rate is `learning_rate * batch / reference_batch_size` (the linear scaling
+rule of large-batch and TPU training, meant with warmup).
 """
 
 import keras
@@ -65,15 +68,22 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 decay=self.decay, total_steps=self.total_steps)
 
 
-def build(opt: ml_collections.ConfigDict,
-          total_steps: int) -> keras.optimizers.Optimizer:
+def peak_rate(opt: ml_collections.ConfigDict, global_batch_size: int) -> float:
+  """The configured rate, scaled linearly with the batch if asked to."""
+  if not opt.scale_lr_with_batch:
+    return opt.learning_rate
+  return opt.learning_rate * global_batch_size / opt.reference_batch_size
+
+
+def build(opt: ml_collections.ConfigDict, total_steps: int,
+          global_batch_size: int) -> keras.optimizers.Optimizer:
   """Returns the Keras optimizer for `config.optimizer` (call inside scope)."""
   # Always a schedule, even for a constant rate: Keras checkpoints a plain
   # float rate as a variable, so a resumed run would silently keep the old
   # rate over a new --config.optimizer.learning_rate. A schedule is a
   # function of the restored step and the config alone.
-  lr = WarmupSchedule(opt.learning_rate, opt.warmup_steps, opt.schedule,
-                      total_steps)
+  lr = WarmupSchedule(peak_rate(opt, global_batch_size), opt.warmup_steps,
+                      opt.schedule, total_steps)
   if opt.name == "sgd":
     return keras.optimizers.SGD(lr, momentum=opt.momentum)
   if opt.name == "adamw":

@@ -23,6 +23,7 @@ stop signal).
 
 import os
 
+from absl import logging
 import ml_collections
 import tensorflow as tf
 
@@ -77,11 +78,17 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   if mode != "train":
     trainer.check_inputs(config.data.eval_split)
   evaluation.check_best_metric(config.checkpoint.best_metric, trainer)
+  cores = distribute.tpu_cores(strategy, config.distribution)
+  if cores and training:
+    warning = distribute.tpu_batch_warning(config.train.batch_size, cores)
+    if warning:
+      logging.warning("%s", warning)
   c = config.checkpoint
   ckpt = checkpoint.Checkpointer(
       os.path.join(workdir, "checkpoints"), trainer.checkpoint_items(),
       keep=c.keep, chief=chief, task_id=distribute.task_id(strategy),
-      async_save=c.async_save)
+      async_save=c.async_save,
+      on_tpu=isinstance(strategy, tf.distribute.TPUStrategy))
   restored = ckpt.restore() if training else None
   if training and not restored and config.init.checkpoint:
     items = {"model": trainer.model}

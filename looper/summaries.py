@@ -33,6 +33,10 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+# Above this share of a loop spent waiting for batches, the progress line
+# says the run is input-bound.
+INPUT_BOUND = 0.1
+
 
 def _format(logs: dict[str, float]) -> str:
   return " ".join(f"{k}={v:.4g}" for k, v in logs.items())
@@ -132,11 +136,22 @@ class Summaries:
         {k: v for k, v in logs.items() if k != "loss"}, step=last)
 
   def progress(self, step: int, logs: dict[str, float]) -> None:
-    """The progress line; `logs` must hold 'steps_per_sec' for the ETA."""
+    """The progress line; `logs` must hold 'steps_per_sec' for the ETA.
+
+    The input wait shows only when it matters (above INPUT_BOUND), with
+    what to try.
+    """
     if self._chief:
       eta = (self._total_steps - step) / max(logs["steps_per_sec"], 1e-9)
-      logging.info("train step %d/%d: %s | ETA %s", step, self._total_steps,
-                   _format(logs), datetime.timedelta(seconds=round(eta)))
+      shown = {k: v for k, v in logs.items() if k != "input_wait_fraction"}
+      wait = logs.get("input_wait_fraction", 0.0)
+      hint = ("" if wait <= INPUT_BOUND else
+              f" | input-bound: {wait:.0%} of the time waiting for data"
+              " (faster dataset_fn: cache, parallel map; or file/array"
+              " mode, see BUILD.md 'Input modes')")
+      logging.info("train step %d/%d: %s | ETA %s%s", step, self._total_steps,
+                   _format(shown), datetime.timedelta(seconds=round(eta)),
+                   hint)
 
   def eval(self, step: int, logs: dict[str, float]) -> None:
     self._eval_scalars.write(logs, step)

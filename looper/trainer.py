@@ -17,7 +17,8 @@ inside one tf.function (no host sync per step)::
       loss = strategy.run(train_step, next(iterator))
       losses[i] = strategy.reduce(SUM, loss)   # the global mean loss
     step += steps run; position += steps run * global_batch_size
-    return losses, train metric results
+    return losses, train metric results + input_wait_fraction (the share
+      of the call spent waiting for batches)
 
 A subclass overrides one small method and inherits the loop, distribution
 and bookkeeping: `build_model`, `build_optimizer`, `build_metrics`,
@@ -25,6 +26,7 @@ and bookkeeping: `build_model`, `build_optimizer`, `build_metrics`,
 Point `config.trainer` at the subclass.
 """
 
+import time
 from typing import Any
 
 import keras
@@ -35,6 +37,7 @@ import tensorflow as tf
 from looper import config as config_lib
 from looper import data
 from looper import optimizers
+from looper import sources
 
 # Per-example losses on logits, by `config.loss` name.
 LOSSES = {
@@ -85,6 +88,7 @@ class Trainer:
     self._loss_fn = _lookup(config.loss, LOSSES, "loss")
     # Built on the first evaluate(): counting the split may take a pass.
     self._eval_data, self._eval_steps = None, None
+    self._sources = {}  # split -> its input source, made once
     self._iterator = None  # opened by train() at the data position
     # Set from a signal-watching thread while a loop runs; read every step.
     # A plain host variable outside the scope: it is not training state.
@@ -142,8 +146,10 @@ class Trainer:
     Raises:
       ConfigError: one line naming what does not fit and the fix.
     """
-    field = ("data.train_split" if split == self.config.data.train_split
-             else "data.eval_split")
+    field = self._field(split)
+    if split == self.config.data.train_split:
+      self.source(split).check(self.strategy.num_replicas_in_sync,
+                               self.global_batch_size, "train.batch_size")
     examples = data.check_nonempty(self.examples(split), split, field)
     inputs, labels = next(iter(examples.batch(probe)))
     shapes = tf.nest.map_structure(lambda t: (t.shape[1:].as_list(),
@@ -177,7 +183,8 @@ class Trainer:
           " over the global batch itself")
 
   def build_optimizer(self) -> keras.optimizers.Optimizer:
-    return optimizers.build(self.config.optimizer, self.config.train.steps)
+    return optimizers.build(self.config.optimizer, self.config.train.steps,
+                            self.global_batch_size)
 
   def build_metrics(self) -> list[keras.metrics.Metric]:
     """Fresh metric objects; called once for train and once for eval."""
@@ -221,18 +228,33 @@ class Trainer:
 
   # --- Data -------------------------------------------------------------------
 
+  def source(self, split: str):
+    """`split`'s input source (see `sources`): what dataset_fn returned."""
+    if split not in self._sources:
+      make = lambda: self.dataset_fn(self.config, split)
+      self._sources[split] = sources.make(
+          make(), split, self._field(split), self.config.data, remake=make)
+    return self._sources[split]
+
+  def _field(self, split: str) -> str:
+    return ("data.train_split" if split == self.config.data.train_split
+            else "data.eval_split")
+
   def examples(self, split: str) -> tf.data.Dataset:
     """One pass over `split` as (inputs, label) examples, checked."""
-    return data.checked(self.dataset_fn(self.config, split), split)
+    return data.checked(self.source(split).examples(), split)
 
   def train_data(self) -> tf.distribute.DistributedDataset:
     """Distributed train batches from the current data position on."""
     c = self.config
-    return data.distribute_train(
-        self.strategy, lambda: self.examples(c.data.train_split),
-        global_batch_size=self.global_batch_size, seed=c.seed,
-        shuffle_buffer=c.data.shuffle_buffer,
-        position=int(self.position.numpy()), split=c.data.train_split)
+    source = self.source(c.data.train_split)
+    source.check(self.strategy.num_replicas_in_sync, self.global_batch_size,
+                 "train.batch_size")
+    position = int(self.position.numpy())
+    return self.strategy.distribute_datasets_from_function(
+        lambda ctx: source.train(
+            ctx, global_batch_size=self.global_batch_size, seed=c.seed,
+            shuffle_buffer=c.data.shuffle_buffer, position=position))
 
   def seek(self, position: int) -> None:
     """Reopens the train stream at `position` global examples.
@@ -264,10 +286,15 @@ class Trainer:
       return np.zeros([0], np.float32), {}
     if self._iterator is None:
       self._iterator = iter(self.train_data())
-    losses, finite, results = self._train_fn(self._iterator,
-                                             tf.constant(steps, tf.int32))
+    start = time.perf_counter()
+    losses, finite, waited, results = self._train_fn(
+        self._iterator, tf.constant(steps, tf.int32))
+    losses = losses.numpy()  # waits for the call to finish
+    logs = {k: float(v) for k, v in results.items()}
+    logs["input_wait_fraction"] = float(waited) / max(
+        time.perf_counter() - start, 1e-9)
     self.weights_finite = bool(finite)
-    return losses.numpy(), {k: float(v) for k, v in results.items()}
+    return losses, logs
 
   def agree(self, flag: bool) -> bool:
     """True if `flag` is true on any worker (one all-reduce under
@@ -306,10 +333,21 @@ class Trainer:
     for metric in self.train_metrics:
       metric.reset_state()
     losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+    waited = tf.constant(0.0, tf.float64)  # seconds spent in get_next
     for i in tf.range(steps):
       if self._any_worker_fn is None and self._stop.read_value():
         break
-      loss = self.strategy.run(self.train_step, args=(next(iterator),))
+      # Timestamps touch no resource, so only these control dependencies
+      # keep them around get_next, and after the last step's update (else
+      # the next iteration's timestamp runs early, during the last step).
+      with tf.control_dependencies([self.optimizer.iterations.value]):
+        before = tf.timestamp()
+      with tf.control_dependencies([before]):
+        batch = next(iterator)
+      with tf.control_dependencies(tf.nest.flatten(batch,
+                                                   expand_composites=True)):
+        waited += tf.timestamp() - before
+      loss = self.strategy.run(self.train_step, args=(batch,))
       losses = losses.write(i, self.strategy.reduce("SUM", loss, axis=None))
     ran = tf.cast(losses.size(), tf.int64)
     self.step.assign_add(ran)
@@ -318,7 +356,7 @@ class Trainer:
     # may not be): checked here so no NaN state is ever saved.
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
                             for v in self.model.trainable_variables])
-    return (losses.stack(), finite,
+    return (losses.stack(), finite, waited,
             {m.name: m.result() for m in self.train_metrics})
 
   def evaluate(self) -> dict[str, float]:
@@ -329,13 +367,14 @@ class Trainer:
     """
     c = self.config
     if self._eval_data is None:
-      examples = lambda: self.examples(c.data.eval_split)
-      count, self._eval_steps = data.eval_plan(
-          data.num_examples(examples(), c.data.eval_split),
-          c.eval.batch_size, c.eval.steps)
-      self._eval_data = data.distribute_eval(
-          self.strategy, examples, global_batch_size=c.eval.batch_size,
-          count=count, steps=self._eval_steps)
+      source = self.source(c.data.eval_split)
+      size = source.size or data.num_examples(source.examples(),
+                                              c.data.eval_split)
+      count, steps = data.eval_plan(size, c.eval.batch_size, c.eval.steps)
+      self._eval_steps = steps
+      self._eval_data = self.strategy.distribute_datasets_from_function(
+          lambda ctx: source.eval(ctx, global_batch_size=c.eval.batch_size,
+                                  count=count, steps=steps))
     results = self._eval_fn(iter(self._eval_data),
                             tf.constant(self._eval_steps, tf.int32))
     return {k: float(v) for k, v in results.items()}

@@ -11,6 +11,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper import data
 from looper import optimizers
+from looper import sources
 from tests import tiny
 from tests.conftest import ROOT, run_looper
 
@@ -61,9 +62,9 @@ def test_empty_train_stream_raises_instead_of_spinning(examples):
                        position=0, split="train[:0]")
   assert str(e.value) == _EMPTY_TRAIN
   with pytest.raises(lc.ConfigError) as e:  # no split given: still one line
-    data.distribute_train(tf.distribute.get_strategy(), examples,
-                          global_batch_size=8, seed=0, shuffle_buffer=16,
-                          position=0)
+    tf.distribute.get_strategy().distribute_datasets_from_function(
+        lambda ctx: sources.Elements(examples, None).train(
+            ctx, global_batch_size=8, seed=0, shuffle_buffer=16, position=0))
   assert str(e.value) == (
       "config.data.train_split selects no examples: config.dataset_fn"
       " returned an empty dataset; widen --config.data.train_split or check"
@@ -242,7 +243,7 @@ def test_without_warmup_the_schedule_is_unchanged():
 def test_first_optimizer_update_uses_the_warmup_rate():
   c = lc.default_config().optimizer
   c.name, c.momentum, c.learning_rate, c.warmup_steps = "sgd", 0.0, 1.0, 4
-  opt = optimizers.build(c, total_steps=10)
+  opt = optimizers.build(c, total_steps=10, global_batch_size=32)
   w = tf.Variable([0.0])
   opt.apply_gradients([(tf.constant([1.0]), w)])
   assert float(w[0]) == pytest.approx(-0.25)  # rate 1.0 / 4, not 0
@@ -269,3 +270,17 @@ def test_metric_names_must_be_distinct():
   assert str(e.value) == (
       "config.metrics: two metrics are named 'accuracy', so one would hide"
       " the other in the logs; give each its own name")
+
+
+def test_linear_scaling_of_the_rate_with_the_batch():
+  c = lc.default_config().optimizer
+  c.learning_rate, c.reference_batch_size = 0.1, 256
+  assert optimizers.peak_rate(c, 1024) == 0.1  # off by default
+  c.scale_lr_with_batch = True
+  assert optimizers.peak_rate(c, 1024) == pytest.approx(0.4)
+  c.name, c.momentum, c.warmup_steps = "sgd", 0.0, 2
+  opt = optimizers.build(c, total_steps=10, global_batch_size=1024)
+  w = tf.Variable([0.0])
+  for _ in range(3):  # warmup: 0.4 / 2, then the scaled peak 0.4 twice
+    opt.apply_gradients([(tf.constant([1.0]), w)])
+  assert float(w[0]) == pytest.approx(-1.0)

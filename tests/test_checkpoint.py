@@ -1,6 +1,7 @@
 """Checkpointer: async saves that restore exactly and never hide an error."""
 
 import os
+from unittest import mock
 
 import keras
 import numpy as np
@@ -52,3 +53,39 @@ def test_a_failed_background_write_is_raised(tmp_path):
                      r" None; check the disk, or set"
                      r" --config.checkpoint.async_save=False$"):
     ckpt.wait()
+
+
+@pytest.mark.parametrize("on_tpu,directory,device", [
+    (True, "/tmp/run/checkpoints", "/job:localhost"),
+    (True, "gs://bucket/run/checkpoints", None),
+    (False, "/tmp/run/checkpoints", None),
+])
+def test_checkpoint_io_device(on_tpu, directory, device):
+  """A TPU writes a local workdir through its host; gs:// directly."""
+  assert checkpoint.io_device(on_tpu, directory) == device
+
+
+def test_checkpoints_on_tpu_read_and_write_through_the_host(tmp_path):
+  v = tf.Variable(3.0)
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "c"), {"v": v}, keep=2,
+                                 chief=True, task_id=0, on_tpu=True)
+  devices = []
+  real_save, real_restore = (tf.train.CheckpointManager.save,
+                             tf.train.Checkpoint.restore)
+
+  def save(self, checkpoint_number=None, options=None, **kwargs):
+    devices.append(options.experimental_io_device)
+    return real_save(self, checkpoint_number=checkpoint_number,
+                     options=options, **kwargs)
+
+  def restore(self, path, options=None):
+    devices.append(options.experimental_io_device)
+    return real_restore(self, path, options=options)
+
+  with mock.patch.object(tf.train.CheckpointManager, "save", save), \
+       mock.patch.object(tf.train.Checkpoint, "restore", restore):
+    path = ckpt.save(step=1)
+    v.assign(0.0)
+    assert ckpt.restore() == path
+  assert float(v) == 3.0
+  assert devices == ["/job:localhost", "/job:localhost"]

@@ -92,3 +92,41 @@ def test_is_chief(cluster, task_type, task_id, chief):
 
 def test_single_process_is_chief():
   assert distribute.is_chief(tf.distribute.get_strategy())
+
+
+@pytest.mark.parametrize("batch,cores,warning", [
+    (1024, 8, None),
+    (64, 8, None),
+    (32, 8, "config.train.batch_size=32 gives 4 examples per TPU core (8"
+     " cores); a core pads to a multiple of 8, so set"
+     " --config.train.batch_size=64 (the TPU guides use 128 per core: 1024)"),
+    (96, 8, "config.train.batch_size=96 gives 12 examples per TPU core (8"
+     " cores); a core pads to a multiple of 8, so set"
+     " --config.train.batch_size=128 (the TPU guides use 128 per core: 1024)"),
+    (100, 8, "config.train.batch_size=100 gives 12.5 examples per TPU core"
+     " (8 cores); a core pads to a multiple of 8, so set"
+     " --config.train.batch_size=128 (the TPU guides use 128 per core: 1024)"),
+])
+def test_tpu_batch_per_core(batch, cores, warning):
+  assert distribute.tpu_batch_warning(batch, cores) == warning
+
+
+def test_tpu_cores_come_from_the_strategy_or_the_dry_run_field():
+  assert distribute.tpu_cores(tf.distribute.get_strategy(), dist()) == 0
+  assert distribute.tpu_cores(tf.distribute.get_strategy(),
+                              dist(tpu_cores=32)) == 32
+  tpu = mock.create_autospec(tf.distribute.TPUStrategy, instance=True)
+  tpu.num_replicas_in_sync = 8
+  assert distribute.tpu_cores(tpu, dist(tpu_cores=32)) == 8
+
+
+def test_a_dry_run_warns_about_the_batch_per_core(tmp_path, caplog):
+  from looper import run  # pylint: disable=g-import-not-at-top
+  from tests import tiny  # pylint: disable=g-import-not-at-top
+  c = tiny.get_config()
+  c.train.steps, c.distribution.tpu_cores = 1, 8
+  with caplog.at_level("WARNING"):
+    run.run(c, str(tmp_path), "train")
+  assert any(r.getMessage().startswith(
+      "config.train.batch_size=32 gives 4 examples per TPU core (8 cores)")
+             for r in caplog.records)

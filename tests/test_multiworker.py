@@ -8,6 +8,8 @@ resumes across topologies (the data position is in global examples).
 
 import numpy as np
 
+from looper import shards
+from tests import tiny
 from tests.conftest import curve, run_ok, scalars
 from tests.test_launch import launch
 
@@ -54,3 +56,29 @@ def test_resume_across_topologies(tmp_path):
   for run in ("a", "b"):
     np.testing.assert_allclose(curve(tmp_path / run / "train"), whole,
                                rtol=1e-5, err_msg=run)
+
+
+def test_file_and_array_modes_equal_one_process_on_two_workers(tmp_path):
+  """File mode (16 groups) and array mode: 2 workers = 1 process = 4 replicas."""
+  c = tiny.get_config()
+  c.model.num_examples = 1009
+  for split in ("train", "test"):
+    shards.write(tiny.dataset_fn(c, split), str(tmp_path / "shards" / split),
+                 min_shards=16)
+  modes = {"files": (f"--config.data.shards_dir={tmp_path}/shards",
+                     "--config.data.virtual_shards=16"),
+           "arrays": ("--config.data.as_arrays=True",)}
+  for mode, flags in modes.items():
+    args = (*flags, "--config.train.steps=20")
+    launched(2, *args, f"--workdir={tmp_path}/{mode}-workers")
+    run_ok(*ARGS, *args, f"--workdir={tmp_path}/{mode}-single")
+    single = curve(tmp_path / f"{mode}-single" / "train")
+    np.testing.assert_allclose(curve(tmp_path / f"{mode}-workers" / "train"),
+                               single, rtol=1e-5, err_msg=mode)
+    assert scalars(tmp_path / f"{mode}-workers" / "eval", "examples") == {
+        10: 1009, 20: 1009}
+  run_ok(*ARGS, *modes["files"], "--config.train.steps=20",
+         "--config.distribution.num_cpu_devices=4", f"--workdir={tmp_path}/four")
+  np.testing.assert_allclose(curve(tmp_path / "four" / "train"),
+                             curve(tmp_path / "files-single" / "train"),
+                             rtol=1e-5)

@@ -42,6 +42,8 @@ def dataset_fn(config, split):
       "data.eval_split")
   name, selected = lc.split_slice(split, config.model.num_examples, field)
   x, y = make_data(config.model.num_examples, seed={"train": 0, "test": 1}[name])
+  if config.data.as_arrays:  # array mode
+    return x[selected], y[selected]
   return tf.data.Dataset.from_tensor_slices((x[selected], y[selected]))
 
 
@@ -56,6 +58,7 @@ def get_config():
   c.eval.batch_size = 64
   c.checkpoint.every_steps = 20
   c.data.shuffle_buffer = 64
+  c.data.as_arrays = False  # True: return numpy arrays (array mode)
   c.optimizer.name = "sgd"
   c.optimizer.learning_rate = 0.1
   c.model.width = 16

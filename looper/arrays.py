@@ -1,0 +1,135 @@
+"""Array mode: in-memory examples shuffled by index, each pipeline gathers its own.
+
+Synopsis::
+
+    def dataset_fn(config, split):
+      return images, labels             # numpy arrays (or nests of them)
+
+    source = arrays.Arrays((images, labels), split="train")
+    batches = source.train(ctx, global_batch_size=128, seed=0,
+                           shuffle_buffer=1, position=0)
+
+When `dataset_fn` returns arrays instead of a Dataset, looper has random
+access, so no pipeline needs to read what it does not train on:
+* Epoch e is a full permutation of [0, N) from (seed, e)
+  (`tf.random.experimental.index_shuffle`: computed per index, never
+  materialised). Global example j of the stream is example
+  perm_{j // N}(j % N).
+* Global batch k is stream positions [kB, (k+1)B); replica r of R takes the
+  r-th slice of B/R of them, so which examples form a global batch does not
+  depend on the replica or worker count.
+* Resume is O(1): the stream simply starts at position `position`.
+* Eval: global batch k's slots beyond the split are padding (mask 0).
+
+`shuffle_buffer=0` keeps the arrays' order (identity permutation); any
+other value shuffles fully (the buffer size is irrelevant here).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from looper.config import ConfigError
+
+_SEED_MOD = 2**31 - 1  # stateless seeds are int64; keep them small and fixed
+
+
+def is_arrays(value) -> bool:
+  """True for an (inputs, label) pair whose leaves are all numpy arrays."""
+  return (isinstance(value, tuple) and len(value) == 2 and
+          all(isinstance(leaf, np.ndarray) for leaf in tf.nest.flatten(value)))
+
+
+class Arrays:
+  """An (inputs, label) nest of numpy arrays sharing their first dimension."""
+
+  def __init__(self, arrays, split: str):
+    self.split = split
+    leaves = tf.nest.flatten(arrays)
+    sizes = {len(a) if a.ndim else None for a in leaves}
+    if len(sizes) != 1 or None in sizes:
+      raise ConfigError(
+          f"config.dataset_fn returned arrays for split {split!r} whose first"
+          f" dimensions differ ({sorted(map(str, sizes))}); return (inputs,"
+          " label) arrays with one row per example")
+    self.arrays = arrays
+    self.size = sizes.pop()
+
+  def examples(self) -> tf.data.Dataset:
+    """One pass in the arrays' order (probes, specs, a shard writer)."""
+    return tf.data.Dataset.from_tensor_slices(self.arrays)
+
+  def check(self, replicas: int, global_batch_size: int, field: str) -> None:
+    """Array mode fits any replica count that divides the batch."""
+
+  def train(self, ctx: tf.distribute.InputContext, *, global_batch_size: int,
+            seed: int, shuffle_buffer: int, position: int) -> tf.data.Dataset:
+    """This pipeline's endless per-replica train batches from `position`."""
+    n, tensors = self.size, self._tensors()
+    per_replica = ctx.get_per_replica_batch_size(global_batch_size)
+
+    def gather(start):
+      j = start + tf.range(per_replica, dtype=tf.int64)
+      j = _permuted(j, n, seed) if shuffle_buffer else j % n
+      return _gather(tensors, j)
+
+    steps = tf.data.Dataset.range(position // global_batch_size, 2**62)
+    return _per_replica_starts(steps, ctx, global_batch_size).map(
+        gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+            tf.data.AUTOTUNE)
+
+  def eval(self, ctx: tf.distribute.InputContext, *, global_batch_size: int,
+           count: int, steps: int) -> tf.data.Dataset:
+    """`steps` per-replica eval batches: the first `count` examples, masked."""
+    tensors = self._tensors()
+    per_replica = ctx.get_per_replica_batch_size(global_batch_size)
+
+    def gather(start):
+      j = start + tf.range(per_replica, dtype=tf.int64)
+      mask = tf.cast(j < count, tf.float32)
+      inputs, labels = _gather(tensors, tf.minimum(j, count - 1))
+      # Padding repeats a real example; the mask zeroes its weight.
+      return inputs, labels, mask
+
+    return _per_replica_starts(tf.data.Dataset.range(steps), ctx,
+                               global_batch_size).map(gather).prefetch(
+                                   tf.data.AUTOTUNE)
+
+  def _tensors(self):
+    # Made once per pipeline and captured by its map function (a constant
+    # inside the function would copy the arrays into every graph).
+    return tf.nest.map_structure(tf.convert_to_tensor, self.arrays)
+
+
+def _gather(tensors, indices):
+  return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
+
+
+def _per_replica_starts(steps: tf.data.Dataset,
+                        ctx: tf.distribute.InputContext,
+                        global_batch_size: int) -> tf.data.Dataset:
+  """Stream position of each per-replica batch this pipeline feeds.
+
+  Global batch k is positions [kB, (k+1)B); this pipeline's L local
+  replicas are global replicas p*L .. p*L+L-1, each taking B/R in turn.
+  """
+  per_replica = ctx.get_per_replica_batch_size(global_batch_size)
+  local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+  first = ctx.input_pipeline_id * local
+  return steps.flat_map(lambda k: tf.data.Dataset.range(local).map(
+      lambda l: k * global_batch_size + (first + l) * per_replica))
+
+
+def _permuted(j, n: int, seed: int):
+  """perm_e(j mod n) for e = j // n: a fresh full permutation per epoch.
+
+  index_shuffle takes one seed per call, so the (usually one or two)
+  epochs a batch spans are looped over.
+  """
+  epoch, i = j // n, j % n
+  out = tf.zeros_like(j)
+  for e in tf.range(epoch[0], epoch[-1] + 1):
+    perm = tf.random.experimental.index_shuffle(
+        i, tf.stack([tf.constant(seed % _SEED_MOD, tf.int64), e]),
+        tf.constant(n - 1, tf.int64))
+    out = tf.where(epoch == e, perm, out)
+  return out

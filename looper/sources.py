@@ -1,0 +1,91 @@
+"""What `dataset_fn` may return, and the input mode each one selects.
+
+Synopsis::
+
+    source = sources.make(dataset_fn(config, split), split,
+                          "data.train_split", config.data,
+                          remake=lambda: dataset_fn(config, split))
+    source.check(replicas, global_batch_size, "train.batch_size")
+    per_replica = source.train(ctx, global_batch_size=128, seed=0,
+                               shuffle_buffer=10_000, position=0)
+    masked = source.eval(ctx, global_batch_size=256, count=n, steps=s)
+
+| dataset_fn returns | mode | each pipeline reads | resume |
+|---|---|---|---|
+| a tf.data.Dataset | element (`data`) | the whole stream, keeps 1/N | skip within the epoch |
+| numpy arrays (inputs, label) | array (`arrays`) | only its own examples | O(1) |
+| `shards.Files` (or `data.shards_dir` is set) | file (`shards`) | only its own files | skip within each group |
+
+All three are exact on any replica and worker count (the examples of global
+batch k do not depend on it); see each module for how. Every source has
+`split`, `size` (None: unknown until counted), `examples()` (one pass, in
+order), `check`, `train` and `eval`.
+"""
+
+import os
+from typing import Callable
+
+import ml_collections
+import tensorflow as tf
+
+from looper import arrays
+from looper import data
+from looper import shards
+from looper.config import ConfigError
+
+
+class Elements:
+  """Element mode: any Dataset; all pipelines share one order, by element."""
+
+  def __init__(self, remake: Callable[[], tf.data.Dataset], split: str):
+    # Each pipeline builds its own Dataset (on its own host, under its own
+    # device scope): the source keeps the function, not a Dataset.
+    self.remake, self.split = remake, split
+    self.size = None
+
+  def examples(self) -> tf.data.Dataset:
+    return data.checked(self.remake(), self.split)
+
+  def check(self, replicas: int, global_batch_size: int, field: str) -> None:
+    """Element mode fits any replica count that divides the batch."""
+
+  def train(self, ctx, **kwargs) -> tf.data.Dataset:
+    return data.train_dataset(self.examples(), ctx, split=self.split, **kwargs)
+
+  def eval(self, ctx, **kwargs) -> tf.data.Dataset:
+    return data.eval_dataset(self.examples(), ctx, **kwargs)
+
+
+def make(value, split: str, field: str, options: ml_collections.ConfigDict,
+         remake: Callable[[], object]):
+  """The source for what dataset_fn returned for `split` (`value`).
+
+  Args:
+    value: dataset_fn's result (ignored when options.shards_dir is set).
+    split: the split's name.
+    field: the config field naming the split (data.train_split...).
+    options: config.data (shards_dir, virtual_shards, cache).
+    remake: calls dataset_fn again (element mode builds one per pipeline).
+
+  Raises:
+    ConfigError: an unsupported return value, or empty or ragged arrays.
+  """
+  if options.shards_dir:
+    value = shards.read(os.path.join(options.shards_dir, split), split)
+  if isinstance(value, shards.Files):
+    value.split = value.split or split
+    value.virtual_shards, value.cache = options.virtual_shards, options.cache
+    source = value
+  elif arrays.is_arrays(value):
+    source = arrays.Arrays(value, split)
+  elif isinstance(value, tf.data.Dataset):
+    source = Elements(remake, split)
+  else:
+    raise ConfigError(
+        f"config.dataset_fn returned {type(value).__name__} for split"
+        f" {split!r}; return a tf.data.Dataset of (inputs, label) examples,"
+        " (inputs, label) numpy arrays, or looper.shards.Files")
+  if source.size == 0:
+    raise data.empty_split(split, field)
+  data.checked(source.examples(), split)
+  return source
