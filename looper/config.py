@@ -355,6 +355,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
                        ("eval.timeout_secs", c.eval.timeout_secs)]:
     _check(isinstance(value, (int, float)) and value >= 0, field, value,
            f"must be a number of seconds >= 0; set --config.{field}")
+  for field, value in [("data.cache", c.data.cache),
+                       ("optimizer.scale_lr_with_batch",
+                        c.optimizer.scale_lr_with_batch)]:
+    _check(isinstance(value, bool), field, value,
+           f"must be True or False; set --config.{field}")
   _check_choice(c.checkpoint.best_mode, "checkpoint.best_mode", BEST_MODES)
   _check(not c.train.early_stop_patience or bool(c.checkpoint.best_metric),
          "train.early_stop_patience", c.train.early_stop_patience,

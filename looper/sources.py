@@ -2,9 +2,8 @@
 
 Synopsis::
 
-    source = sources.make(dataset_fn(config, split), split,
-                          "data.train_split", config.data,
-                          remake=lambda: dataset_fn(config, split))
+    source = sources.make(split, "data.train_split", config.data,
+                          lambda: dataset_fn(config, split))
     source.check(replicas, global_batch_size, "train.batch_size")
     per_replica = source.train(ctx, global_batch_size=128, seed=0,
                                shuffle_buffer=10_000, position=0)
@@ -56,22 +55,25 @@ class Elements:
     return data.eval_dataset(self.examples(), ctx, **kwargs)
 
 
-def make(value, split: str, field: str, options: ml_collections.ConfigDict,
-         remake: Callable[[], object]):
-  """The source for what dataset_fn returned for `split` (`value`).
+def make(split: str, field: str, options: ml_collections.ConfigDict,
+         dataset_fn: Callable[[], object]):
+  """The source of `split`: what `dataset_fn()` returns, or the shards.
 
   Args:
-    value: dataset_fn's result (ignored when options.shards_dir is set).
     split: the split's name.
     field: the config field naming the split (data.train_split...).
     options: config.data (shards_dir, virtual_shards, cache).
-    remake: calls dataset_fn again (element mode builds one per pipeline).
+    dataset_fn: calls the experiment's dataset_fn for `split`; never called
+      when options.shards_dir is set (its loader may download), and again
+      per pipeline in element mode.
 
   Raises:
     ConfigError: an unsupported return value, or empty or ragged arrays.
   """
   if options.shards_dir:
     value = shards.read(os.path.join(options.shards_dir, split), split)
+  else:
+    value = dataset_fn()
   if isinstance(value, shards.Files):
     value.split = value.split or split
     value.virtual_shards, value.cache = options.virtual_shards, options.cache
@@ -79,7 +81,7 @@ def make(value, split: str, field: str, options: ml_collections.ConfigDict,
   elif arrays.is_arrays(value):
     source = arrays.Arrays(value, split)
   elif isinstance(value, tf.data.Dataset):
-    source = Elements(remake, split)
+    source = Elements(dataset_fn, split)
   else:
     raise ConfigError(
         f"config.dataset_fn returned {type(value).__name__} for split"

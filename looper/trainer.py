@@ -231,9 +231,9 @@ class Trainer:
   def source(self, split: str):
     """`split`'s input source (see `sources`): what dataset_fn returned."""
     if split not in self._sources:
-      make = lambda: self.dataset_fn(self.config, split)
       self._sources[split] = sources.make(
-          make(), split, self._field(split), self.config.data, remake=make)
+          split, self._field(split), self.config.data,
+          lambda: self.dataset_fn(self.config, split))
     return self._sources[split]
 
   def _field(self, split: str) -> str:

@@ -53,9 +53,10 @@ def global_batches(source, replicas, pipelines, steps, position=0, seed=3):
                           for l in range(local)]) for k in range(steps)]
 
 
-@pytest.mark.parametrize("make", [_arrays, "files"], ids=["arrays", "files"])
+@pytest.mark.parametrize("make", [_arrays, "files", "cached files"])
 def test_global_batches_do_not_depend_on_the_topology(make, shard_dir):
-  source = _files(shard_dir) if make == "files" else make()
+  source = make() if callable(make) else _files(shard_dir)
+  source.cache = make == "cached files"
   one = global_batches(source, 1, 1, steps=70)  # 70*32 > 2 epochs
   for replicas, pipelines in [(2, 1), (4, 2), (8, 8)]:
     other = global_batches(source, replicas, pipelines, steps=70)
@@ -67,7 +68,7 @@ def test_global_batches_do_not_depend_on_the_topology(make, shard_dir):
   # A real shuffle: each epoch is a permutation, and epochs differ.
   stream = np.concatenate(one)
   epoch0, epoch1 = stream[:N], stream[N:2 * N]
-  if make == "files":  # groups run epochs on their own: check coverage
+  if make != _arrays:  # groups run epochs on their own: check coverage
     assert set(stream[:62 * B]) == set(range(N))
   else:
     assert sorted(epoch0) == list(range(N)) == sorted(epoch1)
@@ -154,8 +155,8 @@ def test_file_mode_constraints_are_one_line(shard_dir, v, replicas, batch,
 def test_what_dataset_fn_returns_selects_the_mode(shard_dir):
   options = lc.default_config().data
   x, y = tiny.make_data(10, seed=0)
-  make = lambda value: sources.make(value, "train", "data.train_split",
-                                    options, remake=lambda: value)
+  make = lambda value: sources.make("train", "data.train_split", options,
+                                    lambda: value)
   assert isinstance(make((x, y)), arrays.Arrays)
   assert isinstance(make(tf.data.Dataset.from_tensor_slices((x, y))),
                     sources.Elements)
@@ -180,3 +181,15 @@ def test_the_writer_command_writes_both_splits(tmp_path):
   test = list(shards.read(str(out / "test")).examples().as_numpy_iterator())
   np.testing.assert_array_equal(np.stack([a for a, _ in test]), x)
   np.testing.assert_array_equal([b for _, b in test], y)
+
+
+def test_shards_dir_never_calls_dataset_fn(shard_dir):
+  """Its loader may download: with shards_dir set it must not run."""
+  options = lc.default_config().data
+  options.shards_dir, options.virtual_shards = shard_dir.rsplit("/", 1)[0], 8
+
+  def dataset_fn():
+    raise AssertionError("dataset_fn called")
+  source = sources.make("train", "data.train_split", options, dataset_fn)
+  assert isinstance(source, shards.Files) and source.size == N
+  assert source.virtual_shards == 8

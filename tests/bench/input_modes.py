@@ -50,16 +50,16 @@ def write_records(directory: str) -> None:
 
 
 def run(mode: str, workers: int, records: str, workdir: str, args) -> dict:
-  flags = ["--mode=train", f"--workdir={workdir}",
+  if mode == "element":
+    flags = [f"--config={__file__}", f"--config.data.records={records}"]
+  else:
+    flags = ["--config=experiments/mnist.py",
+             f"--config.data.shards_dir={records}"]
+  flags += ["--mode=train", f"--workdir={workdir}",
            f"--config.train.steps={args.steps}",
            "--config.train.steps_per_loop=50",
            f"--config.model.width={args.width}",
            "--config.checkpoint.every_steps=100000"]
-  if mode == "element":
-    flags += [f"--config={__file__}", f"--config.data.records={records}"]
-  else:
-    flags += ["--config=experiments/mnist.py",
-              f"--config.data.shards_dir={records}"]
   command = ([sys.executable, "-m", "looper.launch", f"--workers={workers}",
               "--"] if workers > 1 else [sys.executable, "-m", "looper.main"])
   env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
