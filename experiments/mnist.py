@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from looper import config as lc
+from looper import layers
 
 DEFAULT_URL = (
     "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz")
@@ -83,6 +84,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Filters of both convs and units of the first dense layer (the second has
   # half); the guide uses 256, 16-32 is plenty for a quick CPU run.
   c.model.width = 256
+  # Dropout before the logits (0: none, as in the guide).
+  c.model.dropout = 0.0
   return c
 
 
@@ -90,7 +93,7 @@ def model_fn(config: ml_collections.ConfigDict) -> keras.Model:
   """Returns the TPU guide's CNN; it maps images to 10 logits (no softmax).
 
   Args:
-    config: reads `config.model.width`, an int >= 2.
+    config: reads `config.model.width`, an int >= 2, and `model.dropout`.
 
   Raises:
     ConfigError: the width is not a whole number >= 2.
@@ -106,6 +109,8 @@ def model_fn(config: ml_collections.ConfigDict) -> keras.Model:
   x = keras.layers.Flatten()(x)
   x = keras.layers.Dense(width, activation="relu")(x)
   x = keras.layers.Dense(width // 2, activation="relu")(x)
+  if config.model.get("dropout"):  # looper's: same masks on any replica count
+    x = layers.Dropout(config.model.dropout, seed=config.seed)(x)
   # float32 even under a mixed_float16 policy: the loss and softmax need it.
   logits = keras.layers.Dense(10, dtype="float32", name="logits")(x)
   return keras.Model(inputs, logits, name="mnist_cnn")

@@ -36,6 +36,8 @@ from absl import flags
 import ml_collections
 from ml_collections import config_dict
 
+from looper import precision
+
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "linear")
@@ -101,6 +103,11 @@ def default_config() -> ml_collections.ConfigDict:
   # Stop after this many evaluations without improving
   # checkpoint.best_metric (needs it set); 0: never stop early.
   c.train.early_stop_patience = 0
+  # float32 | mixed_bfloat16 (CPU with AMX, TPU) | mixed_float16 (GPU, with
+  # loss scaling): see looper/precision.py.
+  c.train.precision = "float32"
+  # XLA-compile each replica's forward and backward pass (not the loop).
+  c.train.jit_compile = False
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every_steps = 1000  # 0: evaluate only at the end of training.
@@ -119,6 +126,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.optimizer.weight_decay = 0.0  # adamw only
   # Linear scaling (Goyal et al.): the rate used is learning_rate *
   # train.batch_size / reference_batch_size; pair it with warmup_steps.
+  # Clip the global-batch gradient to this global norm (0: off); applied
+  # after the replicas' sum, unlike Keras' clipnorm.
+  c.optimizer.clip_global_norm = 0.0
   c.optimizer.scale_lr_with_batch = False
   c.optimizer.reference_batch_size = 256
 
@@ -356,6 +366,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(isinstance(value, (int, float)) and value >= 0, field, value,
            f"must be a number of seconds >= 0; set --config.{field}")
   for field, value in [("data.cache", c.data.cache),
+                       ("train.jit_compile", c.train.jit_compile),
                        ("optimizer.scale_lr_with_batch",
                         c.optimizer.scale_lr_with_batch)]:
     _check(isinstance(value, bool), field, value,
@@ -366,6 +377,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
          "early stopping watches checkpoint.best_metric; set"
          " --config.checkpoint.best_metric (e.g. accuracy)")
   _check_choice(c.optimizer.name, "optimizer.name", OPTIMIZERS)
+  _check_choice(c.train.precision, "train.precision", precision.PRECISIONS)
+  _check(isinstance(c.optimizer.clip_global_norm, (int, float)) and
+         c.optimizer.clip_global_norm >= 0, "optimizer.clip_global_norm",
+         c.optimizer.clip_global_norm, "must be a number >= 0 (0: no clipping)")
   _check_choice(c.optimizer.schedule, "optimizer.schedule", SCHEDULES)
   _check_choice(c.distribution.strategy, "distribution.strategy", STRATEGIES)
   if c.distribution.strategy == "tpu":

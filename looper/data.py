@@ -16,9 +16,10 @@ the eval plan, the seeded shuffle. `sources` picks the mode.
 
 Why looper batches (and the experiment returns single examples):
 * Exact math on any replica count. All input pipelines see ONE global order
-  (the same seeded shuffle on every worker), shard it by element and batch
-  per replica, so global batch k holds the same examples whether there are
-  1, 2, 8 replicas or 2 workers.
+  (the same seeded shuffle on every worker); pipeline p keeps the p-th block
+  of each global batch and splits it per replica, so global batch k holds
+  the same examples, in the same places, whether there are 1, 2, 8
+  replicas or 2 workers.
 * Exact resume. The data position is a count of global examples consumed.
   Every epoch is shuffled with a seed derived from its number, so a restart
   jumps straight to the right epoch and skips only within it.
@@ -224,12 +225,17 @@ def _per_replica_batches(stream: tf.data.Dataset,
                          global_batch_size: int) -> tf.data.Dataset:
   """This pipeline's share of one global example order, in replica batches.
 
-  Sharding by element (not by file) keeps global batch k the same examples
-  whatever the number of pipelines and replicas.
+  Global batch k is stream examples [kB, (k+1)B); pipeline p of P takes the
+  p-th block of B/P of them and splits it among its replicas in order. So
+  replica r of R always gets the r-th B/R of the global batch: an example's
+  place in the global batch is the same on any topology (what per-example
+  randomness such as `layers.Dropout` relies on).
   """
-  return (stream.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-          .batch(ctx.get_per_replica_batch_size(global_batch_size),
-                 drop_remainder=True)
+  pipelines = ctx.num_input_pipelines
+  return (stream.batch(global_batch_size // pipelines, drop_remainder=True)
+          .shard(pipelines, ctx.input_pipeline_id)
+          .rebatch(ctx.get_per_replica_batch_size(global_batch_size),
+                   drop_remainder=True)
           .prefetch(tf.data.AUTOTUNE))
 
 

@@ -20,12 +20,21 @@ inside one tf.function (no host sync per step)::
     return losses, train metric results + input_wait_fraction (the share
       of the call spent waiting for batches)
 
+One replica's train step is three seams (each replica, inside the loop)::
+
+    loss, grads, logits = compute_gradients(inputs, labels)
+    grads = transform_gradients(grads)   # e.g. clipping, after the reduction
+    apply_gradients(grads)               # the optimizer sums over replicas
+
 A subclass overrides one small method and inherits the loop, distribution
 and bookkeeping: `build_model`, `build_optimizer`, `build_metrics`,
-`compute_loss`, `train_step`, `eval_step`, `update_metrics`, `on_loop_end`.
+`compute_loss`, `compute_gradients`, `transform_gradients`,
+`apply_gradients`, `train_step`, `eval_step`, `update_metrics`,
+`on_loop_end`.
 Point `config.trainer` at the subclass.
 """
 
+import re
 import time
 from typing import Any
 
@@ -37,6 +46,7 @@ import tensorflow as tf
 from looper import config as config_lib
 from looper import data
 from looper import optimizers
+from looper import precision
 from looper import sources
 
 # Per-example losses on logits, by `config.loss` name.
@@ -105,8 +115,10 @@ class Trainer:
     # Same seed, same initial weights: whatever the replica count.
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
-      self.model = self.build_model()
-      self.optimizer = self.build_optimizer()
+      with precision.policy(config.train.precision):
+        self.model = self.build_model()
+      self.optimizer = precision.wrap(self.build_optimizer(),
+                                      config.train.precision)
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here.
       self.optimizer.build(self.model.trainable_variables)
@@ -122,6 +134,12 @@ class Trainer:
       self.step = tf.Variable(0, name="step", **counter)
       # Global examples consumed: where the train data resumes.
       self.position = tf.Variable(0, name="position", **counter)
+    # XLA compiles the per-replica forward and backward pass only: around
+    # the whole loop it cannot (the iterator), around the update it fails
+    # under Mirrored (variables on other devices), and it was slower here.
+    self._compute_gradients = (
+        tf.function(self.compute_gradients, jit_compile=True)
+        if config.train.jit_compile else self.compute_gradients)
     self._train_fn = tf.function(self._train_loop)
     self._eval_fn = tf.function(self._eval_loop)
 
@@ -197,6 +215,20 @@ class Trainer:
   def train_step(self, batch) -> tf.Tensor:
     """One replica's step; returns its share of the global mean loss."""
     inputs, labels = batch
+    loss, grads, logits = self._compute_gradients(inputs, labels)
+    self.apply_gradients(self.transform_gradients(grads))
+    self.update_metrics(self.train_metrics, labels, logits)
+    return loss
+
+  def compute_gradients(self, inputs, labels):
+    """One replica's (loss, gradients, float32 logits).
+
+    The loss is this replica's share of the global mean (summed over
+    replicas it is the mean over the global batch), so the gradients sum,
+    not average, across replicas. Under mixed_float16 the gradients are of
+    the scaled loss (the optimizer unscales them). With train.jit_compile
+    this method is what XLA compiles.
+    """
     with tf.GradientTape() as tape:
       logits = tf.cast(self.model(inputs, training=True), tf.float32)
       loss = tf.nn.compute_average_loss(
@@ -204,11 +236,24 @@ class Trainer:
           global_batch_size=self.global_batch_size)
       if self.model.losses:  # regularizers: once per step, not per replica
         loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
-    variables = self.model.trainable_variables
-    grads = tape.gradient(loss, variables)
-    self.optimizer.apply_gradients(zip(grads, variables))
-    self.update_metrics(self.train_metrics, labels, logits)
-    return loss
+      scaled = precision.scale_loss(self.optimizer, loss)
+    return loss, tape.gradient(scaled, self.model.trainable_variables), logits
+
+  def transform_gradients(self, grads):
+    """This replica's gradients before the update; the optimizer then sums
+    them over replicas. Looper's: the all-replica finiteness vote under
+    loss scaling, and optimizer.clip_global_norm."""
+    grads = precision.skip_unless_finite_everywhere(self.optimizer, grads)
+    if self.config.optimizer.clip_global_norm:
+      grads = clip_by_global_norm_of_sum(
+          grads, self.config.optimizer.clip_global_norm,
+          unscale=(self.optimizer.scale_loss(1.0)
+                   if precision.loss_scaled(self.optimizer) else None))
+    return grads
+
+  def apply_gradients(self, grads) -> None:
+    """The optimizer update (it all-reduces `grads` with SUM first)."""
+    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
   def eval_step(self, batch) -> None:
     """One replica's eval step; padding examples have mask 0."""
@@ -287,8 +332,11 @@ class Trainer:
     if self._iterator is None:
       self._iterator = iter(self.train_data())
     start = time.perf_counter()
-    losses, finite, waited, results = self._train_fn(
-        self._iterator, tf.constant(steps, tf.int32))
+    try:
+      losses, finite, waited, results = self._train_fn(
+          self._iterator, tf.constant(steps, tf.int32))
+    except tf.errors.InvalidArgumentError as e:
+      raise _xla_error(e) if self.config.train.jit_compile else e
     losses = losses.numpy()  # waits for the call to finish
     logs = {k: float(v) for k, v in results.items()}
     logs["input_wait_fraction"] = float(waited) / max(
@@ -395,5 +443,40 @@ class Trainer:
 
   def checkpoint_items(self) -> dict[str, Any]:
     """What a checkpoint holds; a subclass may add its own trackables."""
-    return dict(model=self.model, optimizer=self.optimizer, step=self.step,
-                position=self.position)
+    # The inner optimizer under loss scaling: its slots are the same in
+    # every precision, so checkpoints move between precisions. The dynamic
+    # loss scale is not saved; it re-grows within a few hundred steps.
+    return dict(model=self.model, optimizer=precision.inner(self.optimizer),
+                step=self.step, position=self.position)
+
+
+def _xla_error(e: tf.errors.InvalidArgumentError) -> Exception:
+  """One line naming the op XLA cannot compile; other errors unchanged."""
+  found = re.search(r"compile graph .* on XLA_\w+: (\w+)", str(e))
+  if found is None:
+    return e
+  return config_lib.ConfigError(
+      f"config.train.jit_compile=True: the train step does not compile with"
+      f" XLA (op {found.group(1)} is not supported); set"
+      " --config.train.jit_compile=False, or replace that op in the model")
+
+
+def clip_by_global_norm_of_sum(grads, clip_norm: float, unscale=None):
+  """This replica's `grads`, scaled so that their SUM over replicas has a
+  global norm of at most `clip_norm`.
+
+  Keras' clipnorm/global_clipnorm clip each replica's gradients before the
+  sum, which changes the update with the replica count; this clips the
+  gradient of the global batch, the same on any number of replicas.
+
+  Args:
+    grads: this replica's gradients (in replica context).
+    clip_norm: the largest global norm of the summed gradients.
+    unscale: the loss scale the gradients carry (mixed_float16), or None.
+  """
+  total = tf.distribute.get_replica_context().all_reduce("SUM", grads)
+  norm = tf.linalg.global_norm([tf.cast(g, tf.float32) for g in total])
+  if unscale is not None:
+    norm /= tf.cast(unscale, tf.float32)
+  factor = tf.minimum(1.0, clip_norm / tf.maximum(norm, 1e-12))
+  return [g * tf.cast(factor, g.dtype) for g in grads]

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from looper import config as lc
+from looper import layers
 
 NUM_CLASSES = 4
 FEATURES = 8
@@ -29,10 +30,13 @@ def make_data(num: int, seed: int):
 
 def model_fn(config):
   regularizer = keras.regularizers.L2(config.model.l2) if config.model.l2 else None
+  dropout = ([layers.Dropout(config.model.dropout, seed=7)]
+             if config.model.dropout else [])
   return keras.Sequential([
       keras.Input((FEATURES,)),
       keras.layers.Dense(config.model.width, activation="relu",
                          kernel_regularizer=regularizer),
+      *dropout,
       keras.layers.Dense(NUM_CLASSES, kernel_regularizer=regularizer),
   ])
 
@@ -63,5 +67,6 @@ def get_config():
   c.optimizer.learning_rate = 0.1
   c.model.width = 16
   c.model.l2 = 1e-3
+  c.model.dropout = 0.0  # > 0: looper's replica-invariant Dropout
   c.model.num_examples = 1001  # not a multiple of any batch size
   return c

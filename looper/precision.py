@@ -1,0 +1,80 @@
+"""Mixed precision: the Keras dtype policy, loss scaling, an all-replica check.
+
+Synopsis::
+
+    with precision.policy("mixed_bfloat16"):       # only while building
+      model = model_fn(config)                      # layers keep the policy
+    optimizer = precision.wrap(optimizer, "mixed_float16")  # loss scaling
+    scaled = precision.scale_loss(optimizer, loss)  # inside the tape
+    grads = precision.skip_unless_finite_everywhere(optimizer, grads)
+
+`train.precision` (the table PRECISIONS):
+  float32         everything float32.
+  mixed_bfloat16  compute in bfloat16, variables float32; no loss scaling
+                  (bfloat16 has float32's range). 1.6-1.9x faster for the
+                  MNIST CNN on this CPU (AMX); the usual choice on TPU.
+  mixed_float16   compute in float16 with Keras' dynamic LossScaleOptimizer
+                  (GPUs). About 170x slower on this CPU: for GPUs only.
+
+Variables stay float32 under every policy, so checkpoints of model weights
+and optimizer slots are the same whatever the precision. Keras 3's
+LossScaleOptimizer decides "finite" from replica 0's gradients alone under
+tf.distribute: an inf on replica 1 would reach the weights. Here every
+replica votes (one scalar all-reduce) and a non-finite gradient anywhere
+makes all replicas skip the update and lower the scale.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+# `train.precision` -> the Keras dtype policy.
+PRECISIONS = {"float32": "float32", "mixed_bfloat16": "mixed_bfloat16",
+              "mixed_float16": "mixed_float16"}
+
+
+@contextlib.contextmanager
+def policy(name: str):
+  """Builds layers under `name`'s policy; restores the global one after."""
+  before = keras.mixed_precision.global_policy()
+  keras.mixed_precision.set_global_policy(PRECISIONS[name])
+  try:
+    yield
+  finally:
+    keras.mixed_precision.set_global_policy(before)
+
+
+def wrap(optimizer: keras.optimizers.Optimizer,
+         name: str) -> keras.optimizers.Optimizer:
+  """`optimizer`, under dynamic loss scaling if `name` is mixed_float16."""
+  if name == "mixed_float16":
+    return keras.optimizers.LossScaleOptimizer(optimizer)
+  return optimizer
+
+
+def loss_scaled(optimizer) -> bool:
+  return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def inner(optimizer) -> keras.optimizers.Optimizer:
+  """The optimizer that owns the slots (what checkpoints hold)."""
+  return optimizer.inner_optimizer if loss_scaled(optimizer) else optimizer
+
+
+def scale_loss(optimizer, loss: tf.Tensor) -> tf.Tensor:
+  """The loss to differentiate: times the loss scale under mixed_float16."""
+  return optimizer.scale_loss(loss) if loss_scaled(optimizer) else loss
+
+
+def skip_unless_finite_everywhere(optimizer, grads):
+  """Under loss scaling: all gradients NaN on every replica if any replica
+  has a non-finite one, so the optimizer skips the step everywhere."""
+  if not loss_scaled(optimizer):
+    return grads
+  finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+  bad = tf.distribute.get_replica_context().all_reduce(
+      "SUM", tf.cast(tf.logical_not(finite), tf.float32))
+  poison = tf.where(bad > 0, np.float32(np.nan), np.float32(1.0))
+  return [g * tf.cast(poison, g.dtype) for g in grads]

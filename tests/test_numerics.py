@@ -1,0 +1,184 @@
+"""Numerics under distribution: dropout and clipping on 1/2/4 replicas,
+mixed precision (and its all-replica finiteness vote), XLA per step."""
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from looper import config as lc
+from looper import layers
+from looper import trainer as trainer_lib
+from tests import tiny
+from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok
+
+REPLICAS = (1, 2, 4)
+# Dropout and an active clip (the tiny run's gradient norms are ~0.5-2).
+NUMERICS = ("--config=tests/tiny.py", "--config.model.dropout=0.3",
+            "--config.optimizer.clip_global_norm=0.3",
+            "--config.train.steps=20")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  out = {}
+  for n in REPLICAS:
+    out[n] = tmp_path_factory.mktemp(f"numerics{n}")
+    run_ok(*NUMERICS, f"--workdir={out[n]}",
+           f"--config.distribution.num_cpu_devices={n}")
+  out["plain"] = tmp_path_factory.mktemp("plain")
+  run_ok("--config=tests/tiny.py", "--config.train.steps=20",
+         f"--workdir={out['plain']}")
+  return out
+
+
+def test_dropout_and_clipping_give_one_curve_on_1_2_4_replicas(runs):
+  reference = curve(runs[1] / "train")
+  for n in REPLICAS[1:]:
+    np.testing.assert_allclose(curve(runs[n] / "train"), reference,
+                               rtol=1e-5, err_msg=f"{n} replicas")
+  # And they did something: the curve is not the plain run's.
+  assert np.abs(reference - curve(runs["plain"] / "train")).max() > 1e-3
+
+
+def test_dropout_masks_differ_between_examples_and_steps():
+  layer = layers.Dropout(0.5, seed=3)
+  ones = tf.ones([64, 32])
+  first, second = layer(ones, training=True), layer(ones, training=True)
+  kept = first.numpy() != 0
+  assert 0.4 < kept.mean() < 0.6
+  assert len({row.tobytes() for row in kept}) == 64  # no two rows alike
+  assert not np.array_equal(kept, second.numpy() != 0)
+  np.testing.assert_allclose(first.numpy()[kept], 2.0)  # inverted dropout
+  np.testing.assert_array_equal(layer(ones, training=False), ones)
+
+
+def test_clipping_uses_the_norm_of_the_summed_gradient():
+  grads = [tf.constant([3.0]), tf.constant([4.0])]
+  clipped = trainer_lib.clip_by_global_norm_of_sum(grads, 1.0)
+  np.testing.assert_allclose([g.numpy() for g in clipped], [[0.6], [0.8]])
+  # Loss-scaled gradients: the norm is taken after unscaling.
+  scaled = trainer_lib.clip_by_global_norm_of_sum(
+      [g * 1024 for g in grads], 1.0, unscale=1024.0)
+  np.testing.assert_allclose([g.numpy() for g in scaled],
+                             [[0.6 * 1024], [0.8 * 1024]])
+
+
+def _trainer(**fields):
+  c = tiny.get_config()
+  for key, value in fields.items():
+    if "__" in key:
+      section, name = key.split("__")
+      c[section][name] = value
+    else:
+      c[key] = value
+  return trainer_lib.Trainer(c, tf.distribute.get_strategy())
+
+
+def test_jit_compile_matches_the_plain_step():
+  plain = _trainer()
+  xla = _trainer(train__jit_compile=True)
+  np.testing.assert_allclose(xla.train(15)[0], plain.train(15)[0], rtol=1e-5)
+
+
+class _OnTheHost(keras.layers.Layer):
+  """Identity through numpy: an op (PyFunc) XLA cannot compile."""
+
+  def call(self, x):
+    return tf.ensure_shape(tf.numpy_function(lambda v: v, [x], tf.float32),
+                           x.shape)
+
+
+def _host_model(config):
+  del config
+  return keras.Sequential([keras.Input((tiny.FEATURES,)), _OnTheHost(),
+                           keras.layers.Dense(tiny.NUM_CLASSES)])
+
+
+def test_an_op_xla_cannot_compile_is_one_line():
+  t = _trainer(train__jit_compile=True, model_fn=_host_model)
+  with pytest.raises(lc.ConfigError) as e:
+    t.train(1)
+  assert str(e.value) == (
+      "config.train.jit_compile=True: the train step does not compile with"
+      " XLA (op PyFunc is not supported); set --config.train.jit_compile="
+      "False, or replace that op in the model")
+
+
+@pytest.mark.parametrize("name", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_trains_and_keeps_float32_weights(name):
+  t = _trainer(train__precision=name)
+  assert t.model.layers[0].compute_dtype == name.split("_")[1]
+  assert {v.dtype for v in t.model.weights} == {"float32"}
+  losses = np.concatenate([t.train(20)[0] for _ in range(3)])
+  assert np.isfinite(losses).all() and losses[-10:].mean() < losses[:10].mean()
+  # The global policy is untouched: the next model is float32 again.
+  assert keras.mixed_precision.global_policy().name == "float32"
+
+
+def test_checkpoints_move_between_precisions(tmp_path):
+  bf16 = _trainer(train__precision="mixed_bfloat16")
+  bf16.train(10)
+  path = tf.train.Checkpoint(**bf16.checkpoint_items()).save(
+      str(tmp_path / "c"))
+  for name in ("float32", "mixed_float16"):
+    other = _trainer(train__precision=name)
+    tf.train.Checkpoint(**other.checkpoint_items()).restore(
+        path).assert_existing_objects_matched()
+    for a, b in zip(bf16.model.weights, other.model.weights):
+      np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+# Run in its own process: it needs 2 logical CPUs before TensorFlow starts.
+_INF_ON_REPLICA_ONE = """
+import json, numpy as np, tensorflow as tf
+from looper import distribute, trainer as trainer_lib
+from tests import tiny
+devices = distribute.split_cpu(2)
+strategy = tf.distribute.MirroredStrategy(devices)
+
+class InfOnReplicaOne(trainer_lib.Trainer):
+  def compute_gradients(self, inputs, labels):
+    loss, grads, logits = super().compute_gradients(inputs, labels)
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    bad = tf.logical_and(tf.equal(replica, 1),
+                         tf.equal(self.step, 2))  # the 3rd step
+    grads[0] = grads[0] + tf.where(bad, np.float32(np.inf), np.float32(0))
+    return loss, grads, logits
+
+c = tiny.get_config()
+c.train.precision = "mixed_float16"
+t = InfOnReplicaOne(c, strategy)
+def weights():
+  return [[r.numpy() for r in strategy.experimental_local_results(v.value)]
+          for v in t.model.trainable_variables]
+t.train(2)
+before, scale = weights(), float(t.optimizer.dynamic_scale.numpy())
+t.train(1)  # the update with an inf on replica 1 only
+after = weights()
+t.train(3)
+end = weights()
+print(json.dumps(dict(
+    skipped=all(np.array_equal(a, b) for v, w in zip(before, after)
+                for a, b in zip(v, w)),
+    replicas_equal=all(np.array_equal(v[0], v[1]) for v in end),
+    finite=all(np.isfinite(r).all() for v in end for r in v),
+    moved_after=not all(np.array_equal(a[0], b[0]) for a, b in zip(after, end)),
+    scale_before=scale, scale_after=float(t.optimizer.dynamic_scale.numpy()))))
+"""
+
+
+def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
+  env = dict(LOOPBACK_ENV, PYTHONPATH=str(ROOT), PATH="/usr/bin:/bin")
+  proc = subprocess.run([sys.executable, "-c", _INF_ON_REPLICA_ONE], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["skipped"] and result["replicas_equal"] and result["finite"]
+  assert result["moved_after"]  # training goes on after the skipped step
+  assert result["scale_after"] < result["scale_before"]
