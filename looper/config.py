@@ -108,6 +108,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.precision = "float32"
   # XLA-compile each replica's forward and backward pass (not the loop).
   c.train.jit_compile = False
+  # Micro-batches of train.batch_size per optimizer update: the update is
+  # that of one batch grad_accum_steps times larger (train.steps counts
+  # updates; the data position advances by the larger batch).
+  c.train.grad_accum_steps = 1
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every_steps = 1000  # 0: evaluate only at the end of training.
@@ -129,6 +133,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Clip the global-batch gradient to this global norm (0: off); applied
   # after the replicas' sum, unlike Keras' clipnorm.
   c.optimizer.clip_global_norm = 0.0
+  # Keep an exponential moving average of the weights with this decay
+  # (e.g. 0.999; 0: off); eval and export use it. Checkpointed.
+  c.optimizer.ema_decay = 0.0
   c.optimizer.scale_lr_with_batch = False
   c.optimizer.reference_batch_size = 256
 
@@ -330,6 +337,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   positive = [("train.steps", c.train.steps),
               ("train.batch_size", c.train.batch_size),
               ("train.steps_per_loop", c.train.steps_per_loop),
+              ("train.grad_accum_steps", c.train.grad_accum_steps),
               ("eval.batch_size", c.eval.batch_size),
               ("checkpoint.keep", c.checkpoint.keep),
               ("distribution.num_cpu_devices",
@@ -378,6 +386,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
          " --config.checkpoint.best_metric (e.g. accuracy)")
   _check_choice(c.optimizer.name, "optimizer.name", OPTIMIZERS)
   _check_choice(c.train.precision, "train.precision", precision.PRECISIONS)
+  _check(isinstance(c.optimizer.ema_decay, (int, float)) and
+         0 <= c.optimizer.ema_decay < 1, "optimizer.ema_decay",
+         c.optimizer.ema_decay, "must be in [0, 1), e.g. 0.999 (0: off)")
   _check(isinstance(c.optimizer.clip_global_norm, (int, float)) and
          c.optimizer.clip_global_norm >= 0, "optimizer.clip_global_norm",
          c.optimizer.clip_global_norm, "must be a number >= 0 (0: no clipping)")

@@ -34,6 +34,7 @@ and bookkeeping: `build_model`, `build_optimizer`, `build_metrics`,
 Point `config.trainer` at the subclass.
 """
 
+import contextlib
 import re
 import time
 from typing import Any
@@ -89,7 +90,10 @@ class Trainer:
                strategy: tf.distribute.Strategy):
     self.config = config
     self.strategy = strategy
-    self.global_batch_size = config.train.batch_size
+    # Examples per optimizer update: grad_accum_steps batches of
+    # train.batch_size (what the loss is averaged over).
+    self.grad_accum_steps = config.train.grad_accum_steps
+    self.global_batch_size = config.train.batch_size * self.grad_accum_steps
     replicas = strategy.num_replicas_in_sync
     data.check_divisible(config.train.batch_size, replicas, "train.batch_size")
     data.check_divisible(config.eval.batch_size, replicas, "eval.batch_size")
@@ -122,6 +126,13 @@ class Trainer:
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here.
       self.optimizer.build(self.model.trainable_variables)
+      # optimizer.ema_decay: a moving average of the weights, used for
+      # eval (and export); identical on all replicas like the weights.
+      self.ema = [tf.Variable(
+          v.value, trainable=False, name="ema",
+          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                  for v in self.model.trainable_variables
+                  ] if config.optimizer.ema_decay else []
       self.train_metrics = self.build_metrics()
       self.eval_metrics = self.build_metrics()
       # Their names key the logs, beside looper's own 'loss', 'examples'...
@@ -167,7 +178,8 @@ class Trainer:
     field = self._field(split)
     if split == self.config.data.train_split:
       self.source(split).check(self.strategy.num_replicas_in_sync,
-                               self.global_batch_size, "train.batch_size")
+                               self.config.train.batch_size,
+                               "train.batch_size")
     examples = data.check_nonempty(self.examples(split), split, field)
     inputs, labels = next(iter(examples.batch(probe)))
     shapes = tf.nest.map_structure(lambda t: (t.shape[1:].as_list(),
@@ -214,10 +226,22 @@ class Trainer:
 
   def train_step(self, batch) -> tf.Tensor:
     """One replica's step; returns its share of the global mean loss."""
-    inputs, labels = batch
-    loss, grads, logits = self._compute_gradients(inputs, labels)
+    return self.accumulated_step([batch])
+
+  def accumulated_step(self, batches) -> tf.Tensor:
+    """One replica's update from several micro-batches (what the loop calls
+    when train.grad_accum_steps > 1): their gradients summed, one update."""
+    loss, grads = 0.0, None
+    for inputs, labels in batches:  # unrolled: k is small and static
+      part, part_grads, logits = self._compute_gradients(inputs, labels)
+      self.update_metrics(self.train_metrics, labels, logits)
+      loss += part
+      grads = part_grads if grads is None else [
+          g + h for g, h in zip(grads, part_grads)]
     self.apply_gradients(self.transform_gradients(grads))
-    self.update_metrics(self.train_metrics, labels, logits)
+    decay = self.config.optimizer.ema_decay
+    for average, v in zip(self.ema, self.model.trainable_variables):
+      average.assign(decay * average + (1 - decay) * v.value)
     return loss
 
   def compute_gradients(self, inputs, labels):
@@ -234,8 +258,10 @@ class Trainer:
       loss = tf.nn.compute_average_loss(
           self.compute_loss(labels, logits),
           global_batch_size=self.global_batch_size)
-      if self.model.losses:  # regularizers: once per step, not per replica
-        loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
+      if self.model.losses:  # regularizers: once per update, not per
+        # replica or micro-batch
+        loss += tf.nn.scale_regularization_loss(
+            tf.add_n(self.model.losses)) / self.grad_accum_steps
       scaled = precision.scale_loss(self.optimizer, loss)
     return loss, tape.gradient(scaled, self.model.trainable_variables), logits
 
@@ -293,12 +319,12 @@ class Trainer:
     """Distributed train batches from the current data position on."""
     c = self.config
     source = self.source(c.data.train_split)
-    source.check(self.strategy.num_replicas_in_sync, self.global_batch_size,
+    source.check(self.strategy.num_replicas_in_sync, c.train.batch_size,
                  "train.batch_size")
     position = int(self.position.numpy())
     return self.strategy.distribute_datasets_from_function(
         lambda ctx: source.train(
-            ctx, global_batch_size=self.global_batch_size, seed=c.seed,
+            ctx, global_batch_size=c.train.batch_size, seed=c.seed,
             shuffle_buffer=c.data.shuffle_buffer, position=position))
 
   def seek(self, position: int) -> None:
@@ -391,11 +417,14 @@ class Trainer:
       with tf.control_dependencies([self.optimizer.iterations.value]):
         before = tf.timestamp()
       with tf.control_dependencies([before]):
-        batch = next(iterator)
-      with tf.control_dependencies(tf.nest.flatten(batch,
+        batches = [next(iterator) for _ in range(self.grad_accum_steps)]
+      with tf.control_dependencies(tf.nest.flatten(batches,
                                                    expand_composites=True)):
         waited += tf.timestamp() - before
-      loss = self.strategy.run(self.train_step, args=(batch,))
+      if len(batches) == 1:
+        loss = self.strategy.run(self.train_step, args=(batches[0],))
+      else:
+        loss = self.strategy.run(self.accumulated_step, args=(batches,))
       losses = losses.write(i, self.strategy.reduce("SUM", loss, axis=None))
     ran = tf.cast(losses.size(), tf.int64)
     self.step.assign_add(ran)
@@ -423,9 +452,30 @@ class Trainer:
       self._eval_data = self.strategy.distribute_datasets_from_function(
           lambda ctx: source.eval(ctx, global_batch_size=c.eval.batch_size,
                                   count=count, steps=steps))
-    results = self._eval_fn(iter(self._eval_data),
-                            tf.constant(self._eval_steps, tf.int32))
-    return {k: float(v) for k, v in results.items()}
+    with self.averaged_weights():
+      results = self._eval_fn(iter(self._eval_data),
+                              tf.constant(self._eval_steps, tf.int32))
+      return {k: float(v) for k, v in results.items()}
+
+  @contextlib.contextmanager
+  def averaged_weights(self):
+    """The model holds the moving average of its weights inside (eval,
+    export), its trained weights again after; no-op without ema_decay."""
+    if not self.ema:
+      yield
+      return
+    self._swap_ema()
+    try:
+      yield
+    finally:
+      self._swap_ema()
+
+  @tf.function
+  def _swap_ema(self):
+    for average, v in zip(self.ema, self.model.trainable_variables):
+      trained = tf.identity(v.value)
+      v.assign(average)
+      average.assign(trained)
 
   def _eval_loop(self, iterator, steps):
     bookkeeping = [self._eval_loss, self._eval_examples]
@@ -446,8 +496,11 @@ class Trainer:
     # The inner optimizer under loss scaling: its slots are the same in
     # every precision, so checkpoints move between precisions. The dynamic
     # loss scale is not saved; it re-grows within a few hundred steps.
-    return dict(model=self.model, optimizer=precision.inner(self.optimizer),
-                step=self.step, position=self.position)
+    items = dict(model=self.model, optimizer=precision.inner(self.optimizer),
+                 step=self.step, position=self.position)
+    if self.ema:
+      items["ema"] = self.ema
+    return items
 
 
 def _xla_error(e: tf.errors.InvalidArgumentError) -> Exception:

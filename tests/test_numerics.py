@@ -14,13 +14,15 @@ from looper import config as lc
 from looper import layers
 from looper import trainer as trainer_lib
 from tests import tiny
-from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok
+from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok, scalars
 
 REPLICAS = (1, 2, 4)
-# Dropout and an active clip (the tiny run's gradient norms are ~0.5-2).
+# Dropout, an active clip (the tiny run's gradient norms are ~0.5-2),
+# 2 micro-batches per update and a weight average (which eval uses).
 NUMERICS = ("--config=tests/tiny.py", "--config.model.dropout=0.3",
             "--config.optimizer.clip_global_norm=0.3",
-            "--config.train.steps=20")
+            "--config.train.grad_accum_steps=2",
+            "--config.optimizer.ema_decay=0.9", "--config.train.steps=20")
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +38,16 @@ def runs(tmp_path_factory):
   return out
 
 
-def test_dropout_and_clipping_give_one_curve_on_1_2_4_replicas(runs):
+def test_dropout_clipping_accumulation_ema_are_the_same_on_1_2_4_replicas(
+    runs):
   reference = curve(runs[1] / "train")
+  eval_loss = scalars(runs[1] / "eval", "loss")
   for n in REPLICAS[1:]:
     np.testing.assert_allclose(curve(runs[n] / "train"), reference,
                                rtol=1e-5, err_msg=f"{n} replicas")
+    got = scalars(runs[n] / "eval", "loss")
+    assert got.keys() == eval_loss.keys() == {20}
+    np.testing.assert_allclose(got[20], eval_loss[20], rtol=1e-5)
   # And they did something: the curve is not the plain run's.
   assert np.abs(reference - curve(runs["plain"] / "train")).max() > 1e-3
 
@@ -182,3 +189,51 @@ def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
   assert result["skipped"] and result["replicas_equal"] and result["finite"]
   assert result["moved_after"]  # training goes on after the skipped step
   assert result["scale_after"] < result["scale_before"]
+
+
+def test_gradient_accumulation_equals_one_larger_batch():
+  big = _trainer(train__batch_size=64, model__dropout=0.0)
+  small = _trainer(train__batch_size=16, train__grad_accum_steps=4)
+  np.testing.assert_allclose(small.train(12)[0], big.train(12)[0], rtol=1e-5)
+  for a, b in zip(small.model.weights, big.model.weights):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+  assert small.global_step == big.global_step == 12
+  assert small.data_position == big.data_position == 12 * 64
+  assert small.learning_rate() == big.learning_rate()
+
+
+def test_ema_follows_a_numpy_reference_and_is_what_eval_sees():
+  decay = 0.8
+  t = _trainer(optimizer__ema_decay=decay)
+  average = [v.numpy() for v in t.model.trainable_variables]
+  for _ in range(5):
+    t.train(1)
+    average = [decay * a + (1 - decay) * v.numpy()
+               for a, v in zip(average, t.model.trainable_variables)]
+  for got, want in zip(t.ema, average):
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7)
+  trained = [v.numpy() for v in t.model.trainable_variables]
+  logs = t.evaluate()
+  for v, want in zip(t.model.trainable_variables, trained):  # swapped back
+    np.testing.assert_array_equal(v.numpy(), want)
+  # The same evaluation with the averaged weights loaded by hand.
+  plain = _trainer()
+  for v, a in zip(plain.model.trainable_variables, average):
+    v.assign(a)
+  assert logs["loss"] == pytest.approx(plain.evaluate()["loss"], rel=1e-6)
+  assert "ema" in t.checkpoint_items()
+
+
+@pytest.mark.parametrize("name", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_resumes_exactly(tmp_path, name):
+  from looper import run  # pylint: disable=g-import-not-at-top
+  def config(steps):
+    c = tiny.get_config()
+    c.train.precision, c.train.steps = name, steps
+    c.eval.every_steps = c.checkpoint.every_steps = 10
+    return c
+  run.run(config(20), str(tmp_path / "whole"), "train")
+  run.run(config(10), str(tmp_path / "parts"), "train")
+  run.run(config(20), str(tmp_path / "parts"), "train")
+  np.testing.assert_array_equal(curve(tmp_path / "parts" / "train"),
+                                curve(tmp_path / "whole" / "train"))

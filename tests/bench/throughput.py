@@ -1,0 +1,224 @@
+"""Throughput: looper vs the TPU guide's loop, a bare floor and Keras fit.
+
+Synopsis::
+
+    python -m tests.bench.throughput                    # every configuration
+    python -m tests.bench.throughput --models=mlp --replicas=1 --rounds=3
+
+Each configuration (model x replicas x precision) runs in its own process
+(logical CPUs and the dtype policy are fixed per process) and alternates
+rounds of the four contenders on the same data, batch and K steps per call:
+  looper  the public API: `Trainer(config, strategy).train(K)`;
+  guide   the "Use TPUs" guide's custom loop (written here): tf.data with
+          distribute_datasets_from_function, K steps of strategy.run in a
+          tf.range loop inside one tf.function, compute_average_loss;
+  floor   the same step K times in one tf.function over ONE pre-batched
+          resident batch: no tf.data, no metrics, no loss collection;
+  fit     Keras `model.fit(steps_per_execution=K)` (with 2 replicas Keras
+          3 fails for K > 1 on this stack: recorded, then K=1).
+Models: the 784-512-512-10 MLP and the MNIST CNN at width 32, on the real
+MNIST test images. Reports the median examples/s over rounds, the paired
+ratios (looper / each, per round, then the median), and the time from
+construction to the end of the first K-step call.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tests.conftest import LOOPBACK_ENV, ROOT, SHARED_MNIST
+
+BATCH, K = 128, 50
+
+
+def _data():
+  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  images, labels = mnist.load_mnist("test", str(SHARED_MNIST), "", "")
+  return (images.astype("float32")[..., None] / 255.0,
+          labels.astype("int32"))
+
+
+def _config(model: str, precision: str, images, labels):
+  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  c = mnist.get_config()
+  c.model.width = 32
+  c.train.batch_size, c.train.steps, c.train.steps_per_loop = BATCH, 10**6, K
+  c.train.precision = precision
+  c.optimizer.schedule = "constant"
+  c.data.shuffle_buffer = 10_000
+  if model == "mlp":
+    c.model_fn = mlp
+  c.dataset_fn = lambda config, split: (images, labels)  # array mode
+  return c
+
+
+def mlp(config):
+  import keras  # pylint: disable=g-import-not-at-top
+  del config
+  return keras.Sequential([
+      keras.Input((28, 28, 1)), keras.layers.Flatten(),
+      keras.layers.Dense(512, activation="relu"),
+      keras.layers.Dense(512, activation="relu"),
+      keras.layers.Dense(10, dtype="float32")])
+
+
+def _contenders(model, replicas, precision):
+  """{name: (build() -> step()), ...}; step() runs K steps and returns."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from looper import distribute  # pylint: disable=g-import-not-at-top
+  from looper import precision as precision_lib  # pylint: disable=g-import-not-at-top
+  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+
+  strategy = (tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
+              if replicas > 1 else tf.distribute.get_strategy())
+  images, labels = _data()
+  config = _config(model, precision, images, labels)
+
+  def looper_build():
+    trainer = trainer_lib.Trainer(config, strategy)
+    return lambda: trainer.train(K)
+
+  def keras_parts():
+    with precision_lib.policy(precision):
+      net = config.model_fn(config)
+    return net, keras.optimizers.Adam(1e-3)
+
+  def guide_build():
+    with strategy.scope():
+      net, opt = keras_parts()
+      opt.build(net.trainable_variables)
+    def dataset_fn(ctx):
+      per_replica = ctx.get_per_replica_batch_size(BATCH)
+      return (tf.data.Dataset.from_tensor_slices((images, labels))
+              .shuffle(10_000, seed=0).repeat().shard(
+                  ctx.num_input_pipelines, ctx.input_pipeline_id)
+              .batch(per_replica, drop_remainder=True).prefetch(2))
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    def replica_step(x, y):
+      with tf.GradientTape() as tape:
+        logits = tf.cast(net(x, training=True), tf.float32)
+        loss = tf.nn.compute_average_loss(
+            keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True), global_batch_size=BATCH)
+      opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables),
+                              net.trainable_variables))
+      return loss
+
+    @tf.function
+    def train(steps):
+      for _ in tf.range(steps):
+        strategy.run(replica_step, args=next(iterator))
+    return lambda: train(tf.constant(K))
+
+  def floor_build():
+    with strategy.scope():
+      net, opt = keras_parts()
+      opt.build(net.trainable_variables)
+    per_replica = BATCH // replicas
+    batch = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (tf.constant(images[:per_replica]),
+                     tf.constant(labels[:per_replica])))
+
+    def replica_step(x, y):
+      with tf.GradientTape() as tape:
+        logits = tf.cast(net(x, training=True), tf.float32)
+        loss = tf.nn.compute_average_loss(
+            keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True), global_batch_size=BATCH)
+      opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables),
+                              net.trainable_variables))
+
+    @tf.function
+    def train(steps):
+      for _ in tf.range(steps):
+        strategy.run(replica_step, args=batch)
+    return lambda: train(tf.constant(K))
+
+  def fit_build(steps_per_execution):
+    with strategy.scope():
+      net, opt = keras_parts()
+      net.compile(opt, keras.losses.SparseCategoricalCrossentropy(
+          from_logits=True), metrics=["accuracy"],
+                  steps_per_execution=steps_per_execution)
+    data = (tf.data.Dataset.from_tensor_slices((images, labels))
+            .shuffle(10_000, seed=0).repeat().batch(BATCH).prefetch(2))
+    return lambda: net.fit(data, steps_per_epoch=K, epochs=1, verbose=0)
+
+  return dict(looper=looper_build, guide=guide_build, floor=floor_build,
+              fit=lambda: fit_build(K)), lambda: fit_build(1)
+
+
+def measure(model: str, replicas: int, precision: str, rounds: int) -> dict:
+  """One configuration, in this process: alternating rounds."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  contenders, fit_k1 = _contenders(model, replicas, precision)
+  steps, first, notes = {}, {}, {}
+  for name, build in contenders.items():
+    start = time.perf_counter()
+    try:
+      steps[name] = build()
+      steps[name]()
+    except Exception as e:  # pylint: disable=broad-except
+      notes[name] = f"K={K} failed ({type(e).__name__}); K=1"
+      steps[name] = fit_k1()
+      start = time.perf_counter()
+      steps[name]()
+    first[name] = time.perf_counter() - start
+  speeds = {name: [] for name in steps}
+  for _ in range(rounds):
+    for name, step in steps.items():
+      start = time.perf_counter()
+      for _ in range(3):
+        step()
+      speeds[name].append(3 * K * BATCH / (time.perf_counter() - start))
+  looper = np.array(speeds["looper"])
+  return dict(
+      model=model, replicas=replicas, precision=precision, notes=notes,
+      examples_per_sec={n: float(np.median(s)) for n, s in speeds.items()},
+      ratio={n: float(np.median(looper / np.array(s)))
+             for n, s in speeds.items() if n != "looper"},
+      first_loop_secs=first)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default="mlp,cnn")
+  parser.add_argument("--replicas", default="1,2")
+  parser.add_argument("--precisions", default="float32,mixed_bfloat16")
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process
+  args = parser.parse_args()
+  if args.one:
+    model, replicas, precision = args.one.split(",")
+    print(json.dumps(measure(model, int(replicas), precision, args.rounds)))
+    return
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
+  for model in args.models.split(","):
+    for replicas in args.replicas.split(","):
+      for precision in args.precisions.split(","):
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.bench.throughput",
+             f"--one={model},{replicas},{precision}",
+             f"--rounds={args.rounds}"], cwd=ROOT, env=env, timeout=3600,
+            capture_output=True, text=True, check=False)
+        if proc.returncode:
+          print(f"{model} {replicas} {precision}: failed\n"
+                f"{proc.stderr[-1500:]}", flush=True)
+          continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        speeds = " ".join(f"{n}={v:.0f}" for n, v in
+                          r["examples_per_sec"].items())
+        ratios = " ".join(f"looper/{n}={v:.3f}" for n, v in r["ratio"].items())
+        first = " ".join(f"{n}={v:.1f}s" for n, v in
+                         r["first_loop_secs"].items())
+        print(f"| {model} | {replicas} | {precision} | {speeds} | {ratios} |"
+              f" {first} | {'; '.join(r['notes'].values())} |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
