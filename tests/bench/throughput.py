@@ -19,7 +19,8 @@ rounds of the four contenders on the same data, batch and K steps per call:
 Models: the 784-512-512-10 MLP and the MNIST CNN at width 32, on the real
 MNIST test images. Reports the median examples/s over rounds, the paired
 ratios (looper / each, per round, then the median), and the time from
-construction to the end of the first K-step call.
+construction to the end of the first K-step call, each contender in a fresh
+process (a process's first tf.function pays ~1 s of one-time costs).
 """
 
 import argparse
@@ -87,6 +88,19 @@ def _contenders(model, replicas, precision):
       net = config.model_fn(config)
     return net, keras.optimizers.Adam(1e-3)
 
+  def replica_step(net, opt):
+    """The guide's per-replica step (the floor runs it too)."""
+    def step(x, y):
+      with tf.GradientTape() as tape:
+        logits = tf.cast(net(x, training=True), tf.float32)
+        loss = tf.nn.compute_average_loss(
+            keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True), global_batch_size=BATCH)
+      opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables),
+                              net.trainable_variables))
+      return loss
+    return step
+
   def guide_build():
     with strategy.scope():
       net, opt = keras_parts()
@@ -99,20 +113,12 @@ def _contenders(model, replicas, precision):
               .batch(per_replica, drop_remainder=True).prefetch(2))
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
-    def replica_step(x, y):
-      with tf.GradientTape() as tape:
-        logits = tf.cast(net(x, training=True), tf.float32)
-        loss = tf.nn.compute_average_loss(
-            keras.losses.sparse_categorical_crossentropy(
-                y, logits, from_logits=True), global_batch_size=BATCH)
-      opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables),
-                              net.trainable_variables))
-      return loss
+    step = replica_step(net, opt)
 
     @tf.function
     def train(steps):
       for _ in tf.range(steps):
-        strategy.run(replica_step, args=next(iterator))
+        strategy.run(step, args=next(iterator))
     return lambda: train(tf.constant(K))
 
   def floor_build():
@@ -124,19 +130,12 @@ def _contenders(model, replicas, precision):
         lambda ctx: (tf.constant(images[:per_replica]),
                      tf.constant(labels[:per_replica])))
 
-    def replica_step(x, y):
-      with tf.GradientTape() as tape:
-        logits = tf.cast(net(x, training=True), tf.float32)
-        loss = tf.nn.compute_average_loss(
-            keras.losses.sparse_categorical_crossentropy(
-                y, logits, from_logits=True), global_batch_size=BATCH)
-      opt.apply_gradients(zip(tape.gradient(loss, net.trainable_variables),
-                              net.trainable_variables))
+    step = replica_step(net, opt)
 
     @tf.function
     def train(steps):
       for _ in tf.range(steps):
-        strategy.run(replica_step, args=batch)
+        strategy.run(step, args=batch)
     return lambda: train(tf.constant(K))
 
   def fit_build(steps_per_execution):
@@ -153,22 +152,35 @@ def _contenders(model, replicas, precision):
               fit=lambda: fit_build(K)), lambda: fit_build(1)
 
 
+def _build(contenders, fit_k1, name, notes):
+  """The contender's K-step function, after its first call."""
+  try:
+    step = contenders[name]()
+    step()
+  except Exception as e:  # pylint: disable=broad-except
+    notes[name] = f"K={K} failed ({type(e).__name__}); K=1"
+    step = fit_k1()
+    step()
+  return step
+
+
+def first_loop(model: str, replicas: int, precision: str, name: str) -> float:
+  """Seconds from building `name` to the end of its first K-step call, in
+  a fresh process (the first tf.function of a process pays one-time costs
+  that would otherwise go to whichever contender runs first)."""
+  contenders, fit_k1 = _contenders(model, replicas, precision)
+  start = time.perf_counter()
+  _build(contenders, fit_k1, name, {})
+  return time.perf_counter() - start
+
+
 def measure(model: str, replicas: int, precision: str, rounds: int) -> dict:
   """One configuration, in this process: alternating rounds."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   contenders, fit_k1 = _contenders(model, replicas, precision)
-  steps, first, notes = {}, {}, {}
-  for name, build in contenders.items():
-    start = time.perf_counter()
-    try:
-      steps[name] = build()
-      steps[name]()
-    except Exception as e:  # pylint: disable=broad-except
-      notes[name] = f"K={K} failed ({type(e).__name__}); K=1"
-      steps[name] = fit_k1()
-      start = time.perf_counter()
-      steps[name]()
-    first[name] = time.perf_counter() - start
+  notes = {}
+  steps = {name: _build(contenders, fit_k1, name, notes)
+           for name in contenders}
   speeds = {name: [] for name in steps}
   for _ in range(rounds):
     for name, step in steps.items():
@@ -181,8 +193,19 @@ def measure(model: str, replicas: int, precision: str, rounds: int) -> dict:
       model=model, replicas=replicas, precision=precision, notes=notes,
       examples_per_sec={n: float(np.median(s)) for n, s in speeds.items()},
       ratio={n: float(np.median(looper / np.array(s)))
-             for n, s in speeds.items() if n != "looper"},
-      first_loop_secs=first)
+             for n, s in speeds.items() if n != "looper"})
+
+
+def _child(*flags):
+  """Runs this module with `flags` in a fresh process; its JSON result."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.bench.throughput", *flags], cwd=ROOT,
+      env=env, timeout=3600, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    print(f"{' '.join(flags)}: failed\n{proc.stderr[-1500:]}", flush=True)
+    return None
+  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -191,31 +214,29 @@ def main():
   parser.add_argument("--replicas", default="1,2")
   parser.add_argument("--precisions", default="float32,mixed_bfloat16")
   parser.add_argument("--rounds", type=int, default=5)
-  parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process
+  parser.add_argument("--one", help=argparse.SUPPRESS)  # child processes
+  parser.add_argument("--first", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.one:
     model, replicas, precision = args.one.split(",")
-    print(json.dumps(measure(model, int(replicas), precision, args.rounds)))
+    print(json.dumps(
+        first_loop(model, int(replicas), precision, args.first) if args.first
+        else measure(model, int(replicas), precision, args.rounds)))
     return
-  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
   for model in args.models.split(","):
     for replicas in args.replicas.split(","):
       for precision in args.precisions.split(","):
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.bench.throughput",
-             f"--one={model},{replicas},{precision}",
-             f"--rounds={args.rounds}"], cwd=ROOT, env=env, timeout=3600,
-            capture_output=True, text=True, check=False)
-        if proc.returncode:
-          print(f"{model} {replicas} {precision}: failed\n"
-                f"{proc.stderr[-1500:]}", flush=True)
+        one = f"--one={model},{replicas},{precision}"
+        r = _child(one, f"--rounds={args.rounds}")
+        if r is None:
           continue
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        r["first_loop_secs"] = {name: _child(one, f"--first={name}")
+                                for name in r["examples_per_sec"]}
         speeds = " ".join(f"{n}={v:.0f}" for n, v in
                           r["examples_per_sec"].items())
         ratios = " ".join(f"looper/{n}={v:.3f}" for n, v in r["ratio"].items())
         first = " ".join(f"{n}={v:.1f}s" for n, v in
-                         r["first_loop_secs"].items())
+                         r["first_loop_secs"].items() if v is not None)
         print(f"| {model} | {replicas} | {precision} | {speeds} | {ratios} |"
               f" {first} | {'; '.join(r['notes'].values())} |", flush=True)
 
