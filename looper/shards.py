@@ -285,7 +285,7 @@ class Files:
 
   def eval(self, ctx: tf.distribute.InputContext, *, global_batch_size: int,
            count: int, steps: int) -> tf.data.Dataset:
-    """Eval reads every file and shards by element (eval splits are small)."""
+    """Eval reads every file, as element mode does (eval splits are small)."""
     return data.eval_dataset(self.examples(), ctx,
                              global_batch_size=global_batch_size,
                              count=count, steps=steps)

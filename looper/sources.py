@@ -11,7 +11,7 @@ Synopsis::
 
 | dataset_fn returns | mode | each pipeline reads | resume |
 |---|---|---|---|
-| a tf.data.Dataset | element (`data`) | the whole stream, keeps 1/N | skip within the epoch |
+| a tf.data.Dataset | element (`data`) | the whole stream, keeps its 1/N block | skip within the epoch |
 | numpy arrays (inputs, label) | array (`arrays`) | only its own examples | O(1) |
 | `shards.Files` (or `data.shards_dir` is set) | file (`shards`) | only its own files | skip within each group |
 
@@ -34,7 +34,8 @@ from looper.config import ConfigError
 
 
 class Elements:
-  """Element mode: any Dataset; all pipelines share one order, by element."""
+  """Element mode: any Dataset; all pipelines share one order and each keeps
+  its block of every global batch."""
 
   def __init__(self, remake: Callable[[], tf.data.Dataset], split: str):
     # Each pipeline builds its own Dataset (on its own host, under its own
