@@ -21,6 +21,7 @@ batch k do not depend on it); see each module for how. Every source has
 order), `check`, `train` and `eval`.
 """
 
+import copy
 import os
 from typing import Callable
 
@@ -75,10 +76,11 @@ def make(split: str, field: str, options: ml_collections.ConfigDict,
     value = shards.read(os.path.join(options.shards_dir, split), split)
   else:
     value = dataset_fn()
-  if isinstance(value, shards.Files):
-    value.split = value.split or split
-    value.virtual_shards, value.cache = options.virtual_shards, options.cache
-    source = value
+  if isinstance(value, shards.Files):  # a copy: the caller's stays as it was
+    source = copy.copy(value)
+    source.split = value.split or split
+    source.virtual_shards, source.cache = (options.virtual_shards,
+                                           options.cache)
   elif arrays.is_arrays(value):
     source = arrays.Arrays(value, split)
   elif isinstance(value, tf.data.Dataset):

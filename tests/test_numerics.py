@@ -192,7 +192,7 @@ def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
 
 
 def test_gradient_accumulation_equals_one_larger_batch():
-  big = _trainer(train__batch_size=64, model__dropout=0.0)
+  big = _trainer(train__batch_size=64)
   small = _trainer(train__batch_size=16, train__grad_accum_steps=4)
   np.testing.assert_allclose(small.train(12)[0], big.train(12)[0], rtol=1e-5)
   for a, b in zip(small.model.weights, big.model.weights):
