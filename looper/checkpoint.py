@@ -139,7 +139,7 @@ class Checkpointer:
                         " %s. Delete %s.* to silence this.", candidate,
                         first_line(e), older, candidate)
         continue
-      logging.info("Restored %s", candidate)
+      logging.debug("Restored %s", candidate)  # the run's header says so
       return candidate
     return None
 

@@ -128,14 +128,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.optimizer.warmup_steps = 0
   c.optimizer.momentum = 0.9  # sgd only
   c.optimizer.weight_decay = 0.0  # adamw only
-  # Linear scaling (Goyal et al.): the rate used is learning_rate *
-  # train.batch_size / reference_batch_size; pair it with warmup_steps.
   # Clip the global-batch gradient to this global norm (0: off); applied
   # after the replicas' sum, unlike Keras' clipnorm.
   c.optimizer.clip_global_norm = 0.0
   # Keep an exponential moving average of the weights with this decay
   # (e.g. 0.999; 0: off); eval and export use it. Checkpointed.
   c.optimizer.ema_decay = 0.0
+  # Linear scaling (Goyal et al.): the rate used is learning_rate *
+  # train.batch_size / reference_batch_size; pair it with warmup_steps.
   c.optimizer.scale_lr_with_batch = False
   c.optimizer.reference_batch_size = 256
 
@@ -183,6 +183,23 @@ def default_config() -> ml_collections.ConfigDict:
   # is the same on any topology whose replica count divides this.
   c.data.virtual_shards = 64
   c.data.cache = False  # file mode: keep parsed examples in memory
+  # Element mode, examples whose inputs vary in length (a dimension of
+  # unknown size): a global batch takes examples of one length bucket and
+  # is padded to it, a multiple of this many; at most max length / bucket
+  # shapes (XLA programs). 0: every example has one static shape.
+  c.data.bucket = 0
+
+  # A SavedModel for serving (any batch size) in workdir/export/<step>:
+  # --mode=export does it for a checkpoint; at_end after training.
+  c.export = ml_collections.ConfigDict()
+  c.export.at_end = False
+
+  # A profiler trace of train steps start_step+1 .. start_step+num_steps in
+  # workdir/train/plugins/profile/, for TensorBoard's Profile tab (with the
+  # tensorboard-plugin-profile package). 0: no trace.
+  c.profile = ml_collections.ConfigDict()
+  c.profile.start_step = 0
+  c.profile.num_steps = 5
 
   c.model = ml_collections.ConfigDict()  # the experiment's own fields
   return c
@@ -344,7 +361,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
                c.distribution.num_cpu_devices),
               ("data.virtual_shards", c.data.virtual_shards),
               ("optimizer.reference_batch_size",
-               c.optimizer.reference_batch_size)]
+               c.optimizer.reference_batch_size),
+              ("profile.num_steps", c.profile.num_steps)]
   for field, value in positive:
     _check(_whole(value) and value >= 1, field, value,
            f"must be a whole number >= 1; set --config.{field}")
@@ -352,13 +370,18 @@ def validate(c: ml_collections.ConfigDict) -> None:
                        ("distribution.tpu_cores", c.distribution.tpu_cores),
                        ("checkpoint.every_steps", c.checkpoint.every_steps),
                        ("data.shuffle_buffer", c.data.shuffle_buffer),
+                       ("data.bucket", c.data.bucket),
                        ("optimizer.warmup_steps", c.optimizer.warmup_steps),
                        ("train.nan_recovery_tries",
                         c.train.nan_recovery_tries),
                        ("train.early_stop_patience",
-                        c.train.early_stop_patience)]:
+                        c.train.early_stop_patience),
+                       ("profile.start_step", c.profile.start_step)]:
     _check(_whole(value) and value >= 0, field, value,
            f"must be a whole number >= 0; set --config.{field}")
+  _check(c.profile.start_step < c.train.steps, "profile.start_step",
+         c.profile.start_step, f"must be < train.steps={c.train.steps}: the"
+         " trace holds the steps after it; set --config.profile.start_step")
   _check(c.eval.steps is None or c.eval.steps >= 1, "eval.steps",
          c.eval.steps, "must be >= 1, or None for the whole eval split")
   _check(c.optimizer.learning_rate > 0, "optimizer.learning_rate",
@@ -376,7 +399,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for field, value in [("data.cache", c.data.cache),
                        ("train.jit_compile", c.train.jit_compile),
                        ("optimizer.scale_lr_with_batch",
-                        c.optimizer.scale_lr_with_batch)]:
+                        c.optimizer.scale_lr_with_batch),
+                       ("export.at_end", c.export.at_end)]:
     _check(isinstance(value, bool), field, value,
            f"must be True or False; set --config.{field}")
   _check_choice(c.checkpoint.best_mode, "checkpoint.best_mode", BEST_MODES)

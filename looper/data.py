@@ -12,7 +12,9 @@ Synopsis::
                                count=count, steps=steps)
 
 This is element mode (any Dataset) and what every mode shares: the checks,
-the eval plan, the seeded shuffle. `sources` picks the mode.
+the eval plan, the seeded shuffle. `sources` picks the mode. With `bucket`
+(config.data.bucket) the inputs may vary in length: each global batch holds
+one length bucket and is padded to it (`_bucketed_train`).
 
 Why looper batches (and the experiment returns single examples):
 * Exact math on any replica count. All input pipelines see ONE global order
@@ -30,6 +32,8 @@ Train batches are `(inputs, labels)`; eval batches `(inputs, labels, mask)`.
 """
 
 import math
+
+import numpy as np
 import tensorflow as tf
 
 from looper.config import ConfigError
@@ -39,8 +43,14 @@ _UNKNOWN = tf.data.UNKNOWN_CARDINALITY
 INFINITE_EPOCHS = 2**62  # Dataset.range needs an end; this never comes.
 
 
-def checked(dataset: tf.data.Dataset, split: str) -> tf.data.Dataset:
-  """Returns `dataset` if it yields (inputs, label) examples of static shape."""
+def checked(dataset: tf.data.Dataset, split: str,
+            variable: bool = False) -> tf.data.Dataset:
+  """Returns `dataset` if it yields (inputs, label) examples of static shape.
+
+  `variable` (config.data.bucket is set): the inputs may have dimensions of
+  unknown size (padded per batch) but must be plain tensors of known rank;
+  the label must still be static.
+  """
   if not isinstance(dataset, tf.data.Dataset):
     raise ConfigError(
         f"config.dataset_fn returned {type(dataset).__name__} for split"
@@ -50,12 +60,26 @@ def checked(dataset: tf.data.Dataset, split: str) -> tf.data.Dataset:
     raise ConfigError(
         f"config.dataset_fn yields {spec} for split {split!r}; yield"
         " (inputs, label) pairs, e.g. Dataset.from_tensor_slices((x, y))")
-  for part in tf.nest.flatten(spec):
+  inputs, label = spec
+  for part in tf.nest.flatten(label if variable else spec):
     if not part.shape.is_fully_defined():
       raise ConfigError(
           f"config.dataset_fn yields a component of shape {part.shape} for"
           f" split {split!r}; yield single unbatched examples of static"
-          " shape (looper batches them by train.batch_size/eval.batch_size)")
+          " shape (looper batches them by train.batch_size/eval.batch_size),"
+          " or set --config.data.bucket to pad variable-length inputs")
+  for part in tf.nest.flatten(inputs) if variable else []:
+    # padded_batch pads plain tensors only; a row sliced from a RaggedTensor
+    # is one until a map turns it into a tensor.
+    if not isinstance(part, tf.TensorSpec):
+      raise ConfigError(
+          f"config.dataset_fn yields inputs of type {type(part).__name__} for"
+          f" split {split!r}; yield plain tensors of variable length, e.g."
+          " add .map(lambda x, y: (x, y)) after from_tensor_slices(ragged)")
+    if part.shape.rank is None:
+      raise ConfigError(
+          f"config.dataset_fn yields inputs of unknown rank for split"
+          f" {split!r}; give every input a known rank (tf.ensure_shape)")
   return dataset
 
 
@@ -156,7 +180,8 @@ def check_divisible(global_batch_size: int, replicas: int, field: str):
 
 def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
                   *, global_batch_size: int, seed: int, shuffle_buffer: int,
-                  position: int, split: str | None = None) -> tf.data.Dataset:
+                  position: int, split: str | None = None,
+                  bucket: int = 0) -> tf.data.Dataset:
   """One input pipeline's endless stream of per-replica train batches.
 
   Args:
@@ -167,6 +192,7 @@ def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
     shuffle_buffer: 0 keeps the dataset's order.
     position: global examples consumed before this stream starts.
     split: config.data.train_split, named by the error for an empty split.
+    bucket: config.data.bucket; > 0: see `_bucketed_train`.
 
   Raises:
     ConfigError: the split is empty (the stream would never yield a batch).
@@ -175,6 +201,9 @@ def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
     raise ValueError(f"position {position} does not split over"
                      f" {ctx.num_input_pipelines} input pipelines")
   check_nonempty(examples, split)
+  if bucket:
+    return _bucketed_train(examples, ctx, global_batch_size, seed,
+                           shuffle_buffer, position, bucket, split)
   size = int(examples.cardinality())
   # With a known epoch size we can jump straight to the epoch; without, the
   # stream restarts at epoch 0 and skips (slower, equally exact).
@@ -204,12 +233,14 @@ def seeded_shuffle(dataset: tf.data.Dataset, buffer, seed: int, op_seed,
 
 
 def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
-                 *, global_batch_size: int, count: int, steps: int
-                 ) -> tf.data.Dataset:
+                 *, global_batch_size: int, count: int, steps: int,
+                 bucket: int = 0) -> tf.data.Dataset:
   """One pipeline's per-replica eval batches: `count` real examples, masked.
 
   The first `count` examples get mask 1; zeros with mask 0 fill the rest of
   `steps` global batches, so shapes stay static and nothing is dropped.
+  With `bucket`, each global batch (in the split's order) is padded to its
+  longest example rounded up to a multiple of `bucket`.
   """
   pad = steps * global_batch_size - count
   with_mask = lambda x, y: (x, y, tf.constant(1.0))
@@ -217,6 +248,10 @@ def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
                        tf.zeros_like(y), tf.constant(0.0))
   padded = examples.take(count).map(with_mask).concatenate(
       examples.take(1).map(zero).repeat(pad))
+  if bucket:
+    batches = padded.padded_batch(global_batch_size).map(
+        lambda x, y, m: (_pad_to_multiple(x, bucket), y, m))
+    return _blocks(batches, ctx, global_batch_size)
   return _per_replica_batches(padded, ctx, global_batch_size)
 
 
@@ -234,6 +269,91 @@ def _per_replica_batches(stream: tf.data.Dataset,
   pipelines = ctx.num_input_pipelines
   return (stream.batch(global_batch_size // pipelines, drop_remainder=True)
           .shard(pipelines, ctx.input_pipeline_id)
+          .rebatch(ctx.get_per_replica_batch_size(global_batch_size),
+                   drop_remainder=True)
+          .prefetch(tf.data.AUTOTUNE))
+
+
+def _bucketed_train(examples, ctx, global_batch_size, seed, shuffle_buffer,
+                    position, bucket, split):
+  """Train batches of variable-length examples, few distinct shapes.
+
+  Epoch e is shuffled as usual, then its examples are grouped by length
+  bucket (length: the largest unknown dimension of an example's inputs,
+  bucket: ceil(length / bucket)); a bucket that fills a global batch emits
+  it, its unknown dimensions padded to bucket * `bucket`. A bucket's last
+  partial batch of the epoch is dropped, so every epoch has the same number
+  of batches, sum over buckets of n_b // B: a restart jumps to its epoch
+  and skips batches within it. All pipelines see the same global order and
+  keep their block of each global batch (exact on any topology).
+  """
+  key = lambda x, y: tf.maximum((_length(x) + bucket - 1) // bucket, 1)
+  ids = examples.map(key).batch(4096).reduce(
+      tf.zeros([0], tf.int64), lambda a, b: tf.concat([a, b], 0)).numpy()
+  per_epoch = int(sum(n // global_batch_size
+                      for n in np.bincount(ids) if n))
+  if not per_epoch:
+    raise ConfigError(
+        f"config.data.bucket={bucket}: no length bucket of split {split!r}"
+        f" holds a whole batch of {global_batch_size} examples; raise"
+        " --config.data.bucket or lower --config.train.batch_size")
+  start_epoch, offset = divmod(position // global_batch_size, per_epoch)
+  size = len(ids)
+  buffer = min(shuffle_buffer, size)
+
+  def epoch(e):
+    shuffled = seeded_shuffle(examples, buffer, seed, e, enabled=buffer > 0)
+    return shuffled.group_by_window(
+        key_func=key, window_size=global_batch_size,
+        reduce_func=lambda k, window: window.padded_batch(
+            global_batch_size, drop_remainder=True,
+            padded_shapes=_bucket_shapes(window.element_spec, k * bucket)))
+
+  batches = tf.data.Dataset.range(start_epoch, INFINITE_EPOCHS).flat_map(
+      epoch).skip(offset)
+  return _blocks(batches, ctx, global_batch_size)
+
+
+def _length(inputs) -> tf.Tensor:
+  """The largest unknown-size dimension of one example's inputs (int64)."""
+  sizes = [tf.shape(t, out_type=tf.int64)[axis]
+           for t in tf.nest.flatten(inputs)
+           for axis, d in enumerate(t.shape) if d is None]
+  return tf.reduce_max(tf.stack(sizes)) if sizes else tf.constant(0, tf.int64)
+
+
+def _bucket_shapes(spec, length):
+  """padded_shapes for one example: unknown dimensions -> `length`."""
+  def shape(s):
+    return tf.stack([length if d is None else tf.constant(d, tf.int64)
+                     for d in s.shape]) if s.shape.rank else []
+  return tf.nest.map_structure(shape, spec)
+
+
+def _pad_to_multiple(inputs, bucket: int):
+  """A padded batch's unknown dimensions rounded up to multiples of bucket.
+
+  At least one bucket, as in training: a batch of empty examples gets the
+  shape of the first bucket, not a shape of its own with length 0.
+  """
+  def target(size):
+    return tf.maximum((size + bucket - 1) // bucket, 1) * bucket
+
+  def pad(t):
+    paddings = [[0, 0]] + [
+        [0, target(tf.shape(t)[axis]) - tf.shape(t)[axis] if d is None else 0]
+        for axis, d in enumerate(t.shape[1:].as_list(), 1)]
+    return tf.pad(t, paddings)
+  return tf.nest.map_structure(pad, inputs)
+
+
+def _blocks(batches: tf.data.Dataset, ctx: tf.distribute.InputContext,
+            global_batch_size: int) -> tf.data.Dataset:
+  """Global batches -> this pipeline's block, split among its replicas."""
+  block = global_batch_size // ctx.num_input_pipelines
+  start = ctx.input_pipeline_id * block
+  return (batches.map(lambda *b: tf.nest.map_structure(
+      lambda t: t[start:start + block], b))
           .rebatch(ctx.get_per_replica_batch_size(global_batch_size),
                    drop_remainder=True)
           .prefetch(tf.data.AUTOTUNE))

@@ -100,7 +100,8 @@ def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     split_cpu(dist.num_cpu_devices)
   gpus = tf.config.list_physical_devices("GPU")
   name = choose(dist, len(gpus))
-  logging.info("distribution.strategy=%r resolved to %r", dist.strategy, name)
+  logging.debug("distribution.strategy=%r resolved to %r", dist.strategy,
+                name)  # the run's header names the strategy
   if name == "default":
     return tf.distribute.get_strategy()
   if name == "one_device":

@@ -91,6 +91,12 @@ class Evaluator:
     if self._patience and self._stale() >= self._patience:
       self._end(step)
 
+  @property
+  def best(self) -> tuple[str, int, float] | None:
+    """(checkpoint.best_metric, its best step, value); None if untracked."""
+    best = self._best()
+    return (self._metric, *best) if best else None
+
   def _better(self, value: float, than: float) -> bool:
     return value > than if self._mode == "max" else value < than
 

@@ -11,6 +11,9 @@ Synopsis::
     # One checkpoint, once:
     python -m looper.main --config=... --workdir=/tmp/mnist --mode=eval \
         --checkpoint=/tmp/mnist/checkpoints/ckpt-500
+    # For serving (workdir/export/<step>), and a TPU preflight on the CPU:
+    python -m looper.main --config=... --workdir=/tmp/mnist --mode=export
+    looper check --config=experiments/mnist.py --cores=8
 
 This file is intentionally short: everything it does is `run.run(config,
 workdir, mode, checkpoint)`, callable from Python with a config from
@@ -18,11 +21,12 @@ workdir, mode, checkpoint)`, callable from Python with a config from
 Config errors end the program with one line naming the field and the fix.
 """
 
-import os
 import sys
 
-# Keep TensorFlow's C++ start-up chatter out of the progress lines.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+# First, before anything imports TensorFlow: its C++ start-up lines stay
+# off the first screen unless --verbosity >= 1 (see looper/console.py).
+from looper import console  # pylint: disable=g-bad-import-order
+console.start(verbose=console.wants_tensorflow_logs(sys.argv))
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
@@ -32,7 +36,9 @@ import tensorflow as tf
 
 from looper import checkpoint as checkpoint_lib
 from looper import config as config_lib
+from looper import describe
 from looper import distribute
+from looper import preflight
 from looper import run
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -40,19 +46,35 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for checkpoints, events and config.json.")
-_MODE = flags.DEFINE_enum("mode", "train_and_eval", list(run.MODES),
-                          "What to run.")
+# Modes that look at an experiment without a workdir.
+_INSPECT_MODES = ("check", "describe")
+_MODE_NAMES = run.MODES + _INSPECT_MODES
+_MODE = flags.DEFINE_enum("mode", "train_and_eval", list(_MODE_NAMES),
+                          "What to run (also `looper MODE --config=...`).")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None,
-    "--mode=eval: the checkpoint prefix to evaluate (default: the latest).")
-flags.mark_flags_as_required(["config", "workdir"])
+    "--mode=eval/export: the checkpoint prefix to use (default: the latest).")
+_CORES = flags.DEFINE_integer(
+    "cores", 8, "--mode=check: TPU cores of the target (8: a v3-8 or v4-8).")
+flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  logging.set_verbosity(logging.INFO)
+  if logging.get_verbosity() < 1:  # --verbosity >= 1 keeps absl's lines
+    logging.set_verbosity(logging.INFO)
+    console.short_log_lines()
+  if _MODE.value not in _INSPECT_MODES and not _WORKDIR.value:
+    raise app.UsageError(f"--mode={_MODE.value} needs --workdir")
   try:
+    if _MODE.value == "describe":
+      print(describe.describe(_CONFIG.value))
+      return
+    if _MODE.value == "check":
+      problems = preflight.check(_CONFIG.value, cores=_CORES.value)
+      print(preflight.report(problems, _CONFIG.value, _CORES.value))
+      sys.exit(1 if problems else 0)
     run.run(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
   except (config_lib.ConfigError, checkpoint_lib.CheckpointError,
           FloatingPointError) as e:
@@ -65,11 +87,40 @@ def main(argv):
     sys.exit(f"looper: {message}")
 
 
+USAGE = """\
+usage: looper MODE --config=EXPERIMENT.py [--workdir=DIR] [--config.FIELD=VALUE ...]
+
+modes:
+  train_and_eval   train, evaluating every eval.every_steps (the default)
+  train            train only
+  eval             evaluate the latest checkpoint (or --checkpoint=PREFIX) once
+  continuous_eval  evaluate each new checkpoint of a training run beside it
+  export           write a checkpoint as a SavedModel for serving
+  check            will it compile and feed on a TPU? (--cores=8, no workdir)
+  describe         strategy, batch, data, model and config (no workdir)
+  launch           N local workers: looper launch --workers=2 -- ARGS
+  runs             a table of runs' final metrics: looper runs DIR ...
+
+experiments: experiments/*.py, one file each (mnist, cifar10, imdb_lstm,
+text_classifier, tfrecord_images); copy one to start your own.
+e.g.  looper train --config=experiments/mnist.py --workdir=/tmp/mnist
+All flags: looper --helpfull.  Same as: python -m looper.main --mode=MODE ..."""
+
+
 def cli():
-  """The `looper` console script (`looper launch ...`: see looper.launch)."""
-  if sys.argv[1:2] == ["launch"]:
-    from looper import launch  # pylint: disable=g-import-not-at-top
-    sys.exit(launch.main(sys.argv[2:]))
+  """The `looper` console script: `looper MODE --config=...` is
+  `python -m looper.main --mode=MODE --config=...`; `looper launch ...`
+  starts workers (see looper.launch), `looper runs DIR...` tabulates runs
+  (see looper.runs)."""
+  if sys.argv[1:2] in (["launch"], ["runs"]):  # tools with their own flags
+    from looper import launch, runs  # pylint: disable=g-import-not-at-top
+    tools = {"launch": launch, "runs": runs}
+    sys.exit(tools[sys.argv[1]].main(sys.argv[2:]))
+  if sys.argv[1:] in ([], ["--help"], ["-h"], ["help"]):
+    print(USAGE)
+    sys.exit(0 if sys.argv[1:] else 2)
+  if len(sys.argv) > 1 and sys.argv[1] in _MODE_NAMES:
+    sys.argv[1:2] = [f"--mode={sys.argv[1]}"]
   app.run(main, flags_parser=config_lib.parse_flags)
 
 

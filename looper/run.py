@@ -13,15 +13,18 @@ Modes (each a `Controller` method):
   eval             evaluate the latest checkpoint (or `checkpoint=PATH`) once
   continuous_eval  beside a training process: evaluate each new checkpoint
                    once, into `workdir/eval_continuous/`
+  export           write the latest checkpoint (or `checkpoint=PATH`) as a
+                   SavedModel for serving, to `workdir/export/<step>/`
 
 The actions, in the order they run after a loop: train summaries, the
 progress line and `Trainer.on_loop_end` (every loop); evaluation with the
 best checkpoint and early stop (train_and_eval); the checkpoint save
 (`checkpoint.every_steps`, `checkpoint.every_secs`, at the end and on a
-stop signal).
+stop signal); the export for serving (`export.at_end`).
 """
 
 import os
+import time
 
 from absl import logging
 import ml_collections
@@ -30,13 +33,16 @@ import tensorflow as tf
 from looper import actions
 from looper import checkpoint
 from looper import config as config_lib
+from looper import console
 from looper import controller as controller_lib
 from looper import distribute
 from looper import evaluation
+from looper import export
 from looper import preemption
+from looper import profiler
 from looper import summaries
 
-MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 CONTINUOUS_EVAL_DIR = "eval_continuous"
 
 
@@ -60,10 +66,12 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   if mode not in MODES:
     raise config_lib.ConfigError(
         f"mode={mode!r} is not one of {', '.join(MODES)}; set --mode")
-  if checkpoint_path and mode != "eval":
+  if checkpoint_path and mode not in ("eval", "export"):
     raise config_lib.ConfigError(
-        f"--checkpoint={checkpoint_path} is only read by --mode=eval; to"
-        " start training from it set --config.init.checkpoint instead")
+        f"--checkpoint={checkpoint_path} is only read by --mode=eval and"
+        " --mode=export; to start training from it set"
+        " --config.init.checkpoint instead")
+  started = time.monotonic()
   config_lib.validate(config)
   strategy = distribute.strategy_for(config)
   trainer_cls = config_lib.resolve(config.trainer, "trainer")
@@ -84,11 +92,14 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     if warning:
       logging.warning("%s", warning)
   c = config.checkpoint
+  on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
   ckpt = checkpoint.Checkpointer(
       os.path.join(workdir, "checkpoints"), trainer.checkpoint_items(),
       keep=c.keep, chief=chief, task_id=distribute.task_id(strategy),
-      async_save=c.async_save,
-      on_tpu=isinstance(strategy, tf.distribute.TPUStrategy))
+      async_save=c.async_save, on_tpu=on_tpu)
+  if mode == "export":
+    return _export_checkpoint(trainer, ckpt, workdir, checkpoint_path,
+                              chief=chief, on_tpu=on_tpu)
   restored = ckpt.restore() if training else None
   if training and not restored and config.init.checkpoint:
     items = {"model": trainer.model}
@@ -96,23 +107,54 @@ def run(config: ml_collections.ConfigDict, workdir: str,
       items["optimizer"] = trainer.optimizer
     checkpoint.warm_start(config.init.checkpoint, items)
     trainer.optimizer.iterations.assign(0)  # the schedule starts over
+  # Every worker: under `looper launch` each line says whose it is.
+  logging.info("%s", console.header(config, strategy, workdir, mode, restored,
+                                    trainer.model))
   out = _open_workdir(workdir, config, mode, chief)
+  exported = []  # export.at_end's folder
+
+  def export_now():
+    exported.append(export.export(trainer, workdir, on_tpu=on_tpu))
+
   try:
-    ctl, evaluator = _controller(config, trainer, ckpt, out, chief, training)
+    ctl, evaluator = _controller(config, trainer, ckpt, out, chief, training,
+                                 export_now)
     if mode == "eval":
       return ctl.evaluate(checkpoint_path)
     if mode == "continuous_eval":
       return ctl.continuous_eval(timeout_secs=config.eval.timeout_secs)
     if not restored:
-      out.text("config", config_lib.to_json(config))
+      out.start_run(config_lib.to_json(config),
+                    summaries.model_summary(trainer.model))
     with preemption.StopOnSignal(ctl.request_stop):
       result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
     ckpt.wait()
     if evaluator.last is not None:
       result["eval"] = evaluator.last
+    if exported:
+      result["export"] = exported[-1]
+    if chief:
+      logging.info("%s", console.summary(
+          result, workdir, time.monotonic() - started, best=evaluator.best,
+          checkpoint=ckpt.latest(), export=result.get("export")))
     return result
   finally:
     out.close()
+
+
+def _export_checkpoint(trainer, ckpt: checkpoint.Checkpointer, workdir: str,
+                       path: str | None, *, chief: bool, on_tpu: bool
+                       ) -> dict:
+  """--mode=export: restores `path` (default: the latest) and exports it."""
+  restored = ckpt.restore(path)
+  if not restored:
+    raise checkpoint.CheckpointError(
+        f"--mode=export found no checkpoint in {ckpt.directory}; train"
+        " first, or point --workdir at a trained run")
+  result = {"step": trainer.global_step, "checkpoint": restored}
+  if chief:  # the other workers hold the same weights
+    result["export"] = export.export(trainer, workdir, on_tpu=on_tpu)
+  return result
 
 
 def _open_workdir(workdir: str, config, mode: str, chief: bool
@@ -136,7 +178,8 @@ def _open_workdir(workdir: str, config, mode: str, chief: bool
 
 
 def _controller(config, trainer, ckpt: checkpoint.Checkpointer,
-                out: summaries.Summaries, chief: bool, training: bool):
+                out: summaries.Summaries, chief: bool, training: bool,
+                export_fn):
   """The Controller with the actions the config asks for, and its evaluator.
 
   The best checkpoint and early stop belong to training: an evaluator
@@ -172,6 +215,13 @@ def _controller(config, trainer, ckpt: checkpoint.Checkpointer,
       every_steps=config.checkpoint.every_steps,
       every_secs=config.checkpoint.every_secs, at_end=True, on_stop=True,
       name="checkpoint")]
+  if config.profile.start_step:
+    save.append(profiler.Window(out.train_dir,
+                                start_step=config.profile.start_step,
+                                num_steps=config.profile.num_steps))
+  if config.export.at_end and chief:
+    save.append(actions.Action(lambda step, loop: export_fn(), at_end=True,
+                               name="export"))
   ctl = controller_lib.Controller(
       trainer, ckpt, total_steps=config.train.steps,
       steps_per_loop=config.train.steps_per_loop, report_actions=report,

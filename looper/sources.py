@@ -18,7 +18,8 @@ Synopsis::
 All three are exact on any replica and worker count (the examples of global
 batch k do not depend on it); see each module for how. Every source has
 `split`, `size` (None: unknown until counted), `examples()` (one pass, in
-order), `check`, `train` and `eval`.
+order), `check`, `train` and `eval`. Examples of variable length
+(config.data.bucket) need element mode: only it pads.
 """
 
 import copy
@@ -38,23 +39,26 @@ class Elements:
   """Element mode: any Dataset; all pipelines share one order and each keeps
   its block of every global batch."""
 
-  def __init__(self, remake: Callable[[], tf.data.Dataset], split: str):
+  def __init__(self, remake: Callable[[], tf.data.Dataset], split: str,
+               bucket: int = 0):
     # Each pipeline builds its own Dataset (on its own host, under its own
     # device scope): the source keeps the function, not a Dataset.
-    self.remake, self.split = remake, split
+    self.remake, self.split, self.bucket = remake, split, bucket
     self.size = None
 
   def examples(self) -> tf.data.Dataset:
-    return data.checked(self.remake(), self.split)
+    return data.checked(self.remake(), self.split, variable=bool(self.bucket))
 
   def check(self, replicas: int, global_batch_size: int, field: str) -> None:
     """Element mode fits any replica count that divides the batch."""
 
   def train(self, ctx, **kwargs) -> tf.data.Dataset:
-    return data.train_dataset(self.examples(), ctx, split=self.split, **kwargs)
+    return data.train_dataset(self.examples(), ctx, split=self.split,
+                              bucket=self.bucket, **kwargs)
 
   def eval(self, ctx, **kwargs) -> tf.data.Dataset:
-    return data.eval_dataset(self.examples(), ctx, **kwargs)
+    return data.eval_dataset(self.examples(), ctx, bucket=self.bucket,
+                             **kwargs)
 
 
 def make(split: str, field: str, options: ml_collections.ConfigDict,
@@ -64,13 +68,14 @@ def make(split: str, field: str, options: ml_collections.ConfigDict,
   Args:
     split: the split's name.
     field: the config field naming the split (data.train_split...).
-    options: config.data (shards_dir, virtual_shards, cache).
+    options: config.data (shards_dir, virtual_shards, cache, bucket).
     dataset_fn: calls the experiment's dataset_fn for `split`; never called
       when options.shards_dir is set (its loader may download), and again
       per pipeline in element mode.
 
   Raises:
-    ConfigError: an unsupported return value, or empty or ragged arrays.
+    ConfigError: an unsupported return value, empty or ragged arrays, or
+      data.bucket set outside element mode.
   """
   if options.shards_dir:
     value = shards.read(os.path.join(options.shards_dir, split), split)
@@ -84,13 +89,24 @@ def make(split: str, field: str, options: ml_collections.ConfigDict,
   elif arrays.is_arrays(value):
     source = arrays.Arrays(value, split)
   elif isinstance(value, tf.data.Dataset):
-    source = Elements(dataset_fn, split)
+    source = Elements(dataset_fn, split, bucket=options.bucket)
   else:
     raise ConfigError(
         f"config.dataset_fn returned {type(value).__name__} for split"
         f" {split!r}; return a tf.data.Dataset of (inputs, label) examples,"
         " (inputs, label) numpy arrays, or looper.shards.Files")
+  if options.bucket and not isinstance(source, Elements):
+    if options.shards_dir:
+      kind, fix = "the files of config.data.shards_dir", "unset it"
+    else:
+      kind = ("numpy arrays" if isinstance(source, arrays.Arrays)
+              else "looper.shards.Files")
+      fix = "return a tf.data.Dataset from dataset_fn"
+    raise ConfigError(
+        f"config.data.bucket={options.bucket} pads the variable-length"
+        f" examples of a tf.data.Dataset, but split {split!r} comes as"
+        f" {kind}; set --config.data.bucket=0 or {fix}")
   if source.size == 0:
     raise data.empty_split(split, field)
-  data.checked(source.examples(), split)
+  data.checked(source.examples(), split, variable=bool(options.bucket))
   return source

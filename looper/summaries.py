@@ -3,7 +3,7 @@
 Synopsis::
 
     out = summaries.Summaries(workdir, chief=True, total_steps=1000)
-    out.text("config", config_json)
+    out.start_run(config_json, summaries.model_summary(model))  # once
     out.purge_after(step)          # on resume: drop what a killed run wrote
     out.train(first_step=1, losses=per_step_losses, logs={...})  # one loop
     out.progress(step=100, logs={...})                           # a log line
@@ -17,6 +17,16 @@ examples were counted). Same tag names in both runs, so TensorBoard draws
 train and eval on one chart. A continuous evaluator writes to its own
 directory (`eval_dir`, e.g. `workdir/eval_continuous/`).
 
+What a run is, written once as it starts from step 0 (`start_run`): the
+resolved config and the model summary as text in `train/`, and the config
+flattened to hparams (`train.batch_size`, ...) in `workdir/` itself. There
+the HParams plugin takes `workdir` for one session whose metrics are the
+last value of every scalar in its subdirectories (`eval/accuracy`, ...), so
+`tensorboard --logdir=` over several workdirs compares them in one table.
+No experiment summary (`hparams_config`) is written: TensorBoard reads one
+per logdir, so one run's would hide the hparams and metrics of other
+experiments beside it; without it the plugin lists those of every run.
+
 Replays: a run killed after its last checkpoint wrote events for steps it
 will redo when resumed. `purge_after(step)` rewrites the event files without
 them before training goes on, so TensorBoard never shows two values for one
@@ -27,11 +37,15 @@ events works with every reader.)
 """
 
 import datetime
+import json
 import os
 
 from absl import logging
 import numpy as np
+from tensorboard.plugins.hparams import api as hp
 import tensorflow as tf
+
+from looper import config as config_lib
 
 # Above this share of a loop spent waiting for batches, the progress line
 # says the run is input-bound.
@@ -40,6 +54,34 @@ INPUT_BOUND = 0.1
 
 def _format(logs: dict[str, float]) -> str:
   return " ".join(f"{k}={v:.4g}" for k, v in logs.items())
+
+
+def model_summary(model) -> str:
+  """Keras' summary of `model`: layers, output shapes, parameter counts."""
+  parts = []
+  model.summary(print_fn=parts.append)
+  return "\n".join(parts).rstrip()
+
+
+def hparams(config_json: str) -> dict[str, bool | int | float | str]:
+  """The config as HParams: flat dotted names, scalars and strings only.
+
+  Callables are already 'module:name' strings (`config.to_json`); the rest
+  (None, tuples, callables no name reaches) has no HParams value and is
+  left out: the config text holds it.
+  """
+  flat = {}
+
+  def visit(prefix, value):
+    if isinstance(value, dict):
+      for key, item in value.items():
+        visit(f"{prefix}{key}.", item)
+    elif isinstance(value, (bool, int, float, str)) and not (
+        isinstance(value, str) and value.startswith(config_lib.UNLOADABLE)):
+      flat[prefix[:-1]] = value
+
+  visit("", json.loads(config_json))
+  return flat
 
 
 class _GraphWriter:
@@ -87,9 +129,15 @@ class Summaries:
     (an evaluator writes no train events, `--mode=train` no eval ones)."""
     self._chief = chief
     self._total_steps = total_steps
+    self._workdir = workdir
     self._dirs = [os.path.join(workdir, d) if d and chief else None
                   for d in (train_dir, eval_dir)]
     self._open()
+
+  @property
+  def train_dir(self) -> str | None:
+    """Where train events go (None: not written by this process)."""
+    return self._dirs[0]
 
   def _open(self) -> None:
     self._train, self._eval = [
@@ -99,8 +147,31 @@ class Summaries:
     self._eval_scalars = _GraphWriter(self._eval)
 
   def text(self, tag: str, text: str, step: int = 0) -> None:
+    """`text` in a markdown code block, which TensorBoard shows verbatim."""
     with self._train.as_default():
       tf.summary.text(tag, f"```\n{text}\n```", step=step)
+
+  def start_run(self, config_json: str, model_text: str) -> None:
+    """Writes what the run is (see module doc); once, at step 0.
+
+    A run starts from step 0 only in a workdir without a checkpoint: events
+    already there are from an attempt killed before its first save, and are
+    deleted, so TensorBoard shows one config, one model and one HParams
+    session (the plugin would keep the first).
+    """
+    if not self._chief:
+      return
+    self.close()
+    for directory in filter(None, [self._workdir, *self._dirs]):
+      for path in tf.io.gfile.glob(os.path.join(directory, "*tfevents*")):
+        tf.io.gfile.remove(path)
+    self._open()
+    self.text("config", config_json)
+    self.text("model_summary", model_text)
+    writer = tf.summary.create_file_writer(self._workdir)
+    with writer.as_default():
+      hp.hparams(hparams(config_json), trial_id=self._workdir)
+    writer.close()
 
   def purge_after(self, step: int) -> None:
     """Removes events of steps after `step` (a resume or a roll-back).

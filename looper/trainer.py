@@ -161,8 +161,9 @@ class Trainer:
     model = self.model_fn(self.config)
     if not model.built:
       inputs, _ = self.examples(self.config.data.train_split).element_spec
-      model(tf.nest.map_structure(
-          lambda s: tf.zeros([1] + s.shape.as_list(), s.dtype), inputs))
+      model(tf.nest.map_structure(  # size 1 for a variable length
+          lambda s: tf.zeros([1] + [d or 1 for d in s.shape], s.dtype),
+          inputs))
     return model
 
   def check_inputs(self, split: str, probe: int = 256) -> None:
@@ -181,7 +182,8 @@ class Trainer:
                                self.config.train.batch_size,
                                "train.batch_size")
     examples = data.check_nonempty(self.examples(split), split, field)
-    inputs, labels = next(iter(examples.batch(probe)))
+    # padded_batch: examples of variable length (data.bucket) fit too.
+    inputs, labels = next(iter(examples.padded_batch(probe)))
     shapes = tf.nest.map_structure(lambda t: (t.shape[1:].as_list(),
                                               t.dtype.name), inputs)
     # Only what a mismatch raises becomes one line; any other error is a bug
@@ -267,8 +269,16 @@ class Trainer:
 
   def transform_gradients(self, grads):
     """This replica's gradients before the update; the optimizer then sums
-    them over replicas. Looper's: the all-replica finiteness vote under
-    loss scaling, and optimizer.clip_global_norm."""
+    them over replicas. Looper's: dense gradients under data.bucket, the
+    all-replica finiteness vote under loss scaling, and
+    optimizer.clip_global_norm."""
+    if self.config.data.bucket:
+      # Sparse gradients (an Embedding's IndexedSlices, a row per token)
+      # change size with the batch's length; several replicas all-gather
+      # them inside the tf.range loop, and TensorFlow aborts when
+      # successive gathers differ ("Shape mismatch in the collective
+      # instance"). Dense ones have their variable's shape in every step.
+      grads = [tf.convert_to_tensor(g) for g in grads]
     grads = precision.skip_unless_finite_everywhere(self.optimizer, grads)
     if self.config.optimizer.clip_global_norm:
       grads = clip_by_global_norm_of_sum(
@@ -294,6 +304,14 @@ class Trainer:
     for metric in metrics:
       metric.update_state(labels, logits, sample_weight=sample_weight)
 
+  def serve(self, inputs) -> dict[str, tf.Tensor]:
+    """What an export computes for a batch of `inputs` (see looper.export).
+
+    Override to serve probabilities, decoded labels or preprocessing; the
+    model's variables are the only state an export may use.
+    """
+    return {"logits": self.model(inputs, training=False)}
+
   def on_loop_end(self, step: int, logs: dict[str, float]) -> None:
     """Host-side hook after every train loop, with the logs just written."""
 
@@ -313,7 +331,8 @@ class Trainer:
 
   def examples(self, split: str) -> tf.data.Dataset:
     """One pass over `split` as (inputs, label) examples, checked."""
-    return data.checked(self.source(split).examples(), split)
+    return data.checked(self.source(split).examples(), split,
+                        variable=bool(self.config.data.bucket))
 
   def train_data(self) -> tf.distribute.DistributedDataset:
     """Distributed train batches from the current data position on."""

@@ -132,13 +132,13 @@ def test_bad_field_value(workdir, field, value, message):
 
 def test_unknown_mode(workdir):
   assert_fails(config(), workdir, "mode='evaluate' is not one of train, eval,"
-               " train_and_eval, continuous_eval; set --mode", mode="evaluate")
+               " train_and_eval, continuous_eval, export; set --mode", mode="evaluate")
 
 
 def test_checkpoint_flag_outside_eval_mode(workdir):
   path = workdir / "checkpoints" / "ckpt-10"
   assert_fails(config(), workdir, f"--checkpoint={path} is only read by"
-               " --mode=eval; to start training from it set"
+               " --mode=eval and --mode=export; to start training from it set"
                " --config.init.checkpoint instead", checkpoint_path=str(path))
 
 
@@ -336,7 +336,7 @@ def _damage(data_file, how):
 
 @pytest.mark.parametrize("how", ["truncated", "zeroed"])
 def test_unreadable_newest_checkpoint_falls_back(workdir, how, caplog):
-  caplog.set_level(logging.INFO, logger="absl")
+  caplog.set_level(logging.DEBUG, logger="absl")
   ckpts = workdir / "checkpoints"
   newest, older = ckpts / "ckpt-20", ckpts / "ckpt-10"
   _damage(ckpts / "ckpt-20.data-00000-of-00001", how)

@@ -60,8 +60,10 @@ def test_two_workers_train_like_two_replicas(tmp_path):
   np.testing.assert_allclose(curve(tmp_path / "launched" / "train"),
                              curve(tmp_path / "mirrored" / "train"),
                              rtol=1e-5)
-  assert sorted(p.name for p in (tmp_path / "launched").iterdir()) == [
+  assert sorted(p.name for p in (tmp_path / "launched").iterdir()
+                if "tfevents" not in p.name) == [
       "checkpoints", "config.json", "eval", "train"]  # the chief's only
+  assert len(list((tmp_path / "launched").glob("*tfevents*"))) == 1  # hparams
 
 
 def launch_then(tmp_path, act):

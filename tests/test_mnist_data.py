@@ -18,6 +18,7 @@ import threading
 import urllib.request
 
 import keras
+import ml_collections
 import numpy as np
 import pytest
 
@@ -57,6 +58,13 @@ def _config(data_dir, **data):
   for key, value in data.items():
     c.data[key] = value
   return c
+
+
+def _data(data_dir, url=DEAD_URL, cache_dir="", file_hash=""):
+  """A `data` block for load_mnist; the test servers' files have no hash."""
+  return ml_collections.ConfigDict(dict(dir=data_dir, url=url,
+                                        cache_dir=cache_dir,
+                                        file_hash=file_hash))
 
 
 def _as_arrays(dataset):
@@ -127,7 +135,7 @@ def test_uncompressed_idx_and_npz_match(reference, tmp_path, monkeypatch):
            y_train=ref_labels[:5], x_test=ref_images, y_test=ref_labels)
 
   for directory in (SHARED, idx_dir, npz_dir):
-    images, labels = mnist.load_mnist("test", str(directory), DEAD_URL, "")
+    images, labels = mnist.load_mnist("test", _data(str(directory)))
     assert images.dtype == np.uint8 and images.shape == (10_000, 28, 28)
     assert labels.dtype == np.uint8 and labels.shape == (10_000,)
     np.testing.assert_array_equal(images, ref_images)
@@ -137,7 +145,7 @@ def test_uncompressed_idx_and_npz_match(reference, tmp_path, monkeypatch):
   from_npz = _as_arrays(mnist.dataset_fn(_config(npz_dir), "test[:300]"))
   for a, b in zip(from_gz, from_npz):
     np.testing.assert_array_equal(a, b)
-  train_images, _ = mnist.load_mnist("train", str(npz_dir), DEAD_URL, "")
+  train_images, _ = mnist.load_mnist("train", _data(str(npz_dir)))
   np.testing.assert_array_equal(train_images, ref_images[:5])
 
 
@@ -191,13 +199,20 @@ def test_download_from_loopback_server(reference, tmp_path):
   try:
     base = f"http://127.0.0.1:{server.server_address[1]}"
     cache = tmp_path / "cache"
-    with pytest.raises(lc.ConfigError, match="not mnist.npz") as e:
-      mnist.load_mnist("test", "", f"{base}/junk.npz", str(cache))
+    with pytest.raises(lc.ConfigError, match="has no t10k-images") as e:
+      mnist.load_mnist("test", _data("", f"{base}/junk.npz", str(cache)))
     assert "\n" not in str(e.value)
     assert list(cache.iterdir()) == []  # the junk never became the cache
+    # A file that is not the published one (its hash differs) is refused
+    # and removed, with the field to change in the message.
+    with pytest.raises(lc.ConfigError, match="hash") as e:
+      mnist.load_mnist("test", _data("", f"{base}/mnist.npz", str(cache),
+                                     file_hash=mnist.DEFAULT_HASH))
+    assert "config.data.url" in str(e.value) and "\n" not in str(e.value)
+    assert list(cache.iterdir()) == []
 
-    images, labels = mnist.load_mnist("test", "", f"{base}/mnist.npz",
-                                      str(cache))
+    images, labels = mnist.load_mnist(
+        "test", _data("", f"{base}/mnist.npz", str(cache)))
     np.testing.assert_array_equal(images, ref_images[:50])
     np.testing.assert_array_equal(labels, ref_labels[:50])
     assert [p.name for p in cache.iterdir()] == ["mnist.npz"]
@@ -205,7 +220,7 @@ def test_download_from_loopback_server(reference, tmp_path):
     server.shutdown()
     server.server_close()
   # Served from the cache now: the dead URL is never tried.
-  images, _ = mnist.load_mnist("test", "", DEAD_URL, str(cache))
+  images, _ = mnist.load_mnist("test", _data("", cache_dir=str(cache)))
   np.testing.assert_array_equal(images, ref_images[:50])
 
 
@@ -215,7 +230,7 @@ def test_corrupt_idx_names_the_file(tmp_path, monkeypatch):
   bad = tmp_path / "t10k-images-idx3-ubyte"
   bad.write_bytes(struct.pack(">IIII", 1234, 1, 28, 28) + bytes(784))
   with pytest.raises(lc.ConfigError) as e:
-    mnist.load_mnist("test", str(tmp_path), DEAD_URL, "")
+    mnist.load_mnist("test", _data(str(tmp_path)))
   message = str(e.value)
   assert "\n" not in message
   assert str(bad) in message and "1234" in message and "2051" in message
@@ -228,7 +243,7 @@ def test_truncated_idx_names_the_file(tmp_path, monkeypatch):
   bad.write_bytes(gzip.compress(struct.pack(">IIII", 2051, 10_000, 28, 28) +
                                 bytes(784)))
   with pytest.raises(lc.ConfigError) as e:
-    mnist.load_mnist("test", str(tmp_path), DEAD_URL, "")
+    mnist.load_mnist("test", _data(str(tmp_path)))
   assert "\n" not in str(e.value) and str(bad) in str(e.value)
 
 

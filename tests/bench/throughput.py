@@ -19,8 +19,9 @@ rounds of the four contenders on the same data, batch and K steps per call:
 Models: the 784-512-512-10 MLP and the MNIST CNN at width 32, on the real
 MNIST test images. Reports the median examples/s over rounds, the paired
 ratios (looper / each, per round, then the median), and the time from
-construction to the end of the first K-step call, each contender in a fresh
-process (a process's first tf.function pays ~1 s of one-time costs).
+construction to the end of the first K-step call with the peak resident
+memory after 3 more calls, each contender in a fresh process (a process's
+first tf.function pays ~1 s of one-time costs).
 """
 
 import argparse
@@ -36,8 +37,10 @@ BATCH, K = 128, 50
 
 
 def _data():
+  import ml_collections  # pylint: disable=g-import-not-at-top
   from experiments import mnist  # pylint: disable=g-import-not-at-top
-  images, labels = mnist.load_mnist("test", str(SHARED_MNIST), "", "")
+  images, labels = mnist.load_mnist(
+      "test", ml_collections.ConfigDict({"dir": str(SHARED_MNIST)}))
   return (images.astype("float32")[..., None] / 255.0,
           labels.astype("int32"))
 
@@ -164,14 +167,26 @@ def _build(contenders, fit_k1, name, notes):
   return step
 
 
-def first_loop(model: str, replicas: int, precision: str, name: str) -> float:
+def first_loop(model: str, replicas: int, precision: str, name: str) -> dict:
   """Seconds from building `name` to the end of its first K-step call, in
   a fresh process (the first tf.function of a process pays one-time costs
-  that would otherwise go to whichever contender runs first)."""
+  that would otherwise go to whichever contender runs first), and the
+  process's peak resident memory after 3 more calls."""
+  import resource  # pylint: disable=g-import-not-at-top
   contenders, fit_k1 = _contenders(model, replicas, precision)
   start = time.perf_counter()
-  _build(contenders, fit_k1, name, {})
-  return time.perf_counter() - start
+  step = contenders[name]()  # set-up: model, optimizer, data, metrics
+  built = time.perf_counter()
+  try:
+    step()  # the first call: tracing, then K steps
+  except Exception:  # pylint: disable=broad-except
+    step = _build(contenders, fit_k1, name, {})  # fit at K=1
+  secs = time.perf_counter() - start
+  for _ in range(3):
+    step()
+  # ru_maxrss is in KiB on Linux.
+  peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  return {"secs": secs, "build_secs": built - start, "peak_mb": peak_mb}
 
 
 def measure(model: str, replicas: int, precision: str, rounds: int) -> dict:
@@ -235,8 +250,10 @@ def main():
         speeds = " ".join(f"{n}={v:.0f}" for n, v in
                           r["examples_per_sec"].items())
         ratios = " ".join(f"looper/{n}={v:.3f}" for n, v in r["ratio"].items())
-        first = " ".join(f"{n}={v:.1f}s" for n, v in
-                         r["first_loop_secs"].items() if v is not None)
+        first = " ".join(
+            f"{n}={v['secs']:.1f}s (set-up {v['build_secs']:.1f}s)"
+            f"/{v['peak_mb']:.0f}MB"
+            for n, v in r["first_loop_secs"].items() if v)
         print(f"| {model} | {replicas} | {precision} | {speeds} | {ratios} |"
               f" {first} | {'; '.join(r['notes'].values())} |", flush=True)
 

@@ -1,0 +1,155 @@
+"""What a run prints: a quiet TensorFlow start, a header, a closing summary.
+
+Synopsis::
+
+    # looper/main.py, before anything imports TensorFlow:
+    console.start(verbose=console.wants_tensorflow_logs(sys.argv))
+    ...
+    logging.info("%s", console.header(config, strategy, workdir, mode,
+                                      restored, model))
+    logging.info("%s", console.summary(result, workdir, seconds, ...))
+
+The first screen of a run is looper's: TensorFlow's C++ start-up lines
+(oneDNN, "Could not find cuda drivers", a cuInit error on a machine without
+a GPU, absl's "before InitializeLog" notice) are printed by C++ straight to
+file descriptor 2 before any log level applies, so `start` imports
+TensorFlow and lists its devices with fd 2 pointed at a temporary file,
+and shows that file only if the import fails. `--verbosity=1` (absl's flag,
+`-v 1`) keeps everything, TensorFlow's INFO logs included.
+"""
+
+import collections
+import datetime
+import logging as std_logging
+import os
+import sys
+import tempfile
+
+
+def wants_tensorflow_logs(argv: list[str]) -> bool:
+  """True if `argv` asks for --verbosity >= 1 (absl's flag, also -v N)."""
+  for i, arg in enumerate(argv):
+    value = None
+    if arg.startswith(("--verbosity=", "-v=")):
+      value = arg.split("=", 1)[1]
+    elif arg in ("--verbosity", "-v") and i + 1 < len(argv):
+      value = argv[i + 1]
+    if value is not None:
+      try:
+        return int(value) >= 1
+      except ValueError:
+        return False
+  return False
+
+
+def start(verbose: bool) -> None:
+  """Imports TensorFlow and finds its devices, quietly unless `verbose`."""
+  if verbose:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.list_physical_devices()
+    return
+  # C++ INFO and WARNING lines after start-up stay hidden too.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf.config.list_physical_devices()  # the cuInit attempt happens here
+    except BaseException:
+      os.dup2(saved, 2)
+      captured.seek(0)
+      sys.stderr.write(captured.read().decode(errors="replace"))
+      raise
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+  # TensorFlow's Python INFO lines ("Sharding callback duration") too.
+  std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
+
+
+class _ShortFormatter(std_logging.Formatter):
+  """'12:03:04 message'; 'WARNING:' or 'ERROR:' before the message if so."""
+
+  def format(self, record):
+    level = ("" if record.levelno <= std_logging.INFO
+             else f"{record.levelname}: ")
+    return f"{self.formatTime(record, '%H:%M:%S')} {level}{record.getMessage()}"
+
+
+def _not_library_info(record) -> bool:
+  """Drops INFO lines TensorFlow and Keras log through absl ("Sharding
+  callback duration", "Writing fingerprint"); their warnings stay."""
+  library = f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}"
+  return (record.levelno > std_logging.INFO or
+          not any(part in record.pathname for part in library))
+
+
+def short_log_lines() -> None:
+  """absl's log lines without their file:line and thread prefix, and
+  without the libraries' INFO lines."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  handler = logging.get_absl_handler()
+  handler.setFormatter(_ShortFormatter())
+  handler.addFilter(_not_library_info)
+
+
+def header(config, strategy, workdir: str | None, mode: str,
+           restored: str | None, model) -> str:
+  """The lines that open a run: what runs where, with which batch."""
+  replicas = strategy.num_replicas_in_sync
+  name = type(strategy).__name__.replace("Strategy", "")
+  name = "default" if name.startswith("_Default") else name
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    types = collections.Counter(
+        tf.DeviceSpec.from_string(d).device_type
+        for d in strategy.extended.worker_devices)
+    devices = [f"{n} {kind}" for kind, n in sorted(types.items())]
+  except RuntimeError:  # the default strategy: wherever TF places ops
+    devices = ["default device"]
+  per_replica = config.train.batch_size // replicas
+  accum = config.train.grad_accum_steps
+  start = (f"resumed from {restored}" if restored else "fresh start")
+  where = f" in {workdir} ({start})" if workdir else ""
+  lines = [
+      f"looper {mode}: {model.name} ({model.count_params():,} parameters)"
+      f"{where}",
+      f"  strategy   {name}, {replicas} replica{'s' * (replicas > 1)}"
+      f" ({', '.join(devices)})",
+      f"  batch      {config.train.batch_size} global = {per_replica} per"
+      f" replica x {replicas}" + (f", {accum} micro-batches per update"
+                                  if accum > 1 else "") +
+      f"; eval {config.eval.batch_size}",
+      f"  steps      {config.train.steps}, {config.train.steps_per_loop} per"
+      f" loop; eval every {config.eval.every_steps or 'end'}, checkpoint"
+      f" every {config.checkpoint.every_steps or 'end'}",
+      f"  precision  {config.train.precision}"
+      f"{', XLA per step' if config.train.jit_compile else ''}",
+  ]
+  return "\n".join(lines)
+
+
+def summary(result: dict, workdir: str, seconds: float, *,
+            best: tuple[str, int, float] | None, checkpoint: str | None,
+            export: str | None) -> str:
+  """The lines that close a run: what it reached and where things are."""
+  ended = result.get("stopped") or result.get("ended")
+  lines = [f"looper done: step {result['step']} in"
+           f" {datetime.timedelta(seconds=round(seconds))}"
+           + (f" ({ended})" if ended else "")]
+  if result.get("eval"):
+    metrics = " ".join(f"{k}={v:.4g}" for k, v in result["eval"].items())
+    lines.append(f"  last eval   {metrics}")
+  if best:
+    metric, step, value = best
+    lines.append(f"  best eval   {metric}={value:.4g} at step {step}")
+  if checkpoint:
+    lines.append(f"  checkpoint  {checkpoint}")
+  lines.append(f"  events      {workdir}/train, {workdir}/eval")
+  if export:
+    lines.append(f"  export      {export}")
+  lines.append(f"  tensorboard --logdir={workdir}")
+  return "\n".join(lines)

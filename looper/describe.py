@@ -1,0 +1,54 @@
+"""`looper describe`: what a config would run, without training.
+
+Synopsis::
+
+    looper describe --config=experiments/mnist.py \
+        --config.distribution.num_cpu_devices=4
+    print(describe.describe(config))   # the same text, from Python
+
+Prints the strategy and its replicas, the global and per-replica batch, the
+loop and its cadence, each split's input mode, example spec and size, the
+model summary and the resolved config. It builds the strategy and the
+Trainer exactly as a run does (so a bad config fails with the run's
+one-line error) but reads no checkpoint and writes nothing.
+"""
+
+from looper import config as config_lib
+from looper import console
+from looper import data
+from looper import distribute
+from looper import summaries
+
+
+def describe(config) -> str:
+  """The description of `config` as text (see module doc)."""
+  config_lib.validate(config)
+  strategy = distribute.strategy_for(config)
+  trainer = config_lib.resolve(config.trainer, "trainer")(config, strategy)
+  lines = [console.header(config, strategy, None, "describe", None,
+                          trainer.model), "", "data"]
+  for field in ("data.train_split", "data.eval_split"):
+    split = config.data[field.split(".")[1]]
+    source = trainer.source(split)
+    size = source.size
+    if size is None:  # element mode: counted by one pass
+      size = data.num_examples(trainer.examples(split), split, field)
+    mode = {"Elements": "element", "Arrays": "array", "Files": "file"}.get(
+        type(source).__name__, type(source).__name__)
+    inputs, labels = trainer.examples(split).element_spec
+    lines.append(f"  {field}={split!r}: {size:,} examples, {mode} mode;"
+                 f" inputs {_spec(inputs)}, labels {_spec(labels)}")
+  lines += ["", "model", summaries.model_summary(trainer.model), "",
+            "config", config_lib.to_json(config)]
+  return "\n".join(lines)
+
+
+def _spec(structure) -> str:
+  """'float32[28, 28, 1]', or a dict of them."""
+  if isinstance(structure, dict):
+    return "{" + ", ".join(f"{k!r}: {_spec(v)}"
+                           for k, v in structure.items()) + "}"
+  if isinstance(structure, (tuple, list)):
+    return "(" + ", ".join(_spec(v) for v in structure) + ")"
+  dims = ", ".join("?" if d is None else str(d) for d in structure.shape)
+  return f"{structure.dtype.name}[{dims}]"

@@ -1,0 +1,90 @@
+"""Export for serving: a SavedModel whose batch dimension is free.
+
+Synopsis::
+
+    # After training (or any checkpoint) of a workdir:
+    python -m looper.main --config=experiments/imdb_lstm.py \
+        --workdir=/tmp/imdb --mode=export [--checkpoint=.../ckpt-2000]
+    # Or at the end of training: --config.export.at_end=True
+
+    # Serving side: TensorFlow only, no looper, any batch size.
+    import tensorflow as tf
+    serve = tf.saved_model.load("/tmp/imdb/export/2000").signatures[
+        "serving_default"]
+    serve(inputs=tf.constant(token_ids))["logits"]
+
+Training feeds static shapes (every batch `train.batch_size`, XLA's rule);
+serving takes any batch. The export traces `Trainer.serve` once on an input
+signature made from one EXAMPLE's spec (the eval split's) with a leading
+None, so the train batch size appears nowhere in the graph. The weights are
+the moving average when `optimizer.ema_decay` is set (as eval sees them).
+
+Layout: `workdir/export/<step>/`, the versioned layout TF Serving watches.
+The SavedModel is written to a hidden folder beside it and renamed into
+place, so a reader never sees half an export. On a TPU a local workdir is
+written through the host (`experimental_io_device='/job:localhost'`).
+"""
+
+import logging as std_logging
+import os
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from looper import checkpoint
+
+EXPORT_DIR = "export"
+SIGNATURE = "serving_default"
+
+
+def input_signature(element_spec):
+  """The serving inputs: one example's specs with a None batch dimension.
+
+  Args:
+    element_spec: the spec of one example's inputs (a TensorSpec, or a dict
+      of them: each becomes a named input of the signature).
+  """
+  def batched(name, spec):
+    return tf.TensorSpec([None, *spec.shape], spec.dtype, name=name)
+  if isinstance(element_spec, dict):
+    return {k: batched(k, s) for k, s in element_spec.items()}
+  return batched("inputs", element_spec)
+
+
+def export(trainer, workdir: str, *, on_tpu: bool = False) -> str:
+  """Writes the trainer's model for serving; returns the SavedModel folder.
+
+  Args:
+    trainer: a built `looper.trainer.Trainer`; its `serve(inputs)` is the
+      signature's function (override it to add pre- or post-processing).
+    workdir: the run's folder; the export goes to workdir/export/<step>.
+    on_tpu: the variables live on a TPU (read through the host if local).
+  """
+  step = trainer.global_step
+  final = os.path.join(workdir, EXPORT_DIR, str(step))
+  partial = os.path.join(workdir, EXPORT_DIR, f".partial-{step}")
+  spec, _ = trainer.examples(trainer.config.data.eval_split).element_spec
+  signature = input_signature(spec)
+  archive = keras.export.ExportArchive()
+  archive.track(trainer.model)
+  # A dict of inputs becomes named inputs of the signature (the specs'
+  # names), so a client sends {"tokens": ..., "mask": ...}.
+  archive.add_endpoint(SIGNATURE, trainer.serve, input_signature=[signature])
+  options = tf.saved_model.SaveOptions(
+      experimental_io_device=checkpoint.io_device(on_tpu, workdir))
+  for path in (partial, final):
+    if tf.io.gfile.exists(path):  # an interrupted export, or a re-export
+      tf.io.gfile.rmtree(path)
+  # Saving sets absl's logger to WARNING and leaves it there (TensorFlow
+  # 2.21): every INFO line after an export would vanish.
+  absl_logger = std_logging.getLogger("absl")
+  level = absl_logger.level
+  try:
+    with trainer.averaged_weights():
+      archive.write_out(partial, options=options, verbose=False)
+  finally:
+    absl_logger.setLevel(level)
+  tf.io.gfile.rename(partial, final)
+  logging.info("Exported step %d for serving to %s", step, final)
+  return final

@@ -1,0 +1,268 @@
+"""`looper check`: will this experiment compile and feed on a TPU? (on a CPU)
+
+Synopsis::
+
+    looper check --config=experiments/mnist.py [--cores=8]
+    python -m looper.main --config=... --mode=check --cores=32
+
+    problems = preflight.check(config, cores=8)   # [] means ready
+
+Prints "ready: ..." and exits 0, or one line per problem (naming the layer
+or op, or the dataset field, and the fix) and exits 1. What it checks, each
+a rule of the TPU guides ("XLA rules"):
+  1. the train step and the eval forward pass trace with every shape static
+     (a Python `if` on a tensor value cannot, rule 1) and every op has a
+     static output shape (`tf.where(x)`, `tf.unique`, `tf.boolean_mask`:
+     data-dependent shapes, rule 2);
+  2. both compile with XLA (`jit_compile=True`, run once on a per-core batch):
+     an op without an XLA kernel is named;
+  3. the first `batches` train batches have few distinct shapes (rule 3:
+     each new shape is a new compilation on a TPU);
+  4. the input pipelines are pure tf.data (`py_function`, `numpy_function`
+     and `from_generator` run Python, which a TPU host cannot);
+  5. the global batch splits over `cores` into a multiple of 8 per core;
+  6. no float64 tensor and no int64 label (TPUs emulate both slowly).
+Everything runs on the host's CPU with the default strategy, whatever
+`distribution.strategy` says: no TPU is needed, none is contacted.
+
+The XLA CPU compiler accepts dynamic shapes a TPU rejects, so rule 2 is
+checked on the traced graph, not by compiling.
+"""
+
+import copy
+import os
+import re
+import sys
+
+import tensorflow as tf
+
+from looper import config as config_lib
+from looper import distribute
+
+# Ops that run Python: a TPU host runs only the graph.
+_PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":
+               "tf.numpy_function", "EagerPyFunc": "tf.py_function",
+               "GeneratorDataset": "tf.data.Dataset.from_generator"}
+# Distinct train batch shapes above which a TPU run spends its time
+# compiling (rule 3).
+MAX_SHAPES = 8
+
+
+def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
+  """Returns the problems an experiment would meet on `cores` TPU cores.
+
+  Args:
+    config: the experiment's config (not changed).
+    cores: TPU cores of the target (8: a v2-8/v3-8 or one v4-8 host).
+    batches: train batches whose shapes are looked at.
+  """
+  config = copy.deepcopy(config)
+  config_lib.validate(config)
+  problems = _batch_problems(config, cores)
+  if problems:  # the per-core batch is needed by everything below
+    return problems
+  with config.unlocked():
+    config.distribution.strategy = "default"  # trace here, on the CPU
+    config.distribution.num_cpu_devices = 1
+    config.train.jit_compile = False  # compiled below, one step at a time
+  trainer_cls = config_lib.resolve(config.trainer, "trainer")
+  trainer = trainer_cls(config, distribute.strategy_for(config))
+  splits = {"train": config.data.train_split, "eval": config.data.eval_split}
+  try:
+    examples = {k: trainer.examples(split) for k, split in splits.items()}
+  except config_lib.ConfigError as e:  # e.g. examples of dynamic shape
+    return problems + [str(e)]
+  for kind, split in splits.items():
+    problems += _dtype_problems(examples[kind].element_spec, split)
+    problems += _python_in_pipeline(examples[kind], split, f"data.{kind}_split")
+  ctx = tf.distribute.InputContext(1, 0, cores)  # one core's batches
+  source = trainer.source(config.data.train_split)
+  try:  # e.g. file mode: the files must split over the cores
+    source.check(cores, config.train.batch_size, "train.batch_size")
+  except config_lib.ConfigError as e:
+    return problems + [str(e)]
+  train = source.train(ctx, global_batch_size=config.train.batch_size,
+                       seed=config.seed, shuffle_buffer=config.data.shuffle_buffer,
+                       position=0)
+  # One pipeline feeds all the cores: `cores` batches per global batch.
+  shapes, first = _shapes(train, batches * cores, config.data.train_split)
+  if isinstance(shapes, str):
+    return problems + [shapes]
+  if len(shapes) > MAX_SHAPES:
+    problems.append(
+        f"config.dataset_fn: the first {batches} train batches have"
+        f" {len(shapes)} distinct shapes (e.g. {sorted(shapes)[:3]}); each"
+        f" compiles again on a TPU: raise --config.data.bucket so fewer"
+        f" padded lengths remain (see experiments/text_classifier.py)")
+  inputs, labels = first
+  per_core_eval = max(1, config.eval.batch_size // cores)
+  eval_inputs, _ = next(iter(examples["eval"].batch(per_core_eval,
+                                                   drop_remainder=True)))
+  steps = {
+      "train step": (trainer.compute_gradients, (inputs, labels)),
+      "eval step": (lambda x: trainer.model(x, training=False),
+                    (eval_inputs,)),
+  }
+  # A broken layer breaks both steps: one line naming both.
+  broken = {}
+  for name, (fn, args) in steps.items():
+    problem = _compile_problem(fn, args)
+    if problem:
+      broken.setdefault(problem, []).append(name)
+  return problems + [
+      f"config.model_fn ({' and '.join(names)}): {problem}"
+      for problem, names in broken.items()]
+
+
+def _batch_problems(config, cores: int) -> list[str]:
+  problems = []
+  for field in ("train.batch_size", "eval.batch_size"):
+    size = config.train.batch_size if field == "train.batch_size" else (
+        config.eval.batch_size)
+    if size % cores:
+      good = cores * max(1, round(size / cores))
+      problems.append(
+          f"config.{field}={size} does not split over {cores} TPU cores; set"
+          f" --config.{field}={good}")
+  warning = distribute.tpu_batch_warning(config.train.batch_size, cores)
+  if warning and not problems:
+    problems.append(warning)
+  return problems
+
+
+def _dtype_problems(element_spec, split: str) -> list[str]:
+  inputs, labels = element_spec
+  problems = []
+  for path, spec in _leaves(inputs, "inputs") + _leaves(labels, "labels"):
+    if spec.dtype == tf.float64:
+      problems.append(
+          f"config.dataset_fn: {path} of split {split!r} is float64, which a"
+          f" TPU emulates slowly; cast it to float32 in dataset_fn")
+    elif spec.dtype == tf.int64 and path.startswith("labels"):
+      problems.append(
+          f"config.dataset_fn: {path} of split {split!r} are int64, which a"
+          f" TPU handles poorly; cast them to int32 in dataset_fn")
+  return problems
+
+
+def _leaves(structure, name: str) -> list:
+  """[(name['key'][0], leaf)] of a nest of dicts, tuples and leaves."""
+  if isinstance(structure, dict):
+    items = structure.items()
+  elif isinstance(structure, (tuple, list)):
+    items = enumerate(structure)
+  else:
+    return [(name, structure)]
+  return [leaf for key, value in items
+          for leaf in _leaves(value, f"{name}[{key!r}]")]
+
+
+def _python_in_pipeline(dataset, split: str, field: str) -> list[str]:
+  """Ops that call back into Python, anywhere in the dataset's graph."""
+  graph = tf.compat.v1.GraphDef.FromString(
+      dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+  nodes = list(graph.node) + [n for f in graph.library.function
+                              for n in f.node_def]
+  found = {_PYTHON_OPS[n.op] for n in nodes if n.op in _PYTHON_OPS}
+  if _PYTHON_OPS["GeneratorDataset"] in found:  # it calls numpy_function
+    found.discard(_PYTHON_OPS["PyFunc"])
+  if not found:
+    return []
+  return [f"config.dataset_fn: split {split!r} ({field}) runs Python through"
+          f" {' and '.join(sorted(found))}, which a TPU host cannot; build the"
+          f" pipeline from tf.data and tf ops only (or write shards: python -m"
+          f" looper.shards write)"]
+
+
+def _shapes(dataset, batches: int, split: str):
+  """The distinct (inputs, labels) shapes of the first batches, and batch 1;
+  or one problem line if the examples do not even batch."""
+  shapes, first = set(), None
+  try:
+    for batch in dataset.take(batches):
+      first = first or batch
+      shapes.add(str(tf.nest.map_structure(lambda t: t.shape.as_list(),
+                                           batch)))
+  except tf.errors.InvalidArgumentError as e:
+    return (f"config.dataset_fn: the examples of split {split!r} do not form"
+            f" batches ({config_lib.first_line(e)}); give them one shape in"
+            f" dataset_fn, or set --config.data.bucket to pad variable"
+            f" lengths"), None
+  return shapes, first
+
+
+def _compile_problem(fn, args) -> str | None:
+  """Traces `fn` on static shapes, then compiles and runs it with XLA;
+  returns what is wrong (to follow "the train step"), or None."""
+  specs = tf.nest.map_structure(
+      lambda t: tf.TensorSpec(t.shape, t.dtype), args)
+  try:
+    graph = tf.function(fn).get_concrete_function(*specs).graph
+  except tf.errors.OperatorNotAllowedInGraphError as e:
+    return (f"a Python if/while/bool() reads a tensor's value at"
+            f" {_user_frame(str(e))}; a TPU program is fixed when traced:"
+            f" use tf.cond, tf.where or keras.ops.cond")
+  dynamic = _dynamic_op(graph)
+  if dynamic:
+    return (f"op {dynamic} has a data-dependent output shape, which a TPU"
+            f" cannot compile; use fixed-size ops (masks, tf.where(cond, x,"
+            f" y), padding) instead")
+  try:
+    tf.function(fn, jit_compile=True)(*args)
+  except tf.errors.InvalidArgumentError as e:
+    op = _xla_op(e)
+    if op is None:
+      raise
+    return (f"op {op} does not compile with XLA (no XLA kernel; TPUs run"
+            f" only XLA); replace it in the model")
+  return None
+
+
+def _xla_op(e: Exception) -> str | None:
+  """The op an XLA compile error names, e.g. 'AsString'."""
+  found = re.search(r"compile graph .* on XLA_\w+: (\w+)", str(e))
+  return found.group(1) if found else None
+
+
+def _dynamic_op(graph) -> str | None:
+  """The first op whose output shape is unknown though its inputs' are not,
+  as 'Type (name)', searching nested function bodies (while loops) too."""
+  for op in graph.get_operations():
+    known = lambda ts: all(t.shape.rank is not None and
+                           None not in t.shape.as_list() for t in ts)
+    # Inputless ops (a function body's placeholders) have no data to
+    # depend on; their shapes are the caller's, checked where it is.
+    if op.inputs and op.outputs and known(op.inputs) and not known(
+        op.outputs):
+      return f"{op.type} ({op.name})"
+  for function in getattr(graph, "_functions", {}).values():
+    body = getattr(function, "graph", None)
+    found = body is not None and _dynamic_op(body)
+    if found:
+      return found
+  return None
+
+
+def _user_frame(message: str) -> str:
+  """file:line of the innermost frame outside TensorFlow, Keras and looper
+  in a traced function's error ("in user code: File ..., line N")."""
+  skip = tuple(os.path.dirname(m.__file__) for m in
+               (tf, sys.modules.get("keras", tf), sys.modules["looper"]))
+  frames = [(path, line) for path, line in
+            re.findall(r'File "([^"]+)", line (\d+)', message)
+            if not path.startswith(skip) and "site-packages" not in path]
+  if not frames:
+    return "an unknown place"
+  path, line = frames[-1]
+  return f"{os.path.basename(path)}:{line}"
+
+
+def report(problems: list[str], config, cores: int) -> str:
+  """The text `looper check` prints: 'ready: ...' or the problems."""
+  if problems:
+    return "\n".join(f"looper check: {p}" for p in problems)
+  per_core = config.train.batch_size // cores
+  return (f"ready: the train and eval steps compile with XLA on static"
+          f" shapes, the input is pure tf.data, batch"
+          f" {config.train.batch_size} = {per_core} per core on {cores} TPU"
+          f" cores")

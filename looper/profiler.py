@@ -1,0 +1,95 @@
+"""A profiler window: a trace of a few train steps, as one action.
+
+Synopsis (what `run._controller` adds for `profile.start_step=100`)::
+
+    window = profiler.Window(logdir="/tmp/mnist/train", start_step=100,
+                             num_steps=5)
+    controller = Controller(trainer, ..., save_actions=[save, window])
+    # steps 101..105 traced into /tmp/mnist/train/plugins/profile/<time>/
+    # <host>.xplane.pb, shown by TensorBoard's Profile tab once the
+    # tensorboard-plugin-profile package is installed (looper's 'profile'
+    # extra: pip install -e '.[profile]')
+
+The window is an `actions.Action` whose boundaries are its two edges, so the
+Controller ends a loop exactly at `start_step` (the trace starts after it)
+and at `start_step + num_steps` (the trace stops). It runs after the other
+actions, so the trace holds those steps' loops and the actions after them
+(train summaries; an evaluation or a save landing on the last step), and
+nothing of what ran at `start_step`. A run that ends or stops on a
+signal inside the window stops the trace there; a run resumed inside the
+window traces the rest of it.
+
+TensorFlow writes the trace itself (`tf.profiler.experimental`); only the
+TensorBoard plugin that shows it is an optional extra.
+"""
+
+from typing import Callable
+
+from absl import logging
+import tensorflow as tf
+
+from looper import actions
+
+
+class Window(actions.Action):
+  """Traces train steps `start_step + 1 .. start_step + num_steps`.
+
+  Args:
+    logdir: where the trace goes (under `plugins/profile/`); None: this
+      process does not trace (a non-chief worker), but its loops still end
+      on the window's edges, like every worker's must.
+    start_step: the trace starts after this step (>= 1).
+    num_steps: how many steps it holds (>= 1).
+    start, stop: the profiler's start(logdir) and stop(), injectable so the
+      window's timing is testable without TensorFlow.
+  """
+
+  def __init__(self, logdir: str | None, *, start_step: int, num_steps: int,
+               start: Callable[[str], None] = tf.profiler.experimental.start,
+               stop: Callable[[], None] = tf.profiler.experimental.stop):
+    if start_step < 1 or num_steps < 1:
+      raise ValueError(f"profiler window: start_step={start_step} and"
+                       f" num_steps={num_steps} must be >= 1")
+    super().__init__(self._update, at_end=True, on_stop=True, name="profile")
+    self._logdir = logdir
+    self._edges = (start_step, start_step + num_steps)
+    self._start, self._stop = start, stop
+    self._finishing = False
+    self.tracing = False
+
+  def boundary(self, step: int) -> int | None:
+    return next((edge for edge in self._edges if edge > step), None)
+
+  def due(self, step: int, **flags) -> bool:
+    crossed = any(self._last_step < edge <= step for edge in self._edges)
+    return crossed or super().due(step, **flags)
+
+  def start(self, step: int) -> None:
+    super().start(step)
+    self._finishing = False
+    self._update(step, None)  # resumed inside the window: trace the rest
+
+  def __call__(self, step: int, loop: actions.Loop | None, *,
+               end: bool = False, stop: bool = False,
+               agree: Callable[[bool], bool] = bool) -> bool:
+    # Training ends after this call: a trace started now would never stop.
+    self._finishing = end or stop
+    return super().__call__(step, loop, end=end, stop=stop, agree=agree)
+
+  def _update(self, step: int, loop: actions.Loop | None) -> None:
+    """Traces iff the steps after `step` are in the window."""
+    del loop  # the window depends on the step only
+    first, last = self._edges
+    wanted = (self._logdir is not None and first <= step < last and
+              not self._finishing)
+    if wanted and not self.tracing:
+      self._start(self._logdir)
+      self.tracing = True
+      logging.info("Profiling train steps %d-%d into %s/plugins/profile",
+                   step + 1, last, self._logdir)
+    elif self.tracing and not wanted:
+      self._stop()
+      self.tracing = False
+      logging.info("Wrote the profile up to step %d to %s/plugins/profile;"
+                   " TensorBoard's Profile tab shows it (pip install"
+                   " tensorboard-plugin-profile)", step, self._logdir)

@@ -1,0 +1,152 @@
+"""Wall time from launch to 97% MNIST eval accuracy: looper vs Keras fit.
+
+Synopsis::
+
+    python -m tests.bench.time_to_accuracy              # ~10 minutes, 2 cores
+    python -m tests.bench.time_to_accuracy --seeds=0,1 --precisions=float32
+
+The offline split of the shared MNIST test set (train 'test[:8000]', eval
+'test[8000:]', 2000 images), the MNIST CNN at width 32, batch 128, Adam at a
+constant 1e-3, K=50 steps per call, evaluation on all 2000 eval images
+every 50 steps; a run stops at the first evaluation >= 97%. Each run is a
+fresh process; the clock starts when the parent launches it, so imports,
+TensorFlow's start-up, tracing and every evaluation count:
+  looper  `run.run(experiments/mnist.py config)`, a Trainer subclass
+          requesting a stop at the target (the stop's checkpoint is not
+          timed);
+  fit     `model.fit(steps_per_epoch=50, steps_per_execution=50,
+          validation_data=..., validation_freq=1)`, a callback stopping at
+          the target.
+Both read the same files through experiments/mnist.py, shuffle with their
+own seeded pipeline (so steps-to-target differ per seed: the spread is
+reported), and are alternated per seed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from tests.conftest import LOOPBACK_ENV, ROOT, SHARED_MNIST
+
+TARGET, EVERY, BATCH, MAX_STEPS, WIDTH = 0.97, 50, 128, 3000, 32
+
+
+def _config(seed: int, precision: str):
+  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  c = mnist.get_config()
+  c.seed = seed
+  c.data.dir = str(SHARED_MNIST)
+  c.data.train_split, c.data.eval_split = "test[:8000]", "test[8000:]"
+  c.model.width = WIDTH
+  c.train.steps, c.train.batch_size, c.train.precision = (MAX_STEPS, BATCH,
+                                                          precision)
+  c.train.steps_per_loop = c.eval.every_steps = EVERY
+  c.checkpoint.every_steps = 0  # only the stop's save, after the clock
+  c.optimizer.schedule = "constant"
+  return c
+
+
+def run_looper(seed: int, precision: str) -> dict:
+  from looper import run  # pylint: disable=g-import-not-at-top
+  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  reached = {}
+
+  class UntilTarget(trainer_lib.Trainer):
+    def evaluate(self):
+      results = super().evaluate()
+      if results["accuracy"] >= TARGET and not reached:
+        reached.update(time=time.time(), step=self.global_step,
+                       accuracy=results["accuracy"])
+        self.request_stop()
+      return results
+
+  config = _config(seed, precision)
+  config.trainer = UntilTarget
+  with tempfile.TemporaryDirectory() as workdir:
+    run.run(config, workdir, "train_and_eval")
+  return reached
+
+
+def run_fit(seed: int, precision: str) -> dict:
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  from looper import precision as precision_lib  # pylint: disable=g-import-not-at-top
+  config = _config(seed, precision)
+  keras.utils.set_random_seed(seed)
+  with precision_lib.policy(precision):
+    model = mnist.model_fn(config)
+  model.compile(keras.optimizers.Adam(1e-3),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"], steps_per_execution=EVERY)
+  train = (mnist.dataset_fn(config, config.data.train_split)
+           .shuffle(10_000, seed=seed).repeat().batch(BATCH, drop_remainder=True)
+           .prefetch(tf.data.AUTOTUNE))
+  evals = mnist.dataset_fn(config, config.data.eval_split).batch(
+      config.eval.batch_size).cache()
+  reached = {}
+
+  class UntilTarget(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+      if logs["val_accuracy"] >= TARGET and not reached:
+        reached.update(time=time.time(), step=(epoch + 1) * EVERY,
+                       accuracy=logs["val_accuracy"])
+        self.model.stop_training = True
+
+  model.fit(train, steps_per_epoch=EVERY, epochs=MAX_STEPS // EVERY,
+            validation_data=evals, callbacks=[UntilTarget()], verbose=0)
+  return reached
+
+
+def _child(contender: str, seed: int, precision: str) -> dict | None:
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
+  start = time.time()
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.bench.time_to_accuracy",
+       f"--one={contender},{seed},{precision}"], cwd=ROOT, env=env,
+      timeout=1800, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    print(f"{contender} seed {seed} {precision}: failed\n"
+          f"{proc.stderr[-1500:]}", flush=True)
+    return None
+  reached = json.loads(proc.stdout.strip().splitlines()[-1])
+  if not reached:
+    return {"secs": None, "step": None}
+  return {"secs": reached["time"] - start, "step": reached["step"]}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--precisions", default="float32,mixed_bfloat16")
+  parser.add_argument("--one", help=argparse.SUPPRESS)  # child processes
+  args = parser.parse_args()
+  if args.one:
+    contender, seed, precision = args.one.split(",")
+    fn = run_looper if contender == "looper" else run_fit
+    print(json.dumps(fn(int(seed), precision)))
+    return
+  print("| precision | contender | seconds to 97% (median, min-max) |"
+        " steps (per seed) |")
+  print("|---|---|---|---|")
+  for precision in args.precisions.split(","):
+    runs = {"looper": [], "fit": []}
+    for seed in args.seeds.split(","):
+      for contender in runs:
+        runs[contender].append(_child(contender, int(seed), precision))
+    for contender, results in runs.items():
+      secs = [r["secs"] for r in results if r and r["secs"] is not None]
+      steps = [r["step"] if r else "failed" for r in results]
+      spread = (f"{np.median(secs):.1f} ({min(secs):.1f}-{max(secs):.1f})"
+                if secs else "never")
+      print(f"| {precision} | {contender} | {spread} | {steps} |", flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,68 @@
+"""What a user sees: the first screen, the closing summary, describe, help."""
+
+import re
+
+from tests.conftest import run_looper, run_ok
+
+CHATTER = ("InitializeLog", "oneDNN", "cuInit", "cuda", "cpu_feature_guard",
+           "I0000", "E0000", "Sharding callback")
+TIME = r"\d\d:\d\d:\d\d"
+
+
+def test_first_screen_header_progress_and_summary(tmp_path):
+  workdir = tmp_path / "run"
+  args = ("--config=tests/tiny.py", f"--workdir={workdir}",
+          "--config.checkpoint.best_metric=accuracy",
+          "--config.export.at_end=True")
+  lines = run_ok(*args, "--config.train.steps=20").stderr.splitlines()
+  assert not [l for l in lines if any(c in l for c in CHATTER)], lines[:5]
+  assert re.fullmatch(
+      rf"{TIME} looper train_and_eval: sequential \(212 parameters\) in"
+      rf" {workdir} \(fresh start\)", lines[0]), lines[0]
+  assert lines[1:5] == [
+      "  strategy   default, 1 replica (default device)",
+      "  batch      32 global = 32 per replica x 1; eval 64",
+      "  steps      20, 10 per loop; eval every 20, checkpoint every 20",
+      "  precision  float32"]
+  assert re.fullmatch(rf"{TIME} train step 10/20: loss=.*", lines[5])
+  done = next(i for i, l in enumerate(lines) if " looper done: " in l)
+  assert re.fullmatch(rf"{TIME} looper done: step 20 in 0:00:\d\d",
+                      lines[done])
+  last = re.fullmatch(r"  last eval   loss=\S+ examples=1001 accuracy=(\S+)",
+                      lines[done + 1])
+  assert last and lines[done + 2] == (
+      f"  best eval   accuracy={last.group(1)} at step 20")
+  assert lines[done + 3:] == [
+      f"  checkpoint  {workdir}/checkpoints/ckpt-20",
+      f"  events      {workdir}/train, {workdir}/eval",
+      f"  export      {workdir}/export/20",
+      f"  tensorboard --logdir={workdir}"]
+
+  resumed = run_ok(*args, "--config.train.steps=30").stderr.splitlines()
+  assert resumed[0].endswith(
+      f"in {workdir} (resumed from {workdir}/checkpoints/ckpt-20)")
+
+
+def test_describe_a_mirrored_four_device_config_with_verbose_logs():
+  proc = run_ok("describe", "--config=tests/tiny.py",
+                "--config.distribution.num_cpu_devices=4", "--verbosity=1")
+  out = proc.stdout
+  assert out.startswith("looper describe: sequential (212 parameters)\n"
+                        "  strategy   Mirrored, 4 replicas (4 CPU)\n"
+                        "  batch      32 global = 8 per replica x 4; eval 64\n")
+  for expected in (
+      "  data.train_split='train': 1,001 examples, element mode; inputs"
+      " float32[8], labels int32[]",
+      "dense_1 (Dense)", "Total params: 212", '"num_cpu_devices": 4'):
+    assert expected in out, expected
+  # --verbosity=1 keeps absl's own long log lines (TensorFlow's too).
+  assert re.search(r"^[IWE]\d{4} \d\d:\d\d:\d\d", proc.stderr, re.M)
+
+
+def test_help_lists_the_modes_and_experiments():
+  proc = run_looper("--help")
+  assert proc.returncode == 0
+  for mode in ("train_and_eval", "eval", "export", "check", "describe",
+               "launch", "runs"):
+    assert re.search(rf"^  {mode} ", proc.stdout, re.M), mode
+  assert "experiments/*.py" in proc.stdout

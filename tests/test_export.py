@@ -1,0 +1,156 @@
+"""Export for serving: a SavedModel with a free batch dimension.
+
+A run on 2 replicas with a weight average exports at its end; a fresh
+process with TensorFlow only (looper never imported) loads it and predicts
+at batch sizes 1, 7 and 64; the predictions match the averaged weights of
+the checkpoint, restored here into the model independently of the export.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from looper import checkpoint
+from looper import config as lc
+from looper import distribute
+from looper import run
+from looper import trainer as trainer_lib
+from tests import conftest
+from tests import tiny
+
+STEPS = 20
+ARGS = ("--config=tests/tiny.py", f"--config.train.steps={STEPS}",
+        "--config.checkpoint.every_steps=10", "--config.optimizer.ema_decay=0.9",
+        "--config.distribution.num_cpu_devices=2", "--config.export.at_end=True",
+        "--mode=train")
+
+# Runs in a fresh interpreter outside the repo: only TensorFlow is there.
+_SERVE = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+x = np.load(sys.argv[2])
+_, kwargs = serve.structured_input_signature
+out = {"input_shape": kwargs["inputs"].shape.as_list(),
+       "looper_imported": any(m.startswith("looper") for m in sys.modules)}
+for n in (1, 7, 64):
+  out[n] = serve(inputs=tf.constant(x[:n]))["logits"].numpy().tolist()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("export")
+  conftest.run_ok(f"--workdir={workdir}", *ARGS)
+  return workdir
+
+
+def _served(export_dir, x, tmp_path) -> dict:
+  np.save(tmp_path / "x.npy", x)
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  proc = subprocess.run(
+      [sys.executable, "-c", _SERVE, str(export_dir), str(tmp_path / "x.npy")],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+      check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _restored_trainer(workdir, prefix):
+  """The tiny model with `prefix`'s weights, on one device."""
+  config = tiny.get_config()
+  config.optimizer.ema_decay = 0.9
+  trainer = trainer_lib.Trainer(config, distribute.strategy_for(config))
+  ckpt = checkpoint.Checkpointer(
+      str(workdir / "checkpoints"), trainer.checkpoint_items(), keep=3,
+      chief=True, task_id=0)
+  assert ckpt.restore(str(prefix)) == str(prefix)
+  return trainer
+
+
+def test_export_serves_any_batch_from_tf_alone(trained, tmp_path):
+  exports = trained / "export"
+  # Renamed into place: no partial folder left beside the version.
+  assert sorted(os.listdir(exports)) == [str(STEPS)]
+  x, _ = tiny.make_data(64, seed=5)
+  served = _served(exports / str(STEPS), x, tmp_path)
+  assert served["input_shape"] == [None, tiny.FEATURES]
+  assert not served["looper_imported"]
+
+  trainer = _restored_trainer(trained, trained / "checkpoints" / f"ckpt-{STEPS}")
+  trained_logits = trainer.model(x, training=False).numpy()
+  with trainer.averaged_weights():
+    averaged_logits = trainer.model(x, training=False).numpy()
+  for n in (1, 7, 64):
+    np.testing.assert_allclose(served[str(n)], averaged_logits[:n],
+                               rtol=1e-5, atol=1e-6)
+  # The average really is what was exported, not the last weights.
+  assert not np.allclose(averaged_logits, trained_logits, atol=1e-4)
+
+
+def test_mode_export_of_an_older_checkpoint(trained, tmp_path):
+  config = tiny.get_config()
+  config.optimizer.ema_decay = 0.9
+  older = str(trained / "checkpoints" / "ckpt-10")
+  result = run.run(config, str(trained), "export", older)
+  assert result["step"] == 10 and result["checkpoint"] == older
+  assert result["export"] == str(trained / "export" / "10")
+  assert sorted(os.listdir(trained / "export")) == ["10", str(STEPS)]
+  x, _ = tiny.make_data(7, seed=6)
+  served_10 = _served(result["export"], x, tmp_path)
+  trainer = _restored_trainer(trained, older)
+  with trainer.averaged_weights():
+    np.testing.assert_allclose(served_10["7"], trainer.model(x).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_export_without_checkpoint_is_one_line(tmp_path):
+  with pytest.raises(checkpoint.CheckpointError,
+                     match="--mode=export found no checkpoint") as e:
+    run.run(tiny.get_config(), str(tmp_path), "export")
+  assert "\n" not in str(e.value)
+  assert not (tmp_path / "export").exists()
+
+
+def test_checkpoint_flag_is_for_eval_and_export(tmp_path):
+  with pytest.raises(lc.ConfigError, match="--mode=eval and --mode=export"):
+    run.run(tiny.get_config(), str(tmp_path), "train", "/x/ckpt-1")
+
+
+def test_input_signature_has_free_batch_and_named_inputs():
+  from looper import export
+  spec = export.input_signature(tf.TensorSpec([28, 28, 1], tf.float32))
+  assert spec.shape.as_list() == [None, 28, 28, 1] and spec.name == "inputs"
+  specs = export.input_signature({"tokens": tf.TensorSpec([64], tf.int32),
+                                  "mask": tf.TensorSpec([64], tf.bool)})
+  assert {k: (s.shape.as_list(), s.name) for k, s in specs.items()} == {
+      "tokens": ([None, 64], "tokens"), "mask": ([None, 64], "mask")}
+
+
+@pytest.mark.parametrize("workdir,device", [("LOCAL", "/job:localhost"),
+                                            ("gs://bucket/run", None)])
+def test_tpu_export_of_a_local_workdir_goes_through_the_host(
+    trained, tmp_path, monkeypatch, workdir, device):
+  import keras
+  from looper import export
+  seen = {}
+
+  def write_out(self, path, options=None, verbose=True):
+    seen["device"] = options.experimental_io_device
+
+  # ExportArchive() returns the backend's subclass: patch what it returns.
+  monkeypatch.setattr(type(keras.export.ExportArchive()), "write_out",
+                      write_out)
+  monkeypatch.setattr(tf.io.gfile, "rename", lambda a, b: None)
+  trainer = _restored_trainer(trained, trained / "checkpoints" / "ckpt-10")
+  workdir = str(tmp_path) if workdir == "LOCAL" else workdir
+  monkeypatch.setattr(tf.io.gfile, "exists", lambda path: False)
+  export.export(trainer, workdir, on_tpu=True)
+  assert seen["device"] == device

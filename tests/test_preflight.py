@@ -1,0 +1,171 @@
+"""`looper check`: each crafted violation of a TPU rule gives exactly its line.
+
+Every case is the tiny experiment (ready as it is) with one thing broken.
+"""
+
+import inspect
+import re
+
+import keras
+import pytest
+import tensorflow as tf
+
+from looper import preflight
+from tests import conftest
+from tests import tiny
+
+
+def _config(**changes):
+  c = tiny.get_config()
+  c.train.batch_size = 64  # 8 per core on 8 cores
+  c.eval.batch_size = 64
+  for key, value in changes.items():
+    section, _, field = key.rpartition(".")
+    (c[section] if section else c)[field] = value
+  return c
+
+
+class PythonIf(keras.layers.Layer):
+  def call(self, x):
+    if tf.reduce_sum(x) > 0:  # a tensor's value decides the graph
+      return x * 2.0
+    return x
+
+
+class DataDependentShape(keras.layers.Layer):
+  def call(self, x):
+    positive = tf.boolean_mask(x, x > 0)  # as many values as are positive
+    return x + tf.reduce_mean(positive)
+
+
+class NoXlaKernel(keras.layers.Layer):
+  def call(self, x):
+    digits = tf.strings.length(tf.strings.as_string(x))  # string ops: host only
+    return x + tf.cast(digits, x.dtype)
+
+
+class Subclassed(keras.Model):
+  """Built eagerly on one example by looper (no symbolic Input), so only
+  the traced step meets the layer's problem."""
+
+  def __init__(self, layer):
+    super().__init__()
+    self.inner, self.dense = layer(), keras.layers.Dense(tiny.NUM_CLASSES)
+
+  def call(self, x):
+    return self.dense(self.inner(x))
+
+
+def _model_with(layer):
+  return lambda config: Subclassed(layer)
+
+
+def _train_split_mapped(fn):
+  """tiny's data with `fn(dataset)` applied to the train split only."""
+  def dataset_fn(config, split):
+    dataset = tiny.dataset_fn(config, split)
+    return fn(dataset) if split == config.data.train_split else dataset
+  return dataset_fn
+
+
+def _from_generator(dataset):
+  x, y = next(iter(dataset.batch(100_000)))
+  spec = dataset.element_spec
+  return tf.data.Dataset.from_generator(
+      lambda: zip(x.numpy(), y.numpy()), output_signature=spec)
+
+
+def _lengths_vary(config, split):
+  """Sequences whose length changes every 64 examples (one global batch)."""
+  del config, split
+  return tf.data.Dataset.range(64 * 30).map(
+      lambda i: (tf.zeros([8 + i // 64]), tf.cast(i % 4, tf.int32)))
+
+
+def _pooled_model(config):
+  return keras.Sequential([keras.Input((None,)), keras.layers.Reshape((-1, 1)),
+                           keras.layers.GlobalAveragePooling1D(),
+                           keras.layers.Dense(tiny.NUM_CLASSES)])
+
+
+# The line of PythonIf's `if`: the one the problem must point at.
+_IF_LINE = inspect.getsourcelines(PythonIf.call)[1] + 1
+
+CASES = {
+    "python_if": (dict(model_fn=_model_with(PythonIf)),
+                  r"\(train step and eval step\): a Python if/while/bool\(\) reads a"
+                  rf" tensor's value at test_preflight.py:{_IF_LINE};"),
+    "data_dependent_shape": (
+        dict(model_fn=_model_with(DataDependentShape)),
+        r"\(train step and eval step\): op Where \(.*boolean_mask.*\) has a"
+        r" data-dependent output shape"),
+    "no_xla_kernel": (dict(model_fn=_model_with(NoXlaKernel)),
+                      r"\(train step and eval step\): op AsString does not compile with"
+                      r" XLA"),
+    "dynamic_example_shape": (
+        dict(model_fn=_pooled_model, dataset_fn=_lengths_vary),
+        r"yields a component of shape \(None,\) for split 'train'.*"
+        r"set --config.data.bucket"),
+    "many_shapes": (dict(model_fn=_pooled_model, dataset_fn=_lengths_vary,
+                         **{"data.bucket": 1, "data.shuffle_buffer": 0}),
+                    r"the first 20 train batches have 20 distinct shapes.*"
+                    r"raise --config.data.bucket"),
+    "python_in_pipeline": (
+        dict(dataset_fn=_train_split_mapped(_from_generator)),
+        r"split 'train' \(data.train_split\) runs Python through"
+        r" tf.data.Dataset.from_generator"),
+    "float64": (dict(dataset_fn=_train_split_mapped(
+        lambda d: d.map(lambda x, y: (tf.cast(x, tf.float64), y)))),
+                r"inputs of split 'train' is float64.*cast it to float32"),
+    "int64_labels": (dict(dataset_fn=_train_split_mapped(
+        lambda d: d.map(lambda x, y: (x, tf.cast(y, tf.int64))))),
+                     r"labels of split 'train' are int64.*cast them to int32"),
+    "batch_not_divisible": (
+        {"train.batch_size": 36},
+        r"train.batch_size=36 does not split over 8 TPU cores; set"
+        r" --config.train.batch_size=32"),
+    "batch_per_core_small": (
+        {"train.batch_size": 32},
+        r"gives 4 examples per TPU core \(8 cores\).*batch_size=64"),
+}
+
+
+def test_the_tiny_experiment_is_ready():
+  config = _config()
+  assert preflight.check(config) == []
+  assert preflight.report([], config, 8).startswith(
+      "ready: the train and eval steps compile with XLA")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_violation_gives_exactly_its_line(case):
+  changes, pattern = CASES[case]
+  problems = preflight.check(_config(**changes))
+  assert len(problems) == 1, problems
+  assert "\n" not in problems[0]
+  assert re.search(pattern, problems[0]), problems[0]
+
+
+def test_cli_exit_codes_and_lines():
+  ok = conftest.run_looper("check", "--config=tests/tiny.py",
+                           "--config.train.batch_size=64",
+                           "--config.eval.batch_size=64")
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert ok.stdout.startswith("ready: ")
+  bad = conftest.run_looper("--mode=check", "--config=tests/tiny.py",
+                            "--cores=32")
+  assert bad.returncode == 1
+  assert bad.stdout.splitlines() == [
+      "looper check: config.train.batch_size=32 gives 1 examples per TPU"
+      " core (32 cores); a core pads to a multiple of 8, so set"
+      " --config.train.batch_size=256 (the TPU guides use 128 per core:"
+      " 4096)"]
+
+
+def test_mnist_is_ready():
+  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  c = mnist.get_config()
+  c.data.dir = str(conftest.SHARED_MNIST)
+  c.data.train_split, c.data.eval_split = "test[:8000]", "test[8000:]"
+  c.model.width = 8
+  assert preflight.check(c, cores=8) == []
