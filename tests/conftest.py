@@ -1,5 +1,6 @@
 """Shared test helpers: repo paths, running looper in a process, events."""
 
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -116,3 +117,80 @@ def finish(procs, timeout: float) -> list[str]:
       proc.kill()
       proc.wait()
   return [proc.log.read_text() for proc in procs]
+
+
+# Runs in a fresh interpreter outside the repo: only TensorFlow is there.
+_SERVE = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+x = np.load(sys.argv[2])
+_, kwargs = serve.structured_input_signature
+out = {"input": [kwargs["inputs"].shape.as_list(), kwargs["inputs"].dtype.name],
+       "looper_imported": any(m.startswith("looper") for m in sys.modules)}
+for n in (1, 7, 64):
+  out[n] = serve(inputs=tf.constant(x[:n]))["logits"].numpy().tolist()
+print(json.dumps(out))
+"""
+
+
+def serve_in_fresh_process(export_dir, x, tmp_path) -> dict:
+  """An export's logits for x[:1], x[:7], x[:64] (keys '1', '7', '64'), its
+  input [shape, dtype] and whether looper got imported, from a process
+  with TensorFlow only (no PYTHONPATH, cwd outside the repo)."""
+  import json  # pylint: disable=g-import-not-at-top
+  np.save(pathlib.Path(tmp_path) / "x.npy", x)
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  proc = subprocess.run(
+      [sys.executable, "-c", _SERVE, str(export_dir),
+       str(pathlib.Path(tmp_path) / "x.npy")],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+      check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.splitlines()[-1])
+
+
+def restored_trainer(config, prefix):
+  """A one-device Trainer of `config` holding checkpoint `prefix`."""
+  from looper import checkpoint, distribute  # pylint: disable=g-import-not-at-top
+  from looper import config as lc  # pylint: disable=g-import-not-at-top
+  trainer = lc.resolve(config.trainer, "trainer")(
+      config, distribute.strategy_for(config))
+  ckpt = checkpoint.Checkpointer(
+      str(pathlib.Path(prefix).parent), trainer.checkpoint_items(), keep=3,
+      chief=True, task_id=0)
+  assert ckpt.restore(str(prefix)) == str(prefix)
+  return trainer
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+  """Fails the test on any download attempt (urllib, which Keras uses)."""
+  import urllib.request  # pylint: disable=g-import-not-at-top
+
+  def fail(*args, **kwargs):
+    raise AssertionError(f"unexpected download: {args} {kwargs}")
+  monkeypatch.setattr(urllib.request, "urlopen", fail)
+
+
+@contextlib.contextmanager
+def loopback_server(directory):
+  """Serves `directory` over HTTP on 127.0.0.1; yields its base URL."""
+  import http.server  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+
+  class Handler(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, directory=str(directory), **kwargs)
+
+    def log_message(self, *args):  # keep pytest's output clean
+      pass
+
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+  finally:
+    server.shutdown()
+    server.server_close()

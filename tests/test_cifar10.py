@@ -12,10 +12,8 @@ Nothing leaves the machine: the only URLs are on 127.0.0.1.
 """
 
 import hashlib
-import http.server
 import pickle
 import tarfile
-import threading
 
 import numpy as np
 import pytest
@@ -23,6 +21,7 @@ import pytest
 from experiments import cifar10
 from looper import config as lc
 from looper import run
+from tests.conftest import loopback_server
 
 # Port 9 (discard) on loopback: nothing listens, the connection is refused.
 DEAD_URL = "http://127.0.0.1:9/cifar-10-python.tar.gz"
@@ -235,25 +234,12 @@ def test_download_from_loopback_server(cifar, tmp_path):
   with tarfile.open(archive, "w:gz") as tar:  # the original's layout
     tar.add(root / "cifar-10-batches-py", arcname="cifar-10-batches-py")
 
-  class Handler(http.server.SimpleHTTPRequestHandler):
-    def __init__(self, *args, **kwargs):
-      super().__init__(*args, directory=str(served), **kwargs)
-
-    def log_message(self, *args):  # keep pytest's output clean
-      pass
-
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
   c = _config("")
   c.data.cache_dir = str(tmp_path / "cache")
-  try:
-    c.data.url = (f"http://127.0.0.1:{server.server_address[1]}/"
-                  "cifar-10-python.tar.gz")
+  with loopback_server(served) as base:
+    c.data.url = f"{base}/cifar-10-python.tar.gz"
     c.data.file_hash = hashlib.sha256(archive.read_bytes()).hexdigest()
     images, labels = cifar10.load_cifar10("test", c.data)
-  finally:
-    server.shutdown()
-    server.server_close()
   np.testing.assert_array_equal(images, arrays["test"][0])
   np.testing.assert_array_equal(labels, arrays["test"][1])
   # From the cache now: the server is gone and the URL is never tried.

@@ -76,16 +76,3 @@ def test_console_script_overrides_and_eval_mode(tmp_path):
   assert scalars(tmp_path / "eval", "examples") == {6: 1001}
   assert (tmp_path / "config.json").read_text() == record
   assert sorted((tmp_path / "train").iterdir()) == train_events
-
-
-def test_readme_example_experiment_runs(tmp_path):
-  readme = (ROOT / "README.md").read_text()
-  section = readme[readme.index("## An experiment is one file"):]
-  code = section[section.index("```python") + 9:section.index("```\n", 9)]
-  (tmp_path / "linear.py").write_text(code)
-  proc = run_looper(f"--config={tmp_path}/linear.py",
-                    f"--workdir={tmp_path}/run")
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  accuracy = scalars(tmp_path / "run" / "eval", "accuracy")
-  assert list(accuracy) == [500] and accuracy[500] > 0.95
-  assert scalars(tmp_path / "run" / "eval", "examples") == {500: 1000}

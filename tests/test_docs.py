@@ -22,7 +22,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from tests import tiny
-from tests.conftest import ROOT, run_ok
+from tests.conftest import ROOT, run_ok, scalars
 
 DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "BUILD.md")}
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
@@ -144,12 +144,16 @@ def test_quickstart_runs_shrunk_and_tensorboard_finds_it(tmp_path):
   args = [a.replace(workdir, str(tmp_path / "mnist")) for a in args]
   # A few steps of the real config on the real data: seconds, not minutes.
   args += ["--config.train.steps=20", "--config.train.steps_per_loop=10",
-           "--config.eval.every_steps=20", "--config.eval.steps=1"]
+           "--config.eval.every_steps=20", "--config.eval.steps=1",
+           "--config.profile.start_step=10", "--config.profile.num_steps=2"]
   proc = run_ok(*args)
   assert f"tensorboard --logdir={workdir}" in block
   assert f"  tensorboard --logdir={tmp_path / 'mnist'}" in proc.stderr
   events = list((tmp_path / "mnist").glob("*/events.out.tfevents.*"))
   assert {p.parent.name for p in events} == {"train", "eval"}
+  assert list((tmp_path / "mnist").glob("events.out.tfevents.*"))  # hparams
+  assert list((tmp_path / "mnist" / "train" / "plugins" / "profile").glob(
+      "*/*.xplane.pb"))
 
 
 def _python_block(marker: str) -> str:
@@ -158,16 +162,15 @@ def _python_block(marker: str) -> str:
 
 
 def test_the_fifteen_line_experiment_trains(tmp_path):
+  """Exactly the README's file and command (its 500 steps)."""
   block = _python_block("# experiments/linear.py")
   assert len(block.strip().splitlines()) <= 20
   path = tmp_path / "linear.py"
   path.write_text(block)
-  proc = run_ok(f"--config={path}", f"--workdir={tmp_path / 'run'}",
-                "--config.train.steps=150", "--config.train.steps_per_loop=50",
-                "--config.eval.every_steps=150", "--mode=train_and_eval")
-  accuracy = float(re.search(r"eval at step 150: .*accuracy=(\S+)",
-                             proc.stderr).group(1))
-  assert accuracy > 0.8  # two linearly separable classes
+  run_ok(f"--config={path}", f"--workdir={tmp_path / 'run'}")
+  accuracy = scalars(tmp_path / "run" / "eval", "accuracy")
+  assert list(accuracy) == [500] and accuracy[500] > 0.95
+  assert scalars(tmp_path / "run" / "eval", "examples") == {500: 1000}
 
 
 @pytest.mark.parametrize("name", ["SmoothedTrainer", "GanTrainer"])

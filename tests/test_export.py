@@ -6,10 +6,7 @@ at batch sizes 1, 7 and 64; the predictions match the averaged weights of
 the checkpoint, restored here into the model independently of the export.
 """
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,9 +14,7 @@ import tensorflow as tf
 
 from looper import checkpoint
 from looper import config as lc
-from looper import distribute
 from looper import run
-from looper import trainer as trainer_lib
 from tests import conftest
 from tests import tiny
 
@@ -29,22 +24,6 @@ ARGS = ("--config=tests/tiny.py", f"--config.train.steps={STEPS}",
         "--config.distribution.num_cpu_devices=2", "--config.export.at_end=True",
         "--mode=train")
 
-# Runs in a fresh interpreter outside the repo: only TensorFlow is there.
-_SERVE = """
-import json, sys
-import numpy as np
-import tensorflow as tf
-serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-x = np.load(sys.argv[2])
-_, kwargs = serve.structured_input_signature
-out = {"input_shape": kwargs["inputs"].shape.as_list(),
-       "looper_imported": any(m.startswith("looper") for m in sys.modules)}
-for n in (1, 7, 64):
-  out[n] = serve(inputs=tf.constant(x[:n]))["logits"].numpy().tolist()
-print(json.dumps(out))
-"""
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("export")
@@ -52,27 +31,10 @@ def trained(tmp_path_factory):
   return workdir
 
 
-def _served(export_dir, x, tmp_path) -> dict:
-  np.save(tmp_path / "x.npy", x)
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  proc = subprocess.run(
-      [sys.executable, "-c", _SERVE, str(export_dir), str(tmp_path / "x.npy")],
-      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-      check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.splitlines()[-1])
-
-
 def _restored_trainer(workdir, prefix):
-  """The tiny model with `prefix`'s weights, on one device."""
   config = tiny.get_config()
   config.optimizer.ema_decay = 0.9
-  trainer = trainer_lib.Trainer(config, distribute.strategy_for(config))
-  ckpt = checkpoint.Checkpointer(
-      str(workdir / "checkpoints"), trainer.checkpoint_items(), keep=3,
-      chief=True, task_id=0)
-  assert ckpt.restore(str(prefix)) == str(prefix)
-  return trainer
+  return conftest.restored_trainer(config, prefix)
 
 
 def test_export_serves_any_batch_from_tf_alone(trained, tmp_path):
@@ -80,8 +42,8 @@ def test_export_serves_any_batch_from_tf_alone(trained, tmp_path):
   # Renamed into place: no partial folder left beside the version.
   assert sorted(os.listdir(exports)) == [str(STEPS)]
   x, _ = tiny.make_data(64, seed=5)
-  served = _served(exports / str(STEPS), x, tmp_path)
-  assert served["input_shape"] == [None, tiny.FEATURES]
+  served = conftest.serve_in_fresh_process(exports / str(STEPS), x, tmp_path)
+  assert served["input"] == [[None, tiny.FEATURES], "float32"]
   assert not served["looper_imported"]
 
   trainer = _restored_trainer(trained, trained / "checkpoints" / f"ckpt-{STEPS}")
@@ -104,7 +66,7 @@ def test_mode_export_of_an_older_checkpoint(trained, tmp_path):
   assert result["export"] == str(trained / "export" / "10")
   assert sorted(os.listdir(trained / "export")) == ["10", str(STEPS)]
   x, _ = tiny.make_data(7, seed=6)
-  served_10 = _served(result["export"], x, tmp_path)
+  served_10 = conftest.serve_in_fresh_process(result["export"], x, tmp_path)
   trainer = _restored_trainer(trained, older)
   with trainer.averaged_weights():
     np.testing.assert_allclose(served_10["7"], trainer.model(x).numpy(),

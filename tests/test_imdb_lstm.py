@@ -11,7 +11,6 @@ ranks 11-15, negative iff of ranks 16-20. Nothing leaves the machine.
 """
 
 import os
-import urllib.request
 
 import keras
 from keras.src.datasets import imdb as keras_imdb
@@ -21,6 +20,7 @@ import pytest
 from experiments import imdb_lstm
 from looper import config as lc
 from looper import run
+from tests.conftest import restored_trainer, serve_in_fresh_process
 
 POSITIVE, NEGATIVE = (11, 12, 13, 14, 15), (16, 17, 18, 19, 20)
 NUM_TRAIN, NUM_TEST = 800, 200
@@ -59,13 +59,6 @@ def _config(data_dir, **model):
   c.model.update(dict(num_words=200, seq_len=48, embed_dim=16, units=16),
                  **model)
   return c
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-  def fail(*args, **kwargs):
-    raise AssertionError(f"unexpected download: {args} {kwargs}")
-  monkeypatch.setattr(urllib.request, "urlopen", fail)
 
 
 def test_get_config_validates():
@@ -203,12 +196,25 @@ def test_trains_end_to_end_under_xla(data_dir, tmp_path):
   c.eval.update(every_steps=0, batch_size=100)
   c.checkpoint.every_steps = 0
   c.optimizer.learning_rate = 0.01
-  result = run.run(c, str(tmp_path), mode="train_and_eval")
+  c.export.at_end = True
+  result = run.run(c, str(tmp_path / "run"), mode="train_and_eval")
   assert result["step"] == 40
   assert result["eval"]["examples"] == NUM_TEST
   # Measured: 1.0 after 40 steps (eval loss 0.085).
   assert result["eval"]["accuracy"] >= 0.9, result["eval"]
-  assert os.path.exists(tmp_path / "checkpoints" / "ckpt-40.index")
+  assert os.path.exists(tmp_path / "run" / "checkpoints" / "ckpt-40.index")
+
+  # Trained at a static batch of 32, served at any batch: a fresh process
+  # with TensorFlow only, rows padded in front exactly like training.
+  tokens, _ = imdb_lstm.dataset_fn(c, "test[:64]")
+  served = serve_in_fresh_process(result["export"], tokens, tmp_path)
+  assert served["input"] == [[None, c.model.seq_len], "int32"]
+  assert not served["looper_imported"]
+  trainer = restored_trainer(c, tmp_path / "run" / "checkpoints" / "ckpt-40")
+  expected = trainer.model(tokens, training=False).numpy()
+  for n in (1, 7, 64):
+    np.testing.assert_allclose(served[str(n)], expected[:n], rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_ready_for_a_tpu(data_dir):

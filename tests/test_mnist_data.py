@@ -10,12 +10,9 @@ Nothing leaves the machine: the only URLs are on 127.0.0.1.
 """
 
 import gzip
-import http.server
 import pathlib
 import shutil
 import struct
-import threading
-import urllib.request
 
 import keras
 import ml_collections
@@ -24,6 +21,7 @@ import pytest
 
 from experiments import mnist
 from looper import config as lc
+from tests.conftest import loopback_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "mnist"
@@ -72,12 +70,6 @@ def _as_arrays(dataset):
   return images.numpy(), labels.numpy()
 
 
-def _no_network(monkeypatch):
-  def fail(*args, **kwargs):
-    raise AssertionError(f"unexpected download: {args} {kwargs}")
-  monkeypatch.setattr(urllib.request, "urlopen", fail)
-
-
 def test_get_config_validates():
   c = mnist.get_config()
   lc.validate(c)
@@ -87,8 +79,7 @@ def test_get_config_validates():
   assert c.model.width == 256
 
 
-def test_shared_idx_gz_splits(reference, monkeypatch):
-  _no_network(monkeypatch)
+def test_shared_idx_gz_splits(reference, no_network):
   ref_images, ref_labels, labels_raw, images_raw = reference
   c = _config(SHARED, train_split="test[:8000]", eval_split="test[8000:]")
   train = mnist.dataset_fn(c, c.data.train_split)
@@ -115,15 +106,13 @@ def test_shared_idx_gz_splits(reference, monkeypatch):
                                 ref_images[-1].astype(np.float32) / 255)
 
 
-def test_percent_split(monkeypatch):
-  _no_network(monkeypatch)
+def test_percent_split(no_network):
   c = _config(SHARED)
   assert mnist.dataset_fn(c, "test[:10%]").cardinality().numpy() == 1000
   assert mnist.dataset_fn(c, "test[95%:]").cardinality().numpy() == 500
 
 
-def test_uncompressed_idx_and_npz_match(reference, tmp_path, monkeypatch):
-  _no_network(monkeypatch)
+def test_uncompressed_idx_and_npz_match(reference, tmp_path, no_network):
   ref_images, ref_labels, labels_raw, images_raw = reference
   idx_dir, npz_dir = tmp_path / "idx", tmp_path / "npz"
   idx_dir.mkdir()
@@ -149,8 +138,7 @@ def test_uncompressed_idx_and_npz_match(reference, tmp_path, monkeypatch):
   np.testing.assert_array_equal(train_images, ref_images[:5])
 
 
-def test_missing_files_name_the_dir(tmp_path, monkeypatch):
-  _no_network(monkeypatch)  # data.dir set: never a download
+def test_missing_files_name_the_dir(tmp_path, no_network):
   with pytest.raises(lc.ConfigError) as e:
     mnist.dataset_fn(_config(tmp_path), "test")
   message = str(e.value)
@@ -159,8 +147,7 @@ def test_missing_files_name_the_dir(tmp_path, monkeypatch):
   assert "t10k-images-idx3-ubyte" in message and "mnist.npz" in message
 
 
-def test_missing_train_files_in_shared_dir(monkeypatch):
-  _no_network(monkeypatch)
+def test_missing_train_files_in_shared_dir(no_network):
   with pytest.raises(lc.ConfigError, match="train-images-idx3-ubyte") as e:
     mnist.dataset_fn(_config(SHARED), "train")
   assert "\n" not in str(e.value)
@@ -186,19 +173,8 @@ def test_download_from_loopback_server(reference, tmp_path):
            y_test=ref_labels[:50])
   (served / "junk.npz").write_bytes(b"<html>not an npz</html>")
 
-  class Handler(http.server.SimpleHTTPRequestHandler):
-    def __init__(self, *args, **kwargs):
-      super().__init__(*args, directory=str(served), **kwargs)
-
-    def log_message(self, *args):  # keep pytest's output clean
-      pass
-
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
-  try:
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    cache = tmp_path / "cache"
+  cache = tmp_path / "cache"
+  with loopback_server(served) as base:
     with pytest.raises(lc.ConfigError, match="has no t10k-images") as e:
       mnist.load_mnist("test", _data("", f"{base}/junk.npz", str(cache)))
     assert "\n" not in str(e.value)
@@ -216,16 +192,12 @@ def test_download_from_loopback_server(reference, tmp_path):
     np.testing.assert_array_equal(images, ref_images[:50])
     np.testing.assert_array_equal(labels, ref_labels[:50])
     assert [p.name for p in cache.iterdir()] == ["mnist.npz"]
-  finally:
-    server.shutdown()
-    server.server_close()
   # Served from the cache now: the dead URL is never tried.
   images, _ = mnist.load_mnist("test", _data("", cache_dir=str(cache)))
   np.testing.assert_array_equal(images, ref_images[:50])
 
 
-def test_corrupt_idx_names_the_file(tmp_path, monkeypatch):
-  _no_network(monkeypatch)
+def test_corrupt_idx_names_the_file(tmp_path, no_network):
   shutil.copy(LABELS_GZ, tmp_path)
   bad = tmp_path / "t10k-images-idx3-ubyte"
   bad.write_bytes(struct.pack(">IIII", 1234, 1, 28, 28) + bytes(784))
@@ -236,8 +208,7 @@ def test_corrupt_idx_names_the_file(tmp_path, monkeypatch):
   assert str(bad) in message and "1234" in message and "2051" in message
 
 
-def test_truncated_idx_names_the_file(tmp_path, monkeypatch):
-  _no_network(monkeypatch)
+def test_truncated_idx_names_the_file(tmp_path, no_network):
   shutil.copy(LABELS_GZ, tmp_path)
   bad = tmp_path / "t10k-images-idx3-ubyte.gz"
   bad.write_bytes(gzip.compress(struct.pack(">IIII", 2051, 10_000, 28, 28) +
@@ -247,8 +218,7 @@ def test_truncated_idx_names_the_file(tmp_path, monkeypatch):
   assert "\n" not in str(e.value) and str(bad) in str(e.value)
 
 
-def test_unknown_split_names_the_field(monkeypatch):
-  _no_network(monkeypatch)
+def test_unknown_split_names_the_field(no_network):
   c = _config(SHARED, eval_split="validation")
   with pytest.raises(lc.ConfigError, match=r"config\.data\.eval_split="):
     mnist.dataset_fn(c, "validation")

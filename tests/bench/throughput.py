@@ -4,6 +4,7 @@ Synopsis::
 
     python -m tests.bench.throughput                    # every configuration
     python -m tests.bench.throughput --models=mlp --replicas=1 --rounds=3
+    python -m tests.bench.throughput --phases   # looper's first loop, split
 
 Each configuration (model x replicas x precision) runs in its own process
 (logical CPUs and the dtype policy are fixed per process) and alternates
@@ -189,6 +190,30 @@ def first_loop(model: str, replicas: int, precision: str, name: str) -> dict:
   return {"secs": secs, "build_secs": built - start, "peak_mb": peak_mb}
 
 
+def phases(model: str = "mlp", precision: str = "float32") -> str:
+  """Where looper's first loop goes, one replica, in this (fresh) process."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  images, labels = _data()
+  config = _config(model, precision, images, labels)
+  times = [time.perf_counter()]
+  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  times.append(time.perf_counter())
+  iterator = iter(trainer.train_data())
+  times.append(time.perf_counter())
+  trainer._train_fn.get_concrete_function(  # pylint: disable=protected-access
+      iterator, tf.constant(K))
+  times.append(time.perf_counter())
+  trainer._iterator = iterator  # pylint: disable=protected-access
+  for _ in range(2):
+    trainer.train(K)
+    times.append(time.perf_counter())
+  names = ("Trainer()", "train_data() + iterator", "trace",
+           "first train(K)", "second train(K)")
+  return "  ".join(f"{n} {b - a:.2f}s" for n, a, b in
+                   zip(names, times, times[1:]))
+
+
 def measure(model: str, replicas: int, precision: str, rounds: int) -> dict:
   """One configuration, in this process: alternating rounds."""
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -231,7 +256,13 @@ def main():
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--one", help=argparse.SUPPRESS)  # child processes
   parser.add_argument("--first", help=argparse.SUPPRESS)
+  parser.add_argument("--phases", action="store_true",
+                      help="time the phases of looper's first loop (MLP,"
+                      " 1 replica) in this process, and stop")
   args = parser.parse_args()
+  if args.phases:
+    print(phases())
+    return
   if args.one:
     model, replicas, precision = args.one.split(",")
     print(json.dumps(
