@@ -96,8 +96,9 @@ def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
         f" padded lengths remain (see experiments/text_classifier.py)")
   inputs, labels = first
   per_core_eval = max(1, config.eval.batch_size // cores)
-  eval_inputs, _ = next(iter(examples["eval"].batch(per_core_eval,
-                                                   drop_remainder=True)))
+  # padded_batch: variable-length examples (data.bucket) batch too.
+  eval_inputs, _ = next(iter(examples["eval"].padded_batch(
+      per_core_eval, drop_remainder=True)))
   steps = {
       "train step": (trainer.compute_gradients, (inputs, labels)),
       "eval step": (lambda x: trainer.model(x, training=False),

@@ -194,3 +194,11 @@ def test_trains_end_to_end_with_the_same_curve_on_two_replicas(data,
                              atol=1e-6)
   assert scalars(tmp_path / "two" / "eval", "accuracy")[40] == pytest.approx(
       result["eval"]["accuracy"])
+
+
+def test_ready_for_a_tpu(data):
+  """`looper check` passes it: 8 per core, at most max_len / bucket shapes."""
+  from looper import preflight  # pylint: disable=g-import-not-at-top
+  c = _config(data[0])
+  c.train.batch_size = c.eval.batch_size = 64
+  assert preflight.check(c, cores=8) == []
