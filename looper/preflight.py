@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from looper import config as config_lib
 from looper import distribute
+from looper import trainer as trainer_lib
 
 # Ops that run Python: a TPU host runs only the graph.
 _PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":
@@ -211,7 +212,7 @@ def _compile_problem(fn, args) -> str | None:
   try:
     tf.function(fn, jit_compile=True)(*args)
   except tf.errors.InvalidArgumentError as e:
-    op = _xla_op(e)
+    op = trainer_lib.xla_op(e)
     if op is None:
       raise
     return (f"op {op} does not compile with XLA (no XLA kernel; TPUs run"
@@ -219,18 +220,12 @@ def _compile_problem(fn, args) -> str | None:
   return None
 
 
-def _xla_op(e: Exception) -> str | None:
-  """The op an XLA compile error names, e.g. 'AsString'."""
-  found = re.search(r"compile graph .* on XLA_\w+: (\w+)", str(e))
-  return found.group(1) if found else None
-
-
 def _dynamic_op(graph) -> str | None:
   """The first op whose output shape is unknown though its inputs' are not,
   as 'Type (name)', searching nested function bodies (while loops) too."""
+  known = lambda ts: all(t.shape.rank is not None and
+                         None not in t.shape.as_list() for t in ts)
   for op in graph.get_operations():
-    known = lambda ts: all(t.shape.rank is not None and
-                           None not in t.shape.as_list() for t in ts)
     # Inputless ops (a function body's placeholders) have no data to
     # depend on; their shapes are the caller's, checked where it is.
     if op.inputs and op.outputs and known(op.inputs) and not known(

@@ -522,14 +522,20 @@ class Trainer:
     return items
 
 
+def xla_op(e: Exception) -> str | None:
+  """The op an XLA compile error names (e.g. 'AsString'), or None."""
+  found = re.search(r"compile graph .* on XLA_\w+: (\w+)", str(e))
+  return found.group(1) if found else None
+
+
 def _xla_error(e: tf.errors.InvalidArgumentError) -> Exception:
   """One line naming the op XLA cannot compile; other errors unchanged."""
-  found = re.search(r"compile graph .* on XLA_\w+: (\w+)", str(e))
-  if found is None:
+  op = xla_op(e)
+  if op is None:
     return e
   return config_lib.ConfigError(
       f"config.train.jit_compile=True: the train step does not compile with"
-      f" XLA (op {found.group(1)} is not supported); set"
+      f" XLA (op {op} is not supported); set"
       " --config.train.jit_compile=False, or replace that op in the model")
 
 
