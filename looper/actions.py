@@ -18,6 +18,8 @@ train loop when any of these holds:
 - `every_loop`: after every loop (summaries, progress line);
 - `at_end`: training ended (the last step, or an early stop);
 - `on_stop`: training is stopping early on a signal (preemption).
+`on_start(step)`, if given, runs when training starts, resumes or rolls
+back to `step` (e.g. to forget what a killed run wrote past it).
 
 `loop` is the `Loop` just run (its first step, per-step losses, logs). New
 behaviour (export, a profiler window, an early stop) is a new action: the
@@ -50,6 +52,7 @@ class Action:
                every_steps: int = 0, every_secs: float = 0.0,
                every_loop: bool = False, at_end: bool = False,
                on_stop: bool = False,
+               on_start: Callable[[int], None] | None = None,
                clock: Callable[[], float] = time.monotonic,
                name: str | None = None):
     if every_steps < 0 or every_secs < 0:
@@ -61,6 +64,7 @@ class Action:
     self.every_loop = every_loop
     self.at_end = at_end
     self.on_stop = on_stop
+    self._on_start = on_start
     self.name = name or getattr(fn, "__name__", type(fn).__name__)
     self._clock = clock
     self._last_step = 0
@@ -70,6 +74,8 @@ class Action:
     """Resets the trigger at the step training starts (or resumes) from."""
     self._last_step = step
     self._last_time = self._clock()
+    if self._on_start is not None:
+      self._on_start(step)
 
   def boundary(self, step: int) -> int | None:
     """The next step after `step` this action must land on, if step-based."""

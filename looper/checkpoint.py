@@ -37,15 +37,9 @@ from absl import logging
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from looper.config import first_line
-
-
-class CheckpointError(ValueError):
-  """A checkpoint cannot be used; the message names it and the fix."""
-
-
-class CheckpointMissing(CheckpointError):
-  """The checkpoint's files are not there (never written, or deleted)."""
+from looper.errors import CheckpointError
+from looper.errors import CheckpointMissing
+from looper.errors import first_line
 
 
 def io_device(on_tpu: bool, directory: str) -> str | None:

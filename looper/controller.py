@@ -10,7 +10,7 @@ Synopsis (what `looper.run.run` assembles from a config)::
 
 `train` / `train_and_eval`, from the step the trainer was restored to::
 
-    for action in actions: action.start(step); on_resume(step)
+    for action in actions: action.start(step)   # also its on_start(step)
     while step < total_steps and no stop was requested:
       n = steps to the nearest of: steps_per_loop, total_steps and the
           next `every_steps` boundary of any action
@@ -23,16 +23,61 @@ Synopsis (what `looper.run.run` assembles from a config)::
 
 The Controller knows nothing of tf.distribute or Keras: the Trainer runs
 steps, the Checkpointer saves and restores, actions do everything else.
+What it needs of the first two is written down below as `TrainerSurface`
+and `CheckpointerSurface` (looper's Trainer and Checkpointer have them; the
+tests' fakes too).
 """
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from absl import logging
 import numpy as np
 
 from looper import actions as actions_lib
-from looper import checkpoint as checkpoint_lib
+from looper import errors
+
+
+class TrainerSurface(Protocol):
+  """What the Controller calls on a trainer (`looper.trainer.Trainer`)."""
+  global_step: int  # updates done (a property on the Trainer)
+  global_batch_size: int  # examples per update
+  data_position: int  # global train examples consumed
+  weights_finite: bool  # after the last `train` call
+  stop_requested: bool  # a stop took effect (all workers agreed)
+
+  def train(self, steps: int) -> tuple[np.ndarray, dict[str, float]]:
+    """Runs up to `steps` steps; (per-step global mean losses, logs)."""
+
+  def request_stop(self) -> None:
+    """Stops the running or next loop after its current step."""
+
+  def agree(self, flag: bool) -> bool:
+    """`flag` or-ed over all workers; every worker calls it alike."""
+
+  def learning_rate(self) -> float:
+    """The current learning rate."""
+
+  def roll_back(self, checkpointer: "CheckpointerSurface") -> str | None:
+    """Restores the latest checkpoint, keeping the data position."""
+
+
+class CheckpointerSurface(Protocol):
+  """What the Controller calls on a `looper.checkpoint.Checkpointer`."""
+  directory: str
+
+  def restore(self, path: str | None = None) -> str | None:
+    """Restores `path` (default: the newest); its path, or None."""
+
+  def save(self, step: int, *, sync: bool = False, force: bool = False
+           ) -> str | None:
+    """Saves the state as step `step`."""
+
+  def latest(self) -> str | None:
+    """The newest complete checkpoint."""
+
+  def all(self) -> list[str]:
+    """Every complete checkpoint, oldest first."""
 
 
 def loop_length(step: int, total: int, steps_per_loop: int,
@@ -49,42 +94,45 @@ class Controller:
   """Runs the modes; see the module doc for the loop.
 
   Args (all but the first two keyword-only):
-    trainer: runs steps (`train(n)`), knows `global_step`, `data_position`,
-      and can `seek` and `request_stop`.
-    checkpointer: saves and restores (used for `evaluate`, continuous eval
-      and NaN roll-backs; saving itself is a save action).
+    trainer: runs steps (`TrainerSurface`).
+    checkpointer: saves and restores (`CheckpointerSurface`; used for
+      `evaluate`, continuous eval and NaN roll-backs; saving itself is a
+      save action).
     total_steps, steps_per_loop: `train.steps`, `train.steps_per_loop`.
     report_actions, eval_actions, save_actions: run in this order after
       each loop; eval actions only in `train_and_eval`.
-    evaluate: fn(step) -> eval logs, for `evaluate` and `continuous_eval`.
-    on_resume: fn(step), called when training starts or rolls back there.
     nan_recovery_tries: `train.nan_recovery_tries`.
     clock: times each loop (steps_per_sec), injectable for tests.
   """
 
-  def __init__(self, trainer, checkpointer: checkpoint_lib.Checkpointer, *,
+  def __init__(self, trainer: TrainerSurface,
+               checkpointer: CheckpointerSurface, *,
                total_steps: int, steps_per_loop: int,
                report_actions: Sequence[actions_lib.Action] = (),
                eval_actions: Sequence[actions_lib.Action] = (),
                save_actions: Sequence[actions_lib.Action] = (),
-               evaluate: Callable[[int], dict] | None = None,
-               on_resume: Callable[[int], None] = lambda step: None,
                nan_recovery_tries: int = 0,
                clock: Callable[[], float] = time.perf_counter):
     self.trainer = trainer
     self.checkpointer = checkpointer
     self.total_steps = total_steps
     self.steps_per_loop = steps_per_loop
-    self.report_actions = list(report_actions)
-    self.eval_actions = list(eval_actions)
-    self.save_actions = list(save_actions)
-    self._evaluate = evaluate
-    self._on_resume = on_resume
+    self.report_actions, self.eval_actions, self.save_actions = [], [], []
+    self.add_actions(report=report_actions, evaluate=eval_actions,
+                     save=save_actions)
     self._nan_tries = nan_recovery_tries
     self._clock = clock
     self._signal = None  # set by request_stop (a signal here)
     self._stop_reason = None  # set once the trainer has stopped for one
     self._end_reason = None  # set by end_training (an early stop)
+
+  def add_actions(self, *, report: Sequence[actions_lib.Action] = (),
+                  evaluate: Sequence[actions_lib.Action] = (),
+                  save: Sequence[actions_lib.Action] = ()) -> None:
+    """Appends to the three groups (actions may call this Controller)."""
+    self.report_actions += report
+    self.eval_actions += evaluate
+    self.save_actions += save
 
   # --- Requests from actions and signal handlers ------------------------------
 
@@ -118,19 +166,23 @@ class Controller:
     return self._train(self.report_actions + self.eval_actions +
                        self.save_actions)
 
-  def evaluate(self, checkpoint: str | None = None) -> dict:
-    """Evaluates `checkpoint` (default: the latest) once."""
+  def evaluate(self, evaluate: Callable[[int], dict],
+               checkpoint: str | None = None) -> dict:
+    """Evaluates `checkpoint` (default: the latest) once with
+    `evaluate(step)` -> eval logs."""
     path = self.checkpointer.restore(checkpoint)
     if not path:
-      raise checkpoint_lib.CheckpointError(
+      raise errors.CheckpointError(
           f"--mode=eval found no checkpoint in {self.checkpointer.directory};"
           " train first, or point --workdir at a trained run")
     step = self.trainer.global_step
-    return {"step": step, "checkpoint": path, "eval": self._evaluate(step)}
+    return {"step": step, "checkpoint": path, "eval": evaluate(step)}
 
-  def continuous_eval(self, *, timeout_secs: float, poll_secs: float = 1.0,
+  def continuous_eval(self, evaluate: Callable[[int], dict], *,
+                      timeout_secs: float, poll_secs: float = 1.0,
                       sleep: Callable[[float], None] = time.sleep) -> dict:
-    """Evaluates each new checkpoint once, beside a training process.
+    """Evaluates each new checkpoint once with `evaluate(step)`, beside a
+    training process.
 
     Stops after evaluating a checkpoint at `total_steps` or later, or when
     no new checkpoint appeared for `timeout_secs`.
@@ -143,12 +195,12 @@ class Controller:
         done.add(path)
         try:
           self.checkpointer.restore(path)
-        except checkpoint_lib.CheckpointMissing:  # deleted by `keep`
+        except errors.CheckpointMissing:  # deleted by `keep`
           logging.warning("Skipped %s: deleted (checkpoint.keep) before it"
                           " could be evaluated", path)
           continue
         step = self.trainer.global_step
-        result.update(step=step, checkpoint=path, eval=self._evaluate(step))
+        result.update(step=step, checkpoint=path, eval=evaluate(step))
         result["evaluated"].append(step)
         if step >= self.total_steps:
           return result
@@ -207,7 +259,6 @@ class Controller:
     return result
 
   def _start(self, step: int, actions: list[actions_lib.Action]) -> None:
-    self._on_resume(step)
     for action in actions:
       action.start(step)
 
@@ -237,19 +288,17 @@ class Controller:
   def _roll_back(self, losses: np.ndarray, first_step: int, tries: int
                  ) -> int:
     """Restores the last checkpoint and skips the data that blew up."""
-    skip_to = self.trainer.data_position
-    path = self.checkpointer.restore()
+    path = self.trainer.roll_back(self.checkpointer)
     if not path:
       raise self._blow_up(losses, first_step, tries - 1)
-    self.trainer.seek(skip_to)
     step = self.trainer.global_step
     # Saved at once: a restart must not replay the data that blew up.
     self.checkpointer.save(step, force=True)
     logging.warning(
         "%s; restored %s (step %d) and skipped the data up to global example"
         " %d (recovery %d of train.nan_recovery_tries=%d)",
-        _what_blew_up(losses, first_step), path, step, skip_to, tries,
-        self._nan_tries)
+        _what_blew_up(losses, first_step), path, step,
+        self.trainer.data_position, tries, self._nan_tries)
     return step
 
 

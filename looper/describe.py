@@ -15,16 +15,17 @@ one-line error) but reads no checkpoint and writes nothing.
 
 from looper import config as config_lib
 from looper import console
-from looper import data
 from looper import distribute
+from looper import refs
 from looper import summaries
+from looper.data import checks
 
 
 def describe(config) -> str:
   """The description of `config` as text (see module doc)."""
   config_lib.validate(config)
   strategy = distribute.strategy_for(config)
-  trainer = config_lib.resolve(config.trainer, "trainer")(config, strategy)
+  trainer = refs.resolve(config.trainer, "trainer")(config, strategy)
   lines = [console.header(config, strategy, None, "describe", None,
                           trainer.model), "", "data"]
   for field in ("data.train_split", "data.eval_split"):
@@ -32,14 +33,14 @@ def describe(config) -> str:
     source = trainer.source(split)
     size = source.size
     if size is None:  # element mode: counted by one pass
-      size = data.num_examples(trainer.examples(split), split, field)
+      size = checks.num_examples(trainer.examples(split), split, field)
     mode = {"Elements": "element", "Arrays": "array", "Files": "file"}.get(
         type(source).__name__, type(source).__name__)
     inputs, labels = trainer.examples(split).element_spec
     lines.append(f"  {field}={split!r}: {size:,} examples, {mode} mode;"
                  f" inputs {_spec(inputs)}, labels {_spec(labels)}")
   lines += ["", "model", summaries.model_summary(trainer.model), "",
-            "config", config_lib.to_json(config)]
+            "config", refs.to_json(config)]
   return "\n".join(lines)
 
 

@@ -18,11 +18,12 @@ Synopsis::
   tpu           TPUClusterResolver(tpu=...), connect, initialize, TPUStrategy.
 
 tf.distribute is the only engine: this module only chooses and builds.
+STRATEGIES (name -> builder) is the list `config.validate` checks
+`distribution.strategy` against, with 'auto'.
 """
 
 import json
 import os
-import re
 
 from absl import logging
 import ml_collections
@@ -32,7 +33,7 @@ import tensorflow as tf
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.python.eager import context
 
-from looper.config import ConfigError
+from looper.errors import ConfigError
 
 
 def _cluster_size() -> int:
@@ -93,6 +94,34 @@ def tpu_strategy(tpu: str) -> tf.distribute.TPUStrategy:
   return tf.distribute.TPUStrategy(resolver)
 
 
+def _mirrored(dist: ml_collections.ConfigDict, gpus: list):
+  # Devices must be listed: by default Mirrored ignores logical CPUs.
+  devices = ([f"/gpu:{i}" for i in range(len(gpus))] if gpus else
+             split_cpu(dist.num_cpu_devices))
+  return tf.distribute.MirroredStrategy(devices)
+
+
+def _multi_worker(dist: ml_collections.ConfigDict, gpus: list):
+  del gpus  # every local GPU is used
+  if _cluster_size() == 0:
+    raise ConfigError(
+        "config.distribution.strategy='multi_worker' needs TF_CONFIG"
+        " naming the cluster and this task; set it, or use 'mirrored'")
+  _bound_cluster_waits(dist.worker_timeout_secs)
+  return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+# `distribution.strategy` -> fn(config.distribution, physical GPUs).
+STRATEGIES = {
+    "default": lambda dist, gpus: tf.distribute.get_strategy(),
+    "one_device": lambda dist, gpus: tf.distribute.OneDeviceStrategy(
+        "/gpu:0" if gpus else "/cpu:0"),
+    "mirrored": _mirrored,
+    "multi_worker": _multi_worker,
+    "tpu": lambda dist, gpus: tpu_strategy(dist.tpu),
+}
+
+
 def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
   """Builds the strategy `config.distribution` asks for (see module doc)."""
   dist = config.distribution
@@ -102,23 +131,7 @@ def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
   name = choose(dist, len(gpus))
   logging.debug("distribution.strategy=%r resolved to %r", dist.strategy,
                 name)  # the run's header names the strategy
-  if name == "default":
-    return tf.distribute.get_strategy()
-  if name == "one_device":
-    return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
-  if name == "mirrored":
-    # Devices must be listed: by default Mirrored ignores logical CPUs.
-    devices = ([f"/gpu:{i}" for i in range(len(gpus))] if gpus else
-               split_cpu(dist.num_cpu_devices))
-    return tf.distribute.MirroredStrategy(devices)
-  if name == "multi_worker":
-    if _cluster_size() == 0:
-      raise ConfigError(
-          "config.distribution.strategy='multi_worker' needs TF_CONFIG"
-          " naming the cluster and this task; set it, or use 'mirrored'")
-    _bound_cluster_waits(dist.worker_timeout_secs)
-    return tf.distribute.MultiWorkerMirroredStrategy()
-  return tpu_strategy(dist.tpu)
+  return STRATEGIES[name](dist, gpus)
 
 
 def _bound_cluster_waits(timeout_secs: float) -> None:
@@ -141,36 +154,6 @@ def _bound_cluster_waits(timeout_secs: float) -> None:
           name=job, num_tasks=len(cluster[job])) for job in jobs])
   # Without the barrier the leader waits regardless of the timeout.
   ctx._coordination_service_config.cluster_register_with_barrier = True  # pylint: disable=protected-access
-
-
-_TASK = r"/job:\w+/replica:\d+/task:\d+"
-
-
-def cluster_error(e: Exception, timeout_secs: float) -> str | None:
-  """One line for a multi-worker failure TensorFlow reports in pages.
-
-  Returns None when `e` is not about a lost or missing task.
-  """
-  text = str(e)
-  missing = re.search(rf"timed out task names:\s*((?:{_TASK}[,\s]*)+)", text)
-  if "Barrier timed out" in text and missing:
-    tasks = ", ".join(re.findall(_TASK, missing.group(1)))
-    return (f"worker {tasks} did not come up within"
-            f" distribution.worker_timeout_secs={timeout_secs:g}; start it"
-            " with the same TF_CONFIG cluster, or raise the timeout")
-  lost = re.search(rf"stopped sending heartbeats\)?:?\s*({_TASK})", text)
-  reason = "it stopped sending heartbeats"
-  if not lost and isinstance(e, (tf.errors.UnavailableError,
-                                 tf.errors.DeadlineExceededError)):
-    lost = re.search(rf"remote target:?\s*({_TASK})", text)
-    known = re.search(r"Connection reset by peer|Socket closed|Connection"
-                      r" refused|timed out", text)
-    reason = known.group(0) if known else type(e).__name__
-  if lost:
-    return (f"lost worker {lost.group(1)} ({reason}); this worker stopped"
-            " too. Restart all workers with the same command to resume from"
-            " the last checkpoint")
-  return None
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

@@ -21,6 +21,7 @@ replay is not counted twice.
 """
 
 import json
+import operator
 import os
 from typing import Callable
 
@@ -29,7 +30,11 @@ import tensorflow as tf
 
 from looper import checkpoint as checkpoint_lib
 from looper import summaries as summaries_lib
-from looper.config import ConfigError
+from looper.errors import ConfigError
+
+
+# `checkpoint.best_mode` -> is a value better than another?
+BEST_MODES = {"max": operator.gt, "min": operator.lt}
 
 
 def check_best_metric(best_metric: str, trainer) -> None:
@@ -98,7 +103,7 @@ class Evaluator:
     return (self._metric, *best) if best else None
 
   def _better(self, value: float, than: float) -> bool:
-    return value > than if self._mode == "max" else value < than
+    return BEST_MODES[self._mode](value, than)
 
   def _best(self) -> tuple[int, float] | None:
     best = None

@@ -34,10 +34,9 @@ from absl import logging
 from ml_collections import config_flags
 import tensorflow as tf
 
-from looper import checkpoint as checkpoint_lib
-from looper import config as config_lib
 from looper import describe
-from looper import distribute
+from looper import errors
+from looper import flag_errors
 from looper import preflight
 from looper import run
 
@@ -46,10 +45,22 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for checkpoints, events and config.json.")
-# Modes that look at an experiment without a workdir.
-_INSPECT_MODES = ("check", "describe")
-_MODE_NAMES = run.MODES + _INSPECT_MODES
-_MODE = flags.DEFINE_enum("mode", "train_and_eval", list(_MODE_NAMES),
+
+
+def _describe(config) -> None:
+  print(describe.describe(config))
+
+
+def _check(config) -> None:
+  problems = preflight.check(config, cores=_CORES.value)
+  print(preflight.report(problems, config, _CORES.value))
+  sys.exit(1 if problems else 0)
+
+
+# Modes that look at an experiment without a workdir; run.MODES need one.
+_INSPECT_MODES = {"check": _check, "describe": _describe}
+_MODE_NAMES = [*run.MODES, *_INSPECT_MODES]
+_MODE = flags.DEFINE_enum("mode", "train_and_eval", _MODE_NAMES,
                           "What to run (also `looper MODE --config=...`).")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None,
@@ -65,22 +76,19 @@ def main(argv):
   if logging.get_verbosity() < 1:  # --verbosity >= 1 keeps absl's lines
     logging.set_verbosity(logging.INFO)
     console.short_log_lines()
-  if _MODE.value not in _INSPECT_MODES and not _WORKDIR.value:
+  inspect = _INSPECT_MODES.get(_MODE.value)
+  if inspect is None and not _WORKDIR.value:
     raise app.UsageError(f"--mode={_MODE.value} needs --workdir")
   try:
-    if _MODE.value == "describe":
-      print(describe.describe(_CONFIG.value))
-      return
-    if _MODE.value == "check":
-      problems = preflight.check(_CONFIG.value, cores=_CORES.value)
-      print(preflight.report(problems, _CONFIG.value, _CORES.value))
-      sys.exit(1 if problems else 0)
-    run.run(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
-  except (config_lib.ConfigError, checkpoint_lib.CheckpointError,
+    if inspect is not None:
+      inspect(_CONFIG.value)
+    else:
+      run.run(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
+  except (errors.ConfigError, errors.CheckpointError,
           FloatingPointError) as e:
     sys.exit(f"looper: {e}")
   except tf.errors.OpError as e:  # a lost or missing worker: one line
-    message = distribute.cluster_error(
+    message = errors.cluster_error(
         e, _CONFIG.value.distribution.worker_timeout_secs)
     if message is None:
       raise
@@ -121,7 +129,7 @@ def cli():
     sys.exit(0 if sys.argv[1:] else 2)
   if len(sys.argv) > 1 and sys.argv[1] in _MODE_NAMES:
     sys.argv[1:2] = [f"--mode={sys.argv[1]}"]
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=flag_errors.parse_flags)
 
 
 if __name__ == "__main__":

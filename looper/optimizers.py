@@ -1,4 +1,4 @@
-"""The optimizer and learning-rate schedule that `config.optimizer` describes.
+"""The optimizer, learning-rate schedule and gradient clipping of `config.optimizer`.
 
 Synopsis::
 
@@ -13,11 +13,33 @@ at `total_steps`) and `linear` (to 0 at `total_steps`), each optionally after
 of the rate; see `WarmupSchedule`). With `scale_lr_with_batch` the peak
 rate is `learning_rate * batch / reference_batch_size` (the linear scaling
 rule of large-batch and TPU training, meant with warmup).
+
+The names `optimizer.name` and `optimizer.schedule` accept are the keys of
+OPTIMIZERS and SCHEDULES (`config.validate` reads them).
+`clip_by_global_norm_of_sum` is `optimizer.clip_global_norm`.
 """
+
+import math
 
 import keras
 import ml_collections
 import tensorflow as tf
+
+# `optimizer.name` -> fn(learning rate or schedule, config.optimizer).
+OPTIMIZERS = {
+    "sgd": lambda lr, opt: keras.optimizers.SGD(lr, momentum=opt.momentum),
+    "adam": lambda lr, opt: keras.optimizers.Adam(lr),
+    "adamw": lambda lr, opt: keras.optimizers.AdamW(
+        lr, weight_decay=opt.weight_decay),
+}
+
+# `optimizer.schedule` -> the factor of the peak rate after the warmup, as
+# a function of the fraction d in [0, 1] of the post-warmup updates done.
+SCHEDULES = {
+    "constant": lambda d: tf.ones_like(d),
+    "linear": lambda d: 1.0 - d,  # to 0 at train.steps
+    "cosine": lambda d: 0.5 * (1.0 + tf.cos(d * math.pi)),  # to 0 too
+}
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -29,8 +51,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     peak * min(1, k / W) * decay((k - 1 - W) / (T - W), clipped to [0, 1])
 
-  where decay(d) is 1 (constant), 1 - d (linear) or (1 + cos(pi d)) / 2
-  (cosine). So the first update uses peak / W (not 0: warmup counts the
+  where decay(d) is SCHEDULES[decay](d): 1 (constant), 1 - d (linear) or
+  (1 + cos(pi d)) / 2 (cosine). So the first update uses peak / W (not 0: warmup counts the
   update being made), update W is the first at the peak, and the decay
   starts from the peak at update W + 1 (so updates W and W + 1 both use the
   peak) and reaches 0 after T updates: update T uses peak / (T - W) under
@@ -51,12 +73,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     # Fraction of the post-warmup span done, in [0, 1].
     span = max(float(self.total_steps) - warmup, 1.0)
     done = tf.clip_by_value((step - warmup) / span, 0.0, 1.0)
-    if self.decay == "cosine":
-      factor = 0.5 * (1.0 + tf.cos(done * 3.141592653589793))
-    elif self.decay == "linear":
-      factor = 1.0 - done
-    else:
-      factor = tf.constant(1.0)
+    factor = SCHEDULES[self.decay](done)
     if self.warmup_steps:
       # `step` updates are done; this one is number step + 1. Counting from
       # `step` would make the first update a no-op with rate 0.
@@ -84,8 +101,25 @@ def build(opt: ml_collections.ConfigDict, total_steps: int,
   # function of the restored step and the config alone.
   lr = WarmupSchedule(peak_rate(opt, global_batch_size), opt.warmup_steps,
                       opt.schedule, total_steps)
-  if opt.name == "sgd":
-    return keras.optimizers.SGD(lr, momentum=opt.momentum)
-  if opt.name == "adamw":
-    return keras.optimizers.AdamW(lr, weight_decay=opt.weight_decay)
-  return keras.optimizers.Adam(lr)
+  return OPTIMIZERS[opt.name](lr, opt)
+
+
+def clip_by_global_norm_of_sum(grads, clip_norm: float, unscale=None):
+  """This replica's `grads`, scaled so that their SUM over replicas has a
+  global norm of at most `clip_norm`.
+
+  Keras' clipnorm/global_clipnorm clip each replica's gradients before the
+  sum, which changes the update with the replica count; this clips the
+  gradient of the global batch, the same on any number of replicas.
+
+  Args:
+    grads: this replica's gradients (in replica context).
+    clip_norm: the largest global norm of the summed gradients.
+    unscale: the loss scale the gradients carry (mixed_float16), or None.
+  """
+  total = tf.distribute.get_replica_context().all_reduce("SUM", grads)
+  norm = tf.linalg.global_norm([tf.cast(g, tf.float32) for g in total])
+  if unscale is not None:
+    norm /= tf.cast(unscale, tf.float32)
+  factor = tf.minimum(1.0, clip_norm / tf.maximum(norm, 1e-12))
+  return [g * tf.cast(factor, g.dtype) for g in grads]

@@ -8,7 +8,7 @@ Synopsis::
     scaled = precision.scale_loss(optimizer, loss)  # inside the tape
     grads = precision.skip_unless_finite_everywhere(optimizer, grads)
 
-`train.precision` (the table PRECISIONS):
+`train.precision` (the table PRECISIONS, which `config.validate` reads):
   float32         everything float32.
   mixed_bfloat16  compute in bfloat16, variables float32; no loss scaling
                   (bfloat16 has float32's range). 1.6-1.9x faster for the
@@ -25,21 +25,32 @@ makes all replicas skip the update and lower the scale.
 """
 
 import contextlib
+import dataclasses
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-# `train.precision` -> the Keras dtype policy.
-PRECISIONS = {"float32": "float32", "mixed_bfloat16": "mixed_bfloat16",
-              "mixed_float16": "mixed_float16"}
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+  policy: str  # the Keras dtype policy the model's layers are built under
+  loss_scaling: bool  # wrap the optimizer in Keras' LossScaleOptimizer
+
+
+# `train.precision` -> how the model is built and the optimizer wrapped.
+PRECISIONS = {
+    "float32": Precision("float32", loss_scaling=False),
+    "mixed_bfloat16": Precision("mixed_bfloat16", loss_scaling=False),
+    "mixed_float16": Precision("mixed_float16", loss_scaling=True),
+}
 
 
 @contextlib.contextmanager
 def policy(name: str):
   """Builds layers under `name`'s policy; restores the global one after."""
   before = keras.mixed_precision.global_policy()
-  keras.mixed_precision.set_global_policy(PRECISIONS[name])
+  keras.mixed_precision.set_global_policy(PRECISIONS[name].policy)
   try:
     yield
   finally:
@@ -49,7 +60,7 @@ def policy(name: str):
 def wrap(optimizer: keras.optimizers.Optimizer,
          name: str) -> keras.optimizers.Optimizer:
   """`optimizer`, under dynamic loss scaling if `name` is mixed_float16."""
-  if name == "mixed_float16":
+  if PRECISIONS[name].loss_scaling:
     return keras.optimizers.LossScaleOptimizer(optimizer)
   return optimizer
 

@@ -29,7 +29,6 @@ The XLA CPU compiler accepts dynamic shapes a TPU rejects, so rule 2 is
 checked on the traced graph, not by compiling.
 """
 
-import copy
 import os
 import re
 import sys
@@ -38,7 +37,8 @@ import tensorflow as tf
 
 from looper import config as config_lib
 from looper import distribute
-from looper import trainer as trainer_lib
+from looper import errors
+from looper import refs
 
 # Ops that run Python: a TPU host runs only the graph.
 _PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":
@@ -57,21 +57,19 @@ def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
     cores: TPU cores of the target (8: a v2-8/v3-8 or one v4-8 host).
     batches: train batches whose shapes are looked at.
   """
-  config = copy.deepcopy(config)
   config_lib.validate(config)
   problems = _batch_problems(config, cores)
   if problems:  # the per-core batch is needed by everything below
     return problems
-  with config.unlocked():
-    config.distribution.strategy = "default"  # trace here, on the CPU
-    config.distribution.num_cpu_devices = 1
-    config.train.jit_compile = False  # compiled below, one step at a time
-  trainer_cls = config_lib.resolve(config.trainer, "trainer")
-  trainer = trainer_cls(config, distribute.strategy_for(config))
+  # Traced here, on the CPU's default strategy, whatever the config asks
+  # for; the steps are compiled below one at a time (train.jit_compile
+  # only affects the train loop, which is not run).
+  trainer_cls = refs.resolve(config.trainer, "trainer")
+  trainer = trainer_cls(config, tf.distribute.get_strategy())
   splits = {"train": config.data.train_split, "eval": config.data.eval_split}
   try:
     examples = {k: trainer.examples(split) for k, split in splits.items()}
-  except config_lib.ConfigError as e:  # e.g. examples of dynamic shape
+  except errors.ConfigError as e:  # e.g. examples of dynamic shape
     return problems + [str(e)]
   for kind, split in splits.items():
     problems += _dtype_problems(examples[kind].element_spec, split)
@@ -80,7 +78,7 @@ def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
   source = trainer.source(config.data.train_split)
   try:  # e.g. file mode: the files must split over the cores
     source.check(cores, config.train.batch_size, "train.batch_size")
-  except config_lib.ConfigError as e:
+  except errors.ConfigError as e:
     return problems + [str(e)]
   train = source.train(ctx, global_batch_size=config.train.batch_size,
                        seed=config.seed, shuffle_buffer=config.data.shuffle_buffer,
@@ -187,7 +185,7 @@ def _shapes(dataset, batches: int, split: str):
                                            batch)))
   except tf.errors.InvalidArgumentError as e:
     return (f"config.dataset_fn: the examples of split {split!r} do not form"
-            f" batches ({config_lib.first_line(e)}); give them one shape in"
+            f" batches ({errors.first_line(e)}); give them one shape in"
             f" dataset_fn, or set --config.data.bucket to pad variable"
             f" lengths"), None
   return shapes, first
@@ -212,7 +210,7 @@ def _compile_problem(fn, args) -> str | None:
   try:
     tf.function(fn, jit_compile=True)(*args)
   except tf.errors.InvalidArgumentError as e:
-    op = trainer_lib.xla_op(e)
+    op = errors.xla_op(e)
     if op is None:
       raise
     return (f"op {op} does not compile with XLA (no XLA kernel; TPUs run"

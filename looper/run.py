@@ -7,7 +7,7 @@ Synopsis (what `python -m looper.main` does, usable from a notebook)::
     result = run.run(config, workdir="/tmp/exp", mode="train_and_eval")
     result["eval"]["accuracy"]
 
-Modes (each a `Controller` method):
+Modes (the table MODES; each runs a `Controller` method):
   train            train from the last checkpoint in `workdir` (if any)
   train_and_eval   the same, evaluating every `eval.every_steps` and at the end
   eval             evaluate the latest checkpoint (or `checkpoint=PATH`) once
@@ -23,6 +23,7 @@ best checkpoint and early stop (train_and_eval); the checkpoint save
 stop signal); the export for serving (`export.at_end`).
 """
 
+import dataclasses
 import os
 import time
 
@@ -36,14 +37,40 @@ from looper import config as config_lib
 from looper import console
 from looper import controller as controller_lib
 from looper import distribute
+from looper import errors
 from looper import evaluation
 from looper import export
 from looper import preemption
+from looper import probe
 from looper import profiler
+from looper import refs
 from looper import summaries
 
-MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
 CONTINUOUS_EVAL_DIR = "eval_continuous"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+  """What a mode reads and writes."""
+  trains: bool  # resumes from the workdir's latest checkpoint and trains
+  reads_eval_split: bool  # evaluates, or exports (the eval split's spec)
+  takes_checkpoint: bool  # reads --checkpoint=PATH
+  eval_dir: str | None  # where its eval events go (under the workdir)
+
+
+MODES = {
+    "train": Mode(trains=True, reads_eval_split=False,
+                  takes_checkpoint=False, eval_dir=None),
+    "eval": Mode(trains=False, reads_eval_split=True, takes_checkpoint=True,
+                 eval_dir="eval"),
+    "train_and_eval": Mode(trains=True, reads_eval_split=True,
+                           takes_checkpoint=False, eval_dir="eval"),
+    "continuous_eval": Mode(trains=False, reads_eval_split=True,
+                            takes_checkpoint=False,
+                            eval_dir=CONTINUOUS_EVAL_DIR),
+    "export": Mode(trains=False, reads_eval_split=True,
+                   takes_checkpoint=True, eval_dir=None),
+}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
@@ -55,8 +82,8 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     config: an experiment config (from `looper.config.default_config()`).
     workdir: where checkpoints, events and config.json go.
     mode: one of MODES (see module doc).
-    checkpoint_path: for mode 'eval', a checkpoint prefix to evaluate
-      instead of the latest.
+    checkpoint_path: for modes 'eval' and 'export', a checkpoint prefix to
+      use instead of the latest.
 
   Returns:
     {'step': the final step, 'train': the last loop's logs (if trained),
@@ -64,27 +91,26 @@ def run(config: ml_collections.ConfigDict, workdir: str,
      signal that stopped training early, 'ended': why training ended early}.
   """
   if mode not in MODES:
-    raise config_lib.ConfigError(
+    raise errors.ConfigError(
         f"mode={mode!r} is not one of {', '.join(MODES)}; set --mode")
-  if checkpoint_path and mode not in ("eval", "export"):
-    raise config_lib.ConfigError(
+  if checkpoint_path and not MODES[mode].takes_checkpoint:
+    raise errors.ConfigError(
         f"--checkpoint={checkpoint_path} is only read by --mode=eval and"
         " --mode=export; to start training from it set"
         " --config.init.checkpoint instead")
   started = time.monotonic()
   config_lib.validate(config)
   strategy = distribute.strategy_for(config)
-  trainer_cls = config_lib.resolve(config.trainer, "trainer")
-  trainer = trainer_cls(config, strategy)
+  trainer = refs.resolve(config.trainer, "trainer")(config, strategy)
   chief = distribute.is_chief(strategy)
-  training = mode in ("train", "train_and_eval")
+  training = MODES[mode].trains
   # Everything that can be checked is checked before a file is written:
   # nothing already saved in `workdir` is touched by a bad config, and a
   # bad eval split fails now, not after hours of training.
   if training:
-    trainer.check_inputs(config.data.train_split)
-  if mode != "train":
-    trainer.check_inputs(config.data.eval_split)
+    probe.check_inputs(trainer, config.data.train_split)
+  if MODES[mode].reads_eval_split:
+    probe.check_inputs(trainer, config.data.eval_split)
   evaluation.check_best_metric(config.checkpoint.best_metric, trainer)
   cores = distribute.tpu_cores(strategy, config.distribution)
   if cores and training:
@@ -110,21 +136,22 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   # Every worker: under `looper launch` each line says whose it is.
   logging.info("%s", console.header(config, strategy, workdir, mode, restored,
                                     trainer.model))
-  out = _open_workdir(workdir, config, mode, chief)
-  exported = []  # export.at_end's folder
-
-  def export_now():
-    exported.append(export.export(trainer, workdir, on_tpu=on_tpu))
-
+  out = _open_workdir(workdir, config, MODES[mode], chief)
   try:
-    ctl, evaluator = _controller(config, trainer, ckpt, out, chief, training,
-                                 export_now)
+    ctl = controller_lib.Controller(
+        trainer, ckpt, total_steps=config.train.steps,
+        steps_per_loop=config.train.steps_per_loop,
+        nan_recovery_tries=config.train.nan_recovery_tries)
+    evaluator, exported = _add_actions(
+        ctl, config, trainer, ckpt, out, chief=chief, training=training,
+        workdir=workdir, on_tpu=on_tpu)
     if mode == "eval":
-      return ctl.evaluate(checkpoint_path)
+      return ctl.evaluate(evaluator, checkpoint_path)
     if mode == "continuous_eval":
-      return ctl.continuous_eval(timeout_secs=config.eval.timeout_secs)
+      return ctl.continuous_eval(evaluator,
+                                 timeout_secs=config.eval.timeout_secs)
     if not restored:
-      out.start_run(config_lib.to_json(config),
+      out.start_run(refs.to_json(config),
                     summaries.model_summary(trainer.model))
     with preemption.StopOnSignal(ctl.request_stop):
       result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
@@ -148,7 +175,7 @@ def _export_checkpoint(trainer, ckpt: checkpoint.Checkpointer, workdir: str,
   """--mode=export: restores `path` (default: the latest) and exports it."""
   restored = ckpt.restore(path)
   if not restored:
-    raise checkpoint.CheckpointError(
+    raise errors.CheckpointError(
         f"--mode=export found no checkpoint in {ckpt.directory}; train"
         " first, or point --workdir at a trained run")
   result = {"step": trainer.global_step, "checkpoint": restored}
@@ -157,58 +184,54 @@ def _export_checkpoint(trainer, ckpt: checkpoint.Checkpointer, workdir: str,
   return result
 
 
-def _open_workdir(workdir: str, config, mode: str, chief: bool
+def _open_workdir(workdir: str, config, mode: Mode, chief: bool
                   ) -> summaries.Summaries:
   """config.json (training only) and the event writers, or one line."""
-  training = mode in ("train", "train_and_eval")
   try:
-    if chief and training:
+    if chief and mode.trains:
       tf.io.gfile.makedirs(workdir)
       with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config_lib.to_json(config))
+        f.write(refs.to_json(config))
     return summaries.Summaries(
         workdir, chief=chief, total_steps=config.train.steps,
-        train_dir="train" if training else None,
-        eval_dir={"train": None, "continuous_eval": CONTINUOUS_EVAL_DIR}.get(
-            mode, "eval"))
+        train_dir="train" if mode.trains else None, eval_dir=mode.eval_dir)
   except (tf.errors.OpError, OSError) as e:
-    raise config_lib.ConfigError(
+    raise errors.ConfigError(
         f"--workdir={workdir} is not a writable directory"
-        f" ({config_lib.first_line(e)}); choose another --workdir") from None
+        f" ({errors.first_line(e)}); choose another --workdir") from None
 
 
-def _controller(config, trainer, ckpt: checkpoint.Checkpointer,
-                out: summaries.Summaries, chief: bool, training: bool,
-                export_fn):
-  """The Controller with the actions the config asks for, and its evaluator.
+def _add_actions(ctl: controller_lib.Controller, config, trainer,
+                 ckpt: checkpoint.Checkpointer, out: summaries.Summaries, *,
+                 chief: bool, training: bool, workdir: str, on_tpu: bool
+                 ) -> tuple[evaluation.Evaluator, list[str]]:
+  """Gives `ctl` the actions the config asks for; returns the evaluator
+  (its last and best evaluation) and the list export.at_end fills.
 
   The best checkpoint and early stop belong to training: an evaluator
   (--mode=eval, continuous_eval) never touches them.
   """
-  ctl = None  # the actions below call into it once it exists
   evaluator = evaluation.Evaluator(
-      trainer, out, checkpointer=ckpt,
-      end_training=lambda reason: ctl.end_training(reason),
+      trainer, out, checkpointer=ckpt, end_training=ctl.end_training,
       best_metric=config.checkpoint.best_metric if training else "",
       best_mode=config.checkpoint.best_mode,
       patience=config.train.early_stop_patience if training else 0,
       chief=chief)
-
-  def on_resume(step):
-    out.purge_after(step)  # a killed run may have written past `step`
-    evaluator.resume(step)
-
   report = [
+      # On a (re)start: a killed run may have written events past `step`.
       actions.Action(lambda step, loop: out.train(loop.first_step,
                                                   loop.losses, loop.logs),
-                     every_loop=True, name="train_summaries"),
+                     every_loop=True, on_start=out.purge_after,
+                     name="train_summaries"),
       actions.Action(lambda step, loop: out.progress(step, loop.logs),
                      every_loop=True, name="progress"),
       actions.Action(lambda step, loop: trainer.on_loop_end(step, loop.logs),
                      every_loop=True, name="on_loop_end"),
   ]
+  # On a (re)start the evaluator forgets evaluations past `step`.
   evaluate = [actions.Action(evaluator, every_steps=config.eval.every_steps,
-                             at_end=True, name="evaluate")]
+                             at_end=True, on_start=evaluator.resume,
+                             name="evaluate")]
   save = [actions.Action(
       # A stop (preemption) saves synchronously: the process exits next.
       lambda step, loop: ckpt.save(step, sync=ctl.stopping),
@@ -219,13 +242,11 @@ def _controller(config, trainer, ckpt: checkpoint.Checkpointer,
     save.append(profiler.Window(out.train_dir,
                                 start_step=config.profile.start_step,
                                 num_steps=config.profile.num_steps))
+  exported = []
   if config.export.at_end and chief:
-    save.append(actions.Action(lambda step, loop: export_fn(), at_end=True,
-                               name="export"))
-  ctl = controller_lib.Controller(
-      trainer, ckpt, total_steps=config.train.steps,
-      steps_per_loop=config.train.steps_per_loop, report_actions=report,
-      eval_actions=evaluate, save_actions=save, evaluate=evaluator,
-      on_resume=on_resume,
-      nan_recovery_tries=config.train.nan_recovery_tries)
-  return ctl, evaluator
+    save.append(actions.Action(
+        lambda step, loop: exported.append(
+            export.export(trainer, workdir, on_tpu=on_tpu)),
+        at_end=True, name="export"))
+  ctl.add_actions(report=report, evaluate=evaluate, save=save)
+  return evaluator, exported

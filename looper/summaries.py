@@ -45,7 +45,7 @@ import numpy as np
 from tensorboard.plugins.hparams import api as hp
 import tensorflow as tf
 
-from looper import config as config_lib
+from looper import refs
 
 # Above this share of a loop spent waiting for batches, the progress line
 # says the run is input-bound.
@@ -66,7 +66,7 @@ def model_summary(model) -> str:
 def hparams(config_json: str) -> dict[str, bool | int | float | str]:
   """The config as HParams: flat dotted names, scalars and strings only.
 
-  Callables are already 'module:name' strings (`config.to_json`); the rest
+  Callables are already 'module:name' strings (`refs.to_json`); the rest
   (None, tuples, callables no name reaches) has no HParams value and is
   left out: the config text holds it.
   """
@@ -77,7 +77,7 @@ def hparams(config_json: str) -> dict[str, bool | int | float | str]:
       for key, item in value.items():
         visit(f"{prefix}{key}.", item)
     elif isinstance(value, (bool, int, float, str)) and not (
-        isinstance(value, str) and value.startswith(config_lib.UNLOADABLE)):
+        isinstance(value, str) and value.startswith(refs.UNLOADABLE)):
       flat[prefix[:-1]] = value
 
   visit("", json.loads(config_json))

@@ -8,34 +8,40 @@ Synopsis::
 
 The Trainer owns its train iterator and data position (global examples
 consumed, checkpointed): `train` opens the stream where the position says,
-`seek` moves it (after a restore, or to skip data). One `train` call, all
-inside one tf.function (no host sync per step)::
+`seek` moves it (to skip data), `roll_back` restores a checkpoint but keeps
+the data position. One `train` call, all inside one tf.function (no host
+sync per step)::
 
     reset train metrics
     for i in tf.range(steps):                  # steps: an int32 tensor
       if stop requested: break                 # request_stop(), any thread
-      loss = strategy.run(train_step, next(iterator))
+      batch = next(iterator)                   # train.grad_accum_steps
+                                               # batches, concatenated
+      loss = strategy.run(train_step, batch)
       losses[i] = strategy.reduce(SUM, loss)   # the global mean loss
     step += steps run; position += steps run * global_batch_size
     return losses, train metric results + input_wait_fraction (the share
       of the call spent waiting for batches)
 
-One replica's train step is three seams (each replica, inside the loop)::
+One replica's train step (`train_step`, the one the loop calls) is three
+seams around its micro-batches::
 
-    loss, grads, logits = compute_gradients(inputs, labels)
+    for inputs, labels in micro_batches(batch):  # grad_accum_steps of them
+      loss, grads, logits = compute_gradients(inputs, labels)  # summed
     grads = transform_gradients(grads)   # e.g. clipping, after the reduction
     apply_gradients(grads)               # the optimizer sums over replicas
 
 A subclass overrides one small method and inherits the loop, distribution
 and bookkeeping: `build_model`, `build_optimizer`, `build_metrics`,
 `compute_loss`, `compute_gradients`, `transform_gradients`,
-`apply_gradients`, `train_step`, `eval_step`, `update_metrics`,
-`on_loop_end`.
-Point `config.trainer` at the subclass.
+`apply_gradients`, `train_step`, `eval_step`, `update_metrics`, `serve`,
+`on_loop_end`, `checkpoint_items`.
+Point `config.trainer` at the subclass. Side concerns live in their own
+modules: the weight average (`ema`), the stop request and multi-worker
+vote (`stopping`), the input check before a run (`probe`).
 """
 
 import contextlib
-import re
 import time
 from typing import Any
 
@@ -44,43 +50,17 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from looper import config as config_lib
-from looper import data
+from looper import ema as ema_lib
+from looper import errors
+from looper import objectives
 from looper import optimizers
 from looper import precision
-from looper import sources
-
-# Per-example losses on logits, by `config.loss` name.
-LOSSES = {
-    "sparse_categorical_crossentropy":
-        lambda labels, logits: keras.losses.sparse_categorical_crossentropy(
-            labels, logits, from_logits=True),
-    "mean_squared_error": keras.losses.mean_squared_error,
-}
-
-# Metric factories on logits, by `config.metrics` name.
-METRICS = {
-    "accuracy": lambda: keras.metrics.SparseCategoricalAccuracy("accuracy"),
-    "top5_accuracy": lambda: keras.metrics.SparseTopKCategoricalAccuracy(
-        5, name="top5_accuracy"),
-    "mean_squared_error": lambda: keras.metrics.MeanSquaredError(
-        "mean_squared_error"),
-}
-
-
-def _lookup(value: Any, table: dict, field: str):
-  if callable(value):
-    return value
-  if value not in table:
-    raise config_lib.ConfigError(
-        f"config.{field}={value!r} is not one of {', '.join(table)}; use one"
-        " of those or assign a function in get_config()")
-  return table[value]
-
-
-def _name(value: Any) -> str:
-  return repr(value) if isinstance(value, str) else getattr(
-      value, "__name__", type(value).__name__)
+from looper import refs
+from looper import stopping
+from looper.data import checks
+from looper.data import elements
+from looper.data import sources
+from looper.data import splits
 
 
 class Trainer:
@@ -95,26 +75,20 @@ class Trainer:
     self.grad_accum_steps = config.train.grad_accum_steps
     self.global_batch_size = config.train.batch_size * self.grad_accum_steps
     replicas = strategy.num_replicas_in_sync
-    data.check_divisible(config.train.batch_size, replicas, "train.batch_size")
-    data.check_divisible(config.eval.batch_size, replicas, "eval.batch_size")
-    self.model_fn = config_lib.resolve(config.model_fn, "model_fn")
-    self.dataset_fn = config_lib.resolve(config.dataset_fn, "dataset_fn")
-    self._loss_fn = _lookup(config.loss, LOSSES, "loss")
+    checks.check_divisible(config.train.batch_size, replicas,
+                           "train.batch_size")
+    checks.check_divisible(config.eval.batch_size, replicas, "eval.batch_size")
+    # Rows of one micro-batch on one replica (a static shape).
+    self._micro_rows = config.train.batch_size // replicas
+    self.model_fn = refs.resolve(config.model_fn, "model_fn")
+    self.dataset_fn = refs.resolve(config.dataset_fn, "dataset_fn")
+    self._loss_fn = objectives.lookup(config.loss, objectives.LOSSES, "loss")
     # Built on the first evaluate(): counting the split may take a pass.
     self._eval_data, self._eval_steps = None, None
     self._sources = {}  # split -> its input source, made once
     self._iterator = None  # opened by train() at the data position
-    # Set from a signal-watching thread while a loop runs; read every step.
-    # A plain host variable outside the scope: it is not training state.
-    with tf.device("/cpu:0"):
-      self._stop = tf.Variable(False, trainable=False, name="stop")
-    # Several workers must stop at the same step (every step is a collective
-    # across them): there they agree once per loop, before it starts, and
-    # a loop is never cut short.
-    self._any_worker_fn, self._agreed_stop = None, False
+    self._stop = stopping.StopFlag(strategy)
     self.weights_finite = True  # after the last train loop
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-      self._any_worker_fn = tf.function(self._any_worker)
 
     # Same seed, same initial weights: whatever the replica count.
     keras.utils.set_random_seed(config.seed)
@@ -126,17 +100,14 @@ class Trainer:
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here.
       self.optimizer.build(self.model.trainable_variables)
-      # optimizer.ema_decay: a moving average of the weights, used for
-      # eval (and export); identical on all replicas like the weights.
-      self.ema = [tf.Variable(
-          v.value, trainable=False, name="ema",
-          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-                  for v in self.model.trainable_variables
-                  ] if config.optimizer.ema_decay else []
+      # optimizer.ema_decay: eval and export use the average (see ema).
+      self.ema = (ema_lib.WeightAverage(self.model.trainable_variables,
+                                        config.optimizer.ema_decay)
+                  if config.optimizer.ema_decay else None)
       self.train_metrics = self.build_metrics()
       self.eval_metrics = self.build_metrics()
       # Their names key the logs, beside looper's own 'loss', 'examples'...
-      config_lib.check_metric_names([m.name for m in self.train_metrics])
+      objectives.check_metric_names([m.name for m in self.train_metrics])
       self._eval_loss = keras.metrics.Mean("loss")
       # float64 counts stay exact far beyond float32's 2**24 examples.
       self._eval_examples = keras.metrics.Sum("examples", dtype="float64")
@@ -166,85 +137,46 @@ class Trainer:
           inputs))
     return model
 
-  def check_inputs(self, split: str, probe: int = 256) -> None:
-    """Runs the model and the loss on the first examples of `split`, eagerly.
-
-    A mismatch between dataset_fn, model_fn and the loss would otherwise
-    surface as a multi-page trace from inside the first train loop (or, for
-    float or out-of-range class ids, as silently wrong training).
-
-    Raises:
-      ConfigError: one line naming what does not fit and the fix.
-    """
-    field = self._field(split)
-    if split == self.config.data.train_split:
-      self.source(split).check(self.strategy.num_replicas_in_sync,
-                               self.config.train.batch_size,
-                               "train.batch_size")
-    examples = data.check_nonempty(self.examples(split), split, field)
-    # padded_batch: examples of variable length (data.bucket) fit too.
-    inputs, labels = next(iter(examples.padded_batch(probe)))
-    shapes = tf.nest.map_structure(lambda t: (t.shape[1:].as_list(),
-                                              t.dtype.name), inputs)
-    # Only what a mismatch raises becomes one line; any other error is a bug
-    # in the user's code and keeps its traceback.
-    mismatch = (ValueError, TypeError, tf.errors.InvalidArgumentError)
-    try:
-      logits = tf.cast(self.model(inputs, training=False), tf.float32)
-    except mismatch as e:
-      raise config_lib.ConfigError(
-          f"config.model_fn: the model rejects the examples of split"
-          f" {split!r} (inputs {shapes}): {config_lib.first_line(e)}; make the model's"
-          " Input match what config.dataset_fn yields") from None
-    if self.config.loss == "sparse_categorical_crossentropy":
-      data.check_class_labels(labels, logits, split)
-    try:
-      per_example = self.compute_loss(labels, logits)
-    except mismatch as e:
-      raise config_lib.ConfigError(
-          f"config.loss={_name(self.config.loss)} fails on logits of shape"
-          f" {logits.shape.as_list()} and labels of shape"
-          f" {labels.shape.as_list()} ({labels.dtype.name}):"
-          f" {config_lib.first_line(e)}; make the labels of split {split!r} fit the"
-          " loss, or choose another config.loss") from None
-    if per_example.shape.as_list() != [len(logits)]:
-      raise config_lib.ConfigError(
-          f"config.loss={_name(self.config.loss)} returns shape"
-          f" {per_example.shape.as_list()} for a batch of {len(logits)};"
-          " return one loss per example (shape [batch]): looper averages"
-          " over the global batch itself")
-
   def build_optimizer(self) -> keras.optimizers.Optimizer:
     return optimizers.build(self.config.optimizer, self.config.train.steps,
                             self.global_batch_size)
 
   def build_metrics(self) -> list[keras.metrics.Metric]:
     """Fresh metric objects; called once for train and once for eval."""
-    return [_lookup(m, METRICS, "metrics")() for m in self.config.metrics]
+    return [objectives.lookup(m, objectives.METRICS, "metrics")()
+            for m in self.config.metrics]
 
   def compute_loss(self, labels, logits) -> tf.Tensor:
     """Per-example loss, shape [batch]; averaged by the caller."""
     return self._loss_fn(labels, logits)
 
   def train_step(self, batch) -> tf.Tensor:
-    """One replica's step; returns its share of the global mean loss."""
-    return self.accumulated_step([batch])
+    """One replica's update; returns its share of the global mean loss.
 
-  def accumulated_step(self, batches) -> tf.Tensor:
-    """One replica's update from several micro-batches (what the loop calls
-    when train.grad_accum_steps > 1): their gradients summed, one update."""
+    `batch` is this replica's part of one update: train.grad_accum_steps
+    micro-batches concatenated (the examples of a batch grad_accum_steps
+    times larger). The default sums the gradients of its micro-batches and
+    applies them once, so the update is that of the larger batch.
+    """
     loss, grads = 0.0, None
-    for inputs, labels in batches:  # unrolled: k is small and static
+    for inputs, labels in self.micro_batches(batch):  # unrolled: k is small
       part, part_grads, logits = self._compute_gradients(inputs, labels)
       self.update_metrics(self.train_metrics, labels, logits)
       loss += part
       grads = part_grads if grads is None else [
           g + h for g, h in zip(grads, part_grads)]
     self.apply_gradients(self.transform_gradients(grads))
-    decay = self.config.optimizer.ema_decay
-    for average, v in zip(self.ema, self.model.trainable_variables):
-      average.assign(decay * average + (1 - decay) * v.value)
+    if self.ema:
+      self.ema.update()
     return loss
+
+  def micro_batches(self, batch) -> list:
+    """`batch` cut back into its train.grad_accum_steps micro-batches, each
+    of train.batch_size / replicas examples (static slices)."""
+    rows = self._micro_rows
+    return [tf.nest.map_structure(lambda t, i=i: t[i * rows:(i + 1) * rows],
+                                  batch)
+            for i in range(self.grad_accum_steps)]
 
   def compute_gradients(self, inputs, labels):
     """One replica's (loss, gradients, float32 logits).
@@ -281,7 +213,7 @@ class Trainer:
       grads = [tf.convert_to_tensor(g) for g in grads]
     grads = precision.skip_unless_finite_everywhere(self.optimizer, grads)
     if self.config.optimizer.clip_global_norm:
-      grads = clip_by_global_norm_of_sum(
+      grads = optimizers.clip_by_global_norm_of_sum(
           grads, self.config.optimizer.clip_global_norm,
           unscale=(self.optimizer.scale_loss(1.0)
                    if precision.loss_scaled(self.optimizer) else None))
@@ -317,22 +249,18 @@ class Trainer:
 
   # --- Data -------------------------------------------------------------------
 
-  def source(self, split: str):
+  def source(self, split: str) -> sources.Source:
     """`split`'s input source (see `sources`): what dataset_fn returned."""
     if split not in self._sources:
       self._sources[split] = sources.make(
-          split, self._field(split), self.config.data,
+          split, splits.split_field(self.config, split), self.config.data,
           lambda: self.dataset_fn(self.config, split))
     return self._sources[split]
 
-  def _field(self, split: str) -> str:
-    return ("data.train_split" if split == self.config.data.train_split
-            else "data.eval_split")
-
   def examples(self, split: str) -> tf.data.Dataset:
     """One pass over `split` as (inputs, label) examples, checked."""
-    return data.checked(self.source(split).examples(), split,
-                        variable=bool(self.config.data.bucket))
+    return checks.checked(self.source(split).examples(), split,
+                          variable=bool(self.config.data.bucket))
 
   def train_data(self) -> tf.distribute.DistributedDataset:
     """Distributed train batches from the current data position on."""
@@ -347,12 +275,19 @@ class Trainer:
             shuffle_buffer=c.data.shuffle_buffer, position=position))
 
   def seek(self, position: int) -> None:
-    """Reopens the train stream at `position` global examples.
-
-    Call it after restoring a checkpoint into a trainer that has trained.
-    """
+    """Reopens the train stream at `position` global examples."""
     self.position.assign(position)
     self._iterator = None
+
+  def roll_back(self, checkpointer) -> str | None:
+    """Restores the latest checkpoint but keeps the data position, so the
+    data since then is skipped (a NaN recovery); returns the checkpoint's
+    path, or None (nothing restored) if there is none."""
+    skip_to = self.data_position
+    path = checkpointer.restore()
+    if path:
+      self.seek(skip_to)
+    return path
 
   # --- The loops --------------------------------------------------------------
 
@@ -371,8 +306,7 @@ class Trainer:
 
     Fewer losses than `steps` come back if `request_stop` was called.
     """
-    if self._any_worker_fn is not None and self.agree(self._stop.numpy()):
-      self._agreed_stop = True  # some worker got a signal: all stop here
+    if self._stop.before_loop():  # some worker got a signal: all stop here
       return np.zeros([0], np.float32), {}
     if self._iterator is None:
       self._iterator = iter(self.train_data())
@@ -381,7 +315,7 @@ class Trainer:
       losses, finite, waited, results = self._train_fn(
           self._iterator, tf.constant(steps, tf.int32))
     except tf.errors.InvalidArgumentError as e:
-      raise _xla_error(e) if self.config.train.jit_compile else e
+      raise errors.jit_compile_error(e) if self.config.train.jit_compile else e
     losses = losses.numpy()  # waits for the call to finish
     logs = {k: float(v) for k, v in results.items()}
     logs["input_wait_fraction"] = float(waited) / max(
@@ -390,11 +324,8 @@ class Trainer:
     return losses, logs
 
   def agree(self, flag: bool) -> bool:
-    """True if `flag` is true on any worker (one all-reduce under
-    multi-worker); every worker must call it at the same point."""
-    if self._any_worker_fn is None:
-      return bool(flag)
-    return bool(self._any_worker_fn(tf.constant(bool(flag))))
+    """True if `flag` is true on any worker (see `stopping.StopFlag`)."""
+    return self._stop.agree(flag)
 
   @property
   def stop_requested(self) -> bool:
@@ -402,16 +333,7 @@ class Trainer:
 
     Under multi-worker that is once all workers agreed, before a loop.
     """
-    if self._any_worker_fn is not None:
-      return self._agreed_stop
-    return bool(self._stop.numpy())
-
-  def _any_worker(self, flag):
-    total = self.strategy.run(
-        lambda: tf.distribute.get_replica_context().all_reduce(
-            "SUM", tf.cast(flag, tf.int32)))
-    # Every local replica holds the same cluster-wide sum.
-    return self.strategy.experimental_local_results(total)[0] > 0
+    return self._stop.requested
 
   def request_stop(self) -> None:
     """Makes a running (or the next) train loop stop after its current step.
@@ -420,7 +342,7 @@ class Trainer:
     (every worker must run the same steps): the workers agree on the stop
     before the next loop.
     """
-    self._stop.assign(True)
+    self._stop.request()
 
   def _train_loop(self, iterator, steps):
     for metric in self.train_metrics:
@@ -428,7 +350,7 @@ class Trainer:
     losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
     waited = tf.constant(0.0, tf.float64)  # seconds spent in get_next
     for i in tf.range(steps):
-      if self._any_worker_fn is None and self._stop.read_value():
+      if self._stop.cuts_loops and self._stop.flag.read_value():
         break
       # Timestamps touch no resource, so only these control dependencies
       # keep them around get_next, and after the last step's update (else
@@ -440,10 +362,7 @@ class Trainer:
       with tf.control_dependencies(tf.nest.flatten(batches,
                                                    expand_composites=True)):
         waited += tf.timestamp() - before
-      if len(batches) == 1:
-        loss = self.strategy.run(self.train_step, args=(batches[0],))
-      else:
-        loss = self.strategy.run(self.accumulated_step, args=(batches,))
+      loss = self.strategy.run(self._train_step, args=tuple(batches))
       losses = losses.write(i, self.strategy.reduce("SUM", loss, axis=None))
     ran = tf.cast(losses.size(), tf.int64)
     self.step.assign_add(ran)
@@ -455,6 +374,13 @@ class Trainer:
     return (losses.stack(), finite, waited,
             {m.name: m.result() for m in self.train_metrics})
 
+  def _train_step(self, *batches):
+    """The replica function: the micro-batches of one update as one batch."""
+    if len(batches) == 1:
+      return self.train_step(batches[0])
+    return self.train_step(tf.nest.map_structure(
+        lambda *parts: tf.concat(parts, axis=0), *batches))
+
   def evaluate(self) -> dict[str, float]:
     """Evaluates the whole eval split (or `eval.steps` batches) exactly once.
 
@@ -464,9 +390,10 @@ class Trainer:
     c = self.config
     if self._eval_data is None:
       source = self.source(c.data.eval_split)
-      size = source.size or data.num_examples(source.examples(),
-                                              c.data.eval_split)
-      count, steps = data.eval_plan(size, c.eval.batch_size, c.eval.steps)
+      size = source.size or checks.num_examples(source.examples(),
+                                                c.data.eval_split)
+      count, steps = elements.eval_plan(size, c.eval.batch_size,
+                                        c.eval.steps)
       self._eval_steps = steps
       self._eval_data = self.strategy.distribute_datasets_from_function(
           lambda ctx: source.eval(ctx, global_batch_size=c.eval.batch_size,
@@ -476,25 +403,10 @@ class Trainer:
                               tf.constant(self._eval_steps, tf.int32))
       return {k: float(v) for k, v in results.items()}
 
-  @contextlib.contextmanager
   def averaged_weights(self):
-    """The model holds the moving average of its weights inside (eval,
-    export), its trained weights again after; no-op without ema_decay."""
-    if not self.ema:
-      yield
-      return
-    self._swap_ema()
-    try:
-      yield
-    finally:
-      self._swap_ema()
-
-  @tf.function
-  def _swap_ema(self):
-    for average, v in zip(self.ema, self.model.trainable_variables):
-      trained = tf.identity(v.value)
-      v.assign(average)
-      average.assign(trained)
+    """A context in which the model holds the moving average of its weights
+    (eval, export); no-op without optimizer.ema_decay."""
+    return self.ema.swapped() if self.ema else contextlib.nullcontext()
 
   def _eval_loop(self, iterator, steps):
     bookkeeping = [self._eval_loss, self._eval_examples]
@@ -518,43 +430,5 @@ class Trainer:
     items = dict(model=self.model, optimizer=precision.inner(self.optimizer),
                  step=self.step, position=self.position)
     if self.ema:
-      items["ema"] = self.ema
+      items["ema"] = self.ema.averages
     return items
-
-
-def xla_op(e: Exception) -> str | None:
-  """The op an XLA compile error names (e.g. 'AsString'), or None."""
-  found = re.search(r"compile graph .* on XLA_\w+: (\w+)", str(e))
-  return found.group(1) if found else None
-
-
-def _xla_error(e: tf.errors.InvalidArgumentError) -> Exception:
-  """One line naming the op XLA cannot compile; other errors unchanged."""
-  op = xla_op(e)
-  if op is None:
-    return e
-  return config_lib.ConfigError(
-      f"config.train.jit_compile=True: the train step does not compile with"
-      f" XLA (op {op} is not supported); set"
-      " --config.train.jit_compile=False, or replace that op in the model")
-
-
-def clip_by_global_norm_of_sum(grads, clip_norm: float, unscale=None):
-  """This replica's `grads`, scaled so that their SUM over replicas has a
-  global norm of at most `clip_norm`.
-
-  Keras' clipnorm/global_clipnorm clip each replica's gradients before the
-  sum, which changes the update with the replica count; this clips the
-  gradient of the global batch, the same on any number of replicas.
-
-  Args:
-    grads: this replica's gradients (in replica context).
-    clip_norm: the largest global norm of the summed gradients.
-    unscale: the loss scale the gradients carry (mixed_float16), or None.
-  """
-  total = tf.distribute.get_replica_context().all_reduce("SUM", grads)
-  norm = tf.linalg.global_norm([tf.cast(g, tf.float32) for g in total])
-  if unscale is not None:
-    norm /= tf.cast(unscale, tf.float32)
-  factor = tf.minimum(1.0, clip_norm / tf.maximum(norm, 1e-12))
-  return [g * tf.cast(factor, g.dtype) for g in grads]

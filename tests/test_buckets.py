@@ -14,8 +14,10 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
-from looper import data
-from looper import sources
+from looper.data import buckets
+from looper.data import checks
+from looper.data import elements
+from looper.data import sources
 
 N, BUCKET, B = 203, 10, 8
 LENGTHS = np.random.default_rng(0).integers(0, 40, N)
@@ -41,7 +43,7 @@ def global_batches(pipelines, replicas, steps, position=0):
   """`steps` global (tokens, labels) batches, assembled as the strategy
   does: the replicas' batches of a step, pipeline by pipeline."""
   local = replicas // pipelines
-  streams = [list(data.train_dataset(
+  streams = [list(buckets.train_dataset(
       examples(), ctx(pipelines, p, replicas), global_batch_size=B, seed=3,
       shuffle_buffer=64, position=position, bucket=BUCKET)
                   .take(steps * local).as_numpy_iterator())
@@ -118,9 +120,9 @@ def test_resume_from_position_continues_the_stream(one_replica, steps_done):
                                                       (2, 2, 3)])
 def test_eval_counts_every_example_once(pipelines, replicas, steps):
   global_batch = 16
-  count, num_steps = data.eval_plan(N, global_batch, steps)
+  count, num_steps = elements.eval_plan(N, global_batch, steps)
   local = replicas // pipelines
-  streams = [list(data.eval_dataset(
+  streams = [list(buckets.eval_dataset(
       examples(), ctx(pipelines, p, replicas), global_batch_size=global_batch,
       count=count, steps=num_steps, bucket=BUCKET).as_numpy_iterator())
              for p in range(pipelines)]
@@ -146,7 +148,7 @@ def test_eval_counts_every_example_once(pipelines, replicas, steps):
 
 def test_eval_batch_of_empty_examples_gets_the_first_bucket():
   lengths = np.array([0] * 16 + [3] * 4)
-  tokens, _, mask = next(data.eval_dataset(
+  tokens, _, mask = next(buckets.eval_dataset(
       examples(lengths), ctx(1, 0, 1), global_batch_size=16, count=20,
       steps=2, bucket=BUCKET).as_numpy_iterator())
   assert tokens.shape == (16, BUCKET) and mask.all() and not tokens.any()
@@ -166,7 +168,7 @@ def test_bucket_takes_a_dataset_only():
 
 def test_no_bucket_holding_a_whole_batch_is_one_line():
   with pytest.raises(lc.ConfigError) as e:
-    data.train_dataset(examples(), ctx(1, 0, 1), global_batch_size=64,
+    buckets.train_dataset(examples(), ctx(1, 0, 1), global_batch_size=64,
                        seed=0, shuffle_buffer=0, position=0, split="train",
                        bucket=BUCKET)
   assert str(e.value) == (
@@ -178,13 +180,13 @@ def test_no_bucket_holding_a_whole_batch_is_one_line():
 def test_variable_inputs_need_bucket_and_plain_tensors():
   with pytest.raises(lc.ConfigError, match=r"shape \(None,\) .*"
                      r"--config\.data\.bucket to pad"):
-    data.checked(examples(), "train")
-  assert data.checked(examples(), "train", variable=True) is not None
+    checks.checked(examples(), "train")
+  assert checks.checked(examples(), "train", variable=True) is not None
   ragged = tf.RaggedTensor.from_row_lengths([1, 2, 3], [1, 2])
   rows = tf.data.Dataset.from_tensor_slices((ragged, [0, 1]))
   with pytest.raises(lc.ConfigError, match=r"type RaggedTensorSpec .*"
                      r"\.map\(lambda x, y: \(x, y\)\)"):
-    data.checked(rows, "train", variable=True)
+    checks.checked(rows, "train", variable=True)
   unknown_label = examples().map(lambda x, y: (x, x))
   with pytest.raises(lc.ConfigError, match=r"shape \(None,\)"):
-    data.checked(unknown_label, "train", variable=True)
+    checks.checked(unknown_label, "train", variable=True)

@@ -9,9 +9,12 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
-from looper import data
+from looper import objectives
 from looper import optimizers
-from looper import sources
+from looper import refs
+from looper.data import checks
+from looper.data import elements
+from looper.data import sources
 from tests import tiny
 from tests.conftest import ROOT, run_looper
 
@@ -37,10 +40,10 @@ def _filtered_to_nothing():
 @pytest.mark.parametrize("examples", [_empty, _filtered_to_nothing])
 def test_check_nonempty_names_the_split(examples):
   with pytest.raises(lc.ConfigError) as e:
-    data.check_nonempty(examples(), "train[:0]")
+    checks.check_nonempty(examples(), "train[:0]")
   assert str(e.value) == _EMPTY_TRAIN
   with pytest.raises(lc.ConfigError) as e:
-    data.check_nonempty(examples(), "test[5:5]", field="data.eval_split")
+    checks.check_nonempty(examples(), "test[5:5]", field="data.eval_split")
   assert str(e.value).startswith(
       "config.data.eval_split='test[5:5]' selects no examples:")
 
@@ -49,7 +52,7 @@ def test_check_nonempty_keeps_a_nonempty_dataset():
   x, y = tiny.make_data(50, seed=0)
   kept = tf.data.Dataset.from_tensor_slices((x, y)).filter(
       lambda x, y: y == 0)  # unknown cardinality, some examples
-  assert data.check_nonempty(kept, "train") is kept
+  assert checks.check_nonempty(kept, "train") is kept
 
 
 @pytest.mark.parametrize("examples", [_empty, _filtered_to_nothing])
@@ -57,7 +60,7 @@ def test_empty_train_stream_raises_instead_of_spinning(examples):
   # Before the fix, iterating this stream never returned: every epoch's
   # flat_map yielded nothing, forever.
   with pytest.raises(lc.ConfigError) as e:
-    data.train_dataset(examples(), tf.distribute.InputContext(),
+    elements.train_dataset(examples(), tf.distribute.InputContext(),
                        global_batch_size=8, seed=0, shuffle_buffer=16,
                        position=0, split="train[:0]")
   assert str(e.value) == _EMPTY_TRAIN
@@ -73,7 +76,7 @@ def test_empty_train_stream_raises_instead_of_spinning(examples):
 
 def test_empty_eval_split_is_counted_as_an_error():
   with pytest.raises(lc.ConfigError) as e:
-    data.num_examples(_filtered_to_nothing(), "test[:0]")
+    checks.num_examples(_filtered_to_nothing(), "test[:0]")
   assert str(e.value) == (
       "config.data.eval_split='test[:0]' selects no examples:"
       " config.dataset_fn returned an empty dataset; widen"
@@ -145,7 +148,7 @@ def _saved_loss(loss):
   c = tiny.get_config()
   c.loss = loss
   lc.validate(c)
-  return json.loads(lc.to_json(c))["loss"]
+  return json.loads(refs.to_json(c))["loss"]
 
 
 def test_json_marks_unloadable_losses_and_never_crashes():
@@ -172,14 +175,14 @@ def test_json_marks_unloadable_losses_and_never_crashes():
 def test_json_names_loadable_callables_for_resolve():
   saved = _saved_loss(_module_level_loss)
   assert saved == "tests.test_bugs:_module_level_loss"
-  assert lc.resolve(saved, "loss") is _module_level_loss
+  assert refs.resolve(saved, "loss") is _module_level_loss
   saved = _saved_loss(keras.losses.SparseCategoricalCrossentropy)  # a class
-  assert lc.resolve(saved, "loss") is keras.losses.SparseCategoricalCrossentropy
+  assert refs.resolve(saved, "loss") is keras.losses.SparseCategoricalCrossentropy
 
 
 def test_resolve_rejects_an_unloadable_marker():
   with pytest.raises(lc.ConfigError) as e:
-    lc.resolve("<unloadable: function m:f.<locals>.<lambda>>", "loss")
+    refs.resolve("<unloadable: function m:f.<locals>.<lambda>>", "loss")
   assert str(e.value) == (
       "config.loss='<unloadable: function m:f.<locals>.<lambda>>' was saved"
       " from an object that cannot be loaded back; set config.loss in"
@@ -197,19 +200,19 @@ def test_config_file_by_path_is_executed_once(tmp_path, monkeypatch):
       "def model_fn(config):\n  return 'model'\n"
       "def dataset_fn(config, split):\n  return 'data'\n")
   monkeypatch.chdir(tmp_path)
-  model_fn = lc.resolve(f"{experiment}:model_fn", "model_fn")
-  dataset_fn = lc.resolve("counted_experiment.py:dataset_fn", "dataset_fn")
-  again = lc.resolve(f"{tmp_path}/./counted_experiment.py:model_fn", "x")
+  model_fn = refs.resolve(f"{experiment}:model_fn", "model_fn")
+  dataset_fn = refs.resolve("counted_experiment.py:dataset_fn", "dataset_fn")
+  again = refs.resolve(f"{tmp_path}/./counted_experiment.py:model_fn", "x")
   assert log.read_text() == "x"
   assert again is model_fn and model_fn(None) == "model"
   assert dataset_fn(None, "train") == "data"
   # Saved to JSON, a function of the file is named by the file's path.
   c = lc.default_config()
   c.model_fn = model_fn
-  assert json.loads(lc.to_json(c))["model_fn"] == (
+  assert json.loads(refs.to_json(c))["model_fn"] == (
       "counted_experiment.py:model_fn")
   # A file Python already imported as a module is not run a second time.
-  assert lc.resolve(f"{ROOT}/tests/tiny.py:model_fn", "x") is tiny.model_fn
+  assert refs.resolve(f"{ROOT}/tests/tiny.py:model_fn", "x") is tiny.model_fn
 
 
 # --- Warmup: the first update uses peak / warmup_steps, not 0 ---------------
@@ -256,7 +259,7 @@ def test_first_optimizer_update_uses_the_warmup_rate():
                                   "learning_rate", "loss", "steps_per_sec"])
 def test_metric_names_looper_reports_are_rejected(name):
   with pytest.raises(lc.ConfigError) as e:
-    lc.check_metric_names(["accuracy", name])
+    objectives.check_metric_names(["accuracy", name])
   assert str(e.value) == (
       f"config.metrics: a metric is named {name!r}, which looper reports"
       f" itself; give it another name (e.g. keras.metrics.Mean("
@@ -264,9 +267,9 @@ def test_metric_names_looper_reports_are_rejected(name):
 
 
 def test_metric_names_must_be_distinct():
-  lc.check_metric_names(["accuracy", "top5_accuracy", "my_loss"])
+  objectives.check_metric_names(["accuracy", "top5_accuracy", "my_loss"])
   with pytest.raises(lc.ConfigError) as e:
-    lc.check_metric_names(["accuracy", "top5_accuracy", "accuracy"])
+    objectives.check_metric_names(["accuracy", "top5_accuracy", "accuracy"])
   assert str(e.value) == (
       "config.metrics: two metrics are named 'accuracy', so one would hide"
       " the other in the logs; give each its own name")

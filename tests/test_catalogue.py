@@ -143,14 +143,17 @@ def test_checkpoint_flag_outside_eval_mode(workdir):
 
 
 def test_unknown_loss_and_metric_names(workdir):
+  # Caught by validate, before TensorFlow builds anything.
   assert_fails(config({"loss": "sparse_categorical_crosentropy"}), workdir,
                "config.loss='sparse_categorical_crosentropy' is not one of"
-               " sparse_categorical_crossentropy, mean_squared_error; use one"
-               " of those or assign a function in get_config()")
+               " sparse_categorical_crossentropy, mean_squared_error; did you"
+               " mean 'sparse_categorical_crossentropy'? set --config.loss,"
+               " or assign a fn(labels, logits) in get_config()")
   assert_fails(config({"metrics": ("acuracy",)}), workdir,
                "config.metrics='acuracy' is not one of accuracy,"
-               " top5_accuracy, mean_squared_error; use one of those or"
-               " assign a function in get_config()")
+               " top5_accuracy, mean_squared_error; did you mean 'accuracy'?"
+               " set --config.metrics, or add a metric factory in"
+               " get_config()")
 
 
 @pytest.mark.parametrize("source,value", [('"100"', "100"), ("1.5", 1.5)],

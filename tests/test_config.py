@@ -5,6 +5,7 @@ import json
 import pytest
 
 from looper import config as lc
+from looper import refs
 from tests import tiny
 
 
@@ -82,11 +83,11 @@ def test_empty_split_is_an_error():
 
 
 def test_json_names_functions_so_resolve_loads_them_back():
-  saved = json.loads(lc.to_json(tiny.get_config()))
+  saved = json.loads(refs.to_json(tiny.get_config()))
   assert saved["model_fn"] == "tests.tiny:model_fn"
   assert saved["trainer"] == "looper.trainer:Trainer"
   assert saved["metrics"] == ["accuracy"]
-  assert lc.resolve(saved["model_fn"], "model_fn") is tiny.model_fn
-  by_path = lc.resolve("tests/tiny.py:make_data", "x")
+  assert refs.resolve(saved["model_fn"], "model_fn") is tiny.model_fn
+  by_path = refs.resolve("tests/tiny.py:make_data", "x")
   x, y = by_path(5, seed=0)
   assert (x == tiny.make_data(5, seed=0)[0]).all()

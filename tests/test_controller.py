@@ -58,6 +58,13 @@ class FakeTrainer:
     if position is not None:
       self.data_position = position
 
+  def roll_back(self, checkpointer):  # as looper's Trainer does
+    skip_to = self.data_position
+    path = checkpointer.restore()
+    if path:
+      self.seek(skip_to)
+    return path
+
 
 class FakeCheckpointer:
   directory = "/fake/checkpoints"
@@ -226,12 +233,13 @@ def test_nan_recovery_rolls_back_and_skips_the_window():
   log = []
   save = actions.Action(lambda step, loop: ckpt.save(step), every_steps=10,
                         at_end=True)
-  report = actions.Action(recorder(log, "report"), every_loop=True)
   resumed = []
+  report = actions.Action(recorder(log, "report"), every_loop=True,
+                          on_start=resumed.append)
   trainer = FakeTrainer(nan_steps={23})
   ctl, trainer, ckpt = make(steps_per_loop=5, trainer=trainer,
                             report_actions=[report], save_actions=[save],
-                            nan_recovery_tries=1, on_resume=resumed.append)
+                            nan_recovery_tries=1)
   original = trainer.train
 
   def train(steps):  # the bad data is consumed once: the replay is clean
@@ -270,7 +278,7 @@ def test_continuous_eval_evaluates_each_checkpoint_once():
     evaluated.append(step)
     return {"loss": 1.0 / step}
 
-  ctl, trainer, ckpt = make(total=30, evaluate=evaluate)
+  ctl, trainer, ckpt = make(total=30)
   ckpt.save(10)
   arrivals = iter([[], [20], [], [25, 30]])  # what training writes meanwhile
 
@@ -278,16 +286,16 @@ def test_continuous_eval_evaluates_each_checkpoint_once():
     for step in next(arrivals):
       ckpt.save(step)
 
-  result = ctl.continuous_eval(timeout_secs=10, sleep=sleep)
+  result = ctl.continuous_eval(evaluate, timeout_secs=10, sleep=sleep)
   assert evaluated == [10, 20, 25, 30]
   assert result["evaluated"] == [10, 20, 25, 30] and result["step"] == 30
 
 
 def test_continuous_eval_times_out_without_new_checkpoints():
-  ctl, _, ckpt = make(total=30, evaluate=lambda step: {})
+  ctl, _, ckpt = make(total=30)
   ckpt.save(10)
   sleeps = []
-  result = ctl.continuous_eval(timeout_secs=3, poll_secs=1,
+  result = ctl.continuous_eval(lambda step: {}, timeout_secs=3, poll_secs=1,
                                sleep=sleeps.append)
   assert result["evaluated"] == [10] and len(sleeps) == 3
 

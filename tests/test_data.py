@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import data
+from looper.data import checks
+from looper.data import elements
 from looper.config import ConfigError
 
 N = 101  # examples; not a multiple of any batch below
@@ -30,7 +31,7 @@ def global_batches(pipelines, replicas, steps, global_batch=8, position=0,
   """
   per_pipeline = replicas // pipelines
   streams = [
-      iter(data.train_dataset(
+      iter(elements.train_dataset(
           examples(), ctx(pipelines, p, replicas),
           global_batch_size=global_batch, seed=3, shuffle_buffer=shuffle,
           position=position))
@@ -50,7 +51,7 @@ def test_global_batches_do_not_depend_on_replicas(pipelines, replicas):
 
 
 def test_epochs_are_permutations_and_differ():
-  batches = data.train_dataset(ids(), ctx(1, 0, 1), global_batch_size=8,
+  batches = elements.train_dataset(ids(), ctx(1, 0, 1), global_batch_size=8,
                                 seed=3, shuffle_buffer=16, position=0)
   stream = np.concatenate([y for _, y in batches.take(2 * N // 8 + 1)])
   first, second = stream[:N], stream[N:2 * N]
@@ -80,11 +81,11 @@ def test_resume_without_known_size_skips_from_the_start():
     (1, 4, None), (4, 4, None), (2, 2, None), (1, 1, 3), (2, 4, 3)])
 def test_eval_counts_every_example_once(pipelines, replicas, steps):
   global_batch = 16
-  count, num_steps = data.eval_plan(N, global_batch, steps)
+  count, num_steps = elements.eval_plan(N, global_batch, steps)
   assert num_steps == (7 if steps is None else steps)  # ceil(101 / 16) = 7
   seen, batches = [], 0
   for p in range(pipelines):
-    for x, y, mask in data.eval_dataset(
+    for x, y, mask in elements.eval_dataset(
         ids(), ctx(pipelines, p, replicas), global_batch_size=global_batch,
         count=count, steps=num_steps):
       assert mask.shape == (global_batch // replicas,)  # static, padded
@@ -97,25 +98,25 @@ def test_eval_counts_every_example_once(pipelines, replicas, steps):
 
 def test_unbatched_static_examples_are_required():
   with pytest.raises(ConfigError, match=r"unbatched .*train.batch_size"):
-    data.checked(ids().batch(4), "train")
+    checks.checked(ids().batch(4), "train")
   with pytest.raises(ConfigError, match=r"\(inputs, label\) pairs"):
-    data.checked(ids().map(lambda x, y: x), "train")
+    checks.checked(ids().map(lambda x, y: x), "train")
   with pytest.raises(ConfigError, match="returned list"):
-    data.checked([1, 2], "train")
-  assert data.checked(ids(), "train") is not None
+    checks.checked([1, 2], "train")
+  assert checks.checked(ids(), "train") is not None
 
 
 def test_num_examples_counts_or_rejects():
-  assert data.num_examples(ids(), "test") == N
-  assert data.num_examples(ids().filter(lambda x, y: y % 2 == 0), "t") == 51
+  assert checks.num_examples(ids(), "test") == N
+  assert checks.num_examples(ids().filter(lambda x, y: y % 2 == 0), "t") == 51
   with pytest.raises(ConfigError, match=r"endless dataset for split 'test'"):
-    data.num_examples(ids().repeat(), "test")
+    checks.num_examples(ids().repeat(), "test")
 
 
 def test_batch_must_split_evenly_over_replicas():
-  data.check_divisible(64, 8, "train.batch_size")
+  checks.check_divisible(64, 8, "train.batch_size")
   with pytest.raises(ConfigError) as e:
-    data.check_divisible(100, 8, "train.batch_size")
+    checks.check_divisible(100, 8, "train.batch_size")
   assert str(e.value) == (
       "config.train.batch_size=100 is not divisible by the 8 replicas;"
       " set --config.train.batch_size=96")

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper import layers
+from looper import optimizers
 from looper import trainer as trainer_lib
 from tests import tiny
 from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok, scalars
@@ -66,10 +67,10 @@ def test_dropout_masks_differ_between_examples_and_steps():
 
 def test_clipping_uses_the_norm_of_the_summed_gradient():
   grads = [tf.constant([3.0]), tf.constant([4.0])]
-  clipped = trainer_lib.clip_by_global_norm_of_sum(grads, 1.0)
+  clipped = optimizers.clip_by_global_norm_of_sum(grads, 1.0)
   np.testing.assert_allclose([g.numpy() for g in clipped], [[0.6], [0.8]])
   # Loss-scaled gradients: the norm is taken after unscaling.
-  scaled = trainer_lib.clip_by_global_norm_of_sum(
+  scaled = optimizers.clip_by_global_norm_of_sum(
       [g * 1024 for g in grads], 1.0, unscale=1024.0)
   np.testing.assert_allclose([g.numpy() for g in scaled],
                              [[0.6 * 1024], [0.8 * 1024]])
@@ -210,7 +211,7 @@ def test_ema_follows_a_numpy_reference_and_is_what_eval_sees():
     t.train(1)
     average = [decay * a + (1 - decay) * v.numpy()
                for a, v in zip(average, t.model.trainable_variables)]
-  for got, want in zip(t.ema, average):
+  for got, want in zip(t.ema.averages, average):
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7)
   trained = [v.numpy() for v in t.model.trainable_variables]
   logs = t.evaluate()

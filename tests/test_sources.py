@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import arrays
+from looper.data import arrays
 from looper import config as lc
 from looper import shards
-from looper import sources
+from looper.data import sources
 from tests import tiny
 
 N, B = 1001, 32  # N: a prime-ish size, never a multiple of the batch

@@ -93,3 +93,41 @@ def test_resume_takes_the_new_learning_rate_from_the_config(tmp_path):
   assert result["train"]["learning_rate"] == pytest.approx(0.5)
   assert scalars(tmp_path / "train", "learning_rate") == pytest.approx(
       {10: 0.1, 20: 0.1, 30: 0.5})
+
+
+class WholeBatchTrainer(trainer_lib.Trainer):
+  """Changes one thing: `train_step` takes its update's whole batch at
+  once, with no micro-batches (and counts its calls)."""
+
+  def __init__(self, config, strategy):
+    super().__init__(config, strategy)
+    self.calls = tf.Variable(0, trainable=False)
+    self.rows = []  # the batch's rows, each time the step is traced
+
+  def train_step(self, batch):
+    inputs, labels = batch
+    self.rows.append(labels.shape[0])
+    self.calls.assign_add(1)
+    loss, grads, logits = self.compute_gradients(inputs, labels)
+    self.update_metrics(self.train_metrics, labels, logits)
+    self.apply_gradients(self.transform_gradients(grads))
+    return loss
+
+
+def test_an_overridden_train_step_is_called_under_accumulation():
+  def trainer(cls):
+    c = tiny.get_config()
+    c.train.batch_size, c.train.grad_accum_steps = 16, 2
+    c.model.l2 = 0.0  # compute_gradients splits a regularizer per micro-batch
+    return cls(c, tf.distribute.get_strategy())
+
+  default, whole = trainer(trainer_lib.Trainer), trainer(WholeBatchTrainer)
+  want, _ = default.train(6)
+  got, _ = whole.train(6)
+  # Called once per update, with both micro-batches (32 rows): one step
+  # over the larger batch is the update accumulation makes.
+  assert int(whole.calls.numpy()) == 6 and set(whole.rows) == {32}
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for a, b in zip(whole.model.weights, default.model.weights):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+  assert whole.data_position == default.data_position == 6 * 32

@@ -28,7 +28,7 @@ other value shuffles fully (the buffer size is irrelevant here).
 import numpy as np
 import tensorflow as tf
 
-from looper.config import ConfigError
+from looper.errors import ConfigError
 
 _SEED_MOD = 2**31 - 1  # stateless seeds are int64; keep them small and fixed
 

@@ -1,9 +1,9 @@
-"""What `dataset_fn` may return, and the input mode each one selects.
+"""The input source protocol, and the mode each `dataset_fn` return selects.
 
 Synopsis::
 
     source = sources.make(split, "data.train_split", config.data,
-                          lambda: dataset_fn(config, split))
+                          lambda: dataset_fn(config, split))  # a Source
     source.check(replicas, global_batch_size, "train.batch_size")
     per_replica = source.train(ctx, global_batch_size=128, seed=0,
                                shuffle_buffer=10_000, position=0)
@@ -11,28 +11,57 @@ Synopsis::
 
 | dataset_fn returns | mode | each pipeline reads | resume |
 |---|---|---|---|
-| a tf.data.Dataset | element (`data`) | the whole stream, keeps its 1/N block | skip within the epoch |
+| a tf.data.Dataset | element (`elements`, `buckets`) | the whole stream, keeps its 1/N block | skip within the epoch |
 | numpy arrays (inputs, label) | array (`arrays`) | only its own examples | O(1) |
 | `shards.Files` (or `data.shards_dir` is set) | file (`shards`) | only its own files | skip within each group |
 
 All three are exact on any replica and worker count (the examples of global
-batch k do not depend on it); see each module for how. Every source has
-`split`, `size` (None: unknown until counted), `examples()` (one pass, in
-order), `check`, `train` and `eval`. Examples of variable length
-(config.data.bucket) need element mode: only it pads.
+batch k do not depend on it); see each module for how. Each is a `Source`.
+Examples of variable length (config.data.bucket) need element mode: only it
+pads.
 """
 
 import copy
 import os
-from typing import Callable
+from typing import Callable, Protocol
 
 import ml_collections
 import tensorflow as tf
 
-from looper import arrays
-from looper import data
-from looper import shards
-from looper.config import ConfigError
+from looper.data import arrays
+from looper.data import buckets
+from looper.data import checks
+from looper.data import elements
+from looper.data import shards
+from looper.errors import ConfigError
+
+
+class Source(Protocol):
+  """One split's examples, and the per-replica batches of any input pipeline.
+
+  `train` and `eval` run inside `distribute_datasets_from_function`, once
+  per input pipeline (`ctx`); for any topology that `check` accepts, global
+  batch k must hold the same examples in the same places.
+  """
+  split: str  # the split's name, as configured
+  size: int | None  # examples in one pass; None: unknown until counted
+
+  def examples(self) -> tf.data.Dataset:
+    """One pass over the split as (inputs, label) examples, in order."""
+
+  def check(self, replicas: int, global_batch_size: int, field: str) -> None:
+    """Raises ConfigError (naming `field`) if the mode cannot feed this
+    topology exactly."""
+
+  def train(self, ctx: tf.distribute.InputContext, *, global_batch_size: int,
+            seed: int, shuffle_buffer: int, position: int) -> tf.data.Dataset:
+    """This pipeline's endless per-replica batches from global example
+    `position` on; epoch e shuffled from (seed, e)."""
+
+  def eval(self, ctx: tf.distribute.InputContext, *, global_batch_size: int,
+           count: int, steps: int) -> tf.data.Dataset:
+    """`steps` per-replica batches of (inputs, label, mask): the first
+    `count` examples with mask 1, padding with mask 0."""
 
 
 class Elements:
@@ -47,22 +76,28 @@ class Elements:
     self.size = None
 
   def examples(self) -> tf.data.Dataset:
-    return data.checked(self.remake(), self.split, variable=bool(self.bucket))
+    return checks.checked(self.remake(), self.split,
+                          variable=bool(self.bucket))
 
   def check(self, replicas: int, global_batch_size: int, field: str) -> None:
     """Element mode fits any replica count that divides the batch."""
 
   def train(self, ctx, **kwargs) -> tf.data.Dataset:
-    return data.train_dataset(self.examples(), ctx, split=self.split,
-                              bucket=self.bucket, **kwargs)
+    if self.bucket:
+      return buckets.train_dataset(self.examples(), ctx, split=self.split,
+                                   bucket=self.bucket, **kwargs)
+    return elements.train_dataset(self.examples(), ctx, split=self.split,
+                                  **kwargs)
 
   def eval(self, ctx, **kwargs) -> tf.data.Dataset:
-    return data.eval_dataset(self.examples(), ctx, bucket=self.bucket,
-                             **kwargs)
+    if self.bucket:
+      return buckets.eval_dataset(self.examples(), ctx, bucket=self.bucket,
+                                  **kwargs)
+    return elements.eval_dataset(self.examples(), ctx, **kwargs)
 
 
 def make(split: str, field: str, options: ml_collections.ConfigDict,
-         dataset_fn: Callable[[], object]):
+         dataset_fn: Callable[[], object]) -> Source:
   """The source of `split`: what `dataset_fn()` returns, or the shards.
 
   Args:
@@ -107,6 +142,6 @@ def make(split: str, field: str, options: ml_collections.ConfigDict,
         f" examples of a tf.data.Dataset, but split {split!r} comes as"
         f" {kind}; set --config.data.bucket=0 or {fix}")
   if source.size == 0:
-    raise data.empty_split(split, field)
-  data.checked(source.examples(), split, variable=bool(options.bucket))
+    raise checks.empty_split(split, field)
+  checks.checked(source.examples(), split, variable=bool(options.bucket))
   return source

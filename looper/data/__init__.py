@@ -1,0 +1,29 @@
+"""looper's input: from an experiment's `dataset_fn` to per-replica batches.
+
+Synopsis::
+
+    from looper.data import sources
+    source = sources.make(split, field, config.data,
+                          lambda: dataset_fn(config, split))
+    strategy.distribute_datasets_from_function(
+        lambda ctx: source.train(ctx, global_batch_size=128, seed=0,
+                                 shuffle_buffer=10_000, position=0))
+
+The modules, bottom up (each imports only those above it in this list):
+
+| module | owns |
+|---|---|
+| `splits` | split names ('test[:8000]'), which config field names a split |
+| `checks` | what an example, a split and a batch must be (one-line errors) |
+| `elements` | element mode: seeded per-epoch shuffle, each pipeline's block of a global batch, eval padding + masks |
+| `buckets` | element mode for variable-length inputs (`data.bucket`) |
+| `arrays` | array mode: numpy arrays shuffled by index, O(1) resume |
+| `shards` | file mode: TFRecord shards, virtual-shard groups, the writer |
+| `sources` | the `Source` protocol and `make`, which picks the mode |
+| `datasets` | finding a dataset's files: data.dir, cache, download |
+| `tfds_adapter` | a TensorFlow Datasets dataset as a `dataset_fn` |
+
+Every mode is exact on any replica and worker count and resumes from a
+count of global examples consumed (the Trainer's data position). Nothing
+here knows models, optimizers or the training loop.
+"""

@@ -1,0 +1,154 @@
+"""The checks every input mode shares: what an example, a split and a batch must be.
+
+Synopsis::
+
+    examples = checks.checked(dataset_fn(config, split), split)  # or raises
+    checks.check_nonempty(examples, split, "data.train_split")
+    n = checks.num_examples(examples, split)      # counted if TF cannot tell
+    checks.check_divisible(global_batch_size, replicas, "train.batch_size")
+
+Each raises a ConfigError whose one line names the config field, the value
+and the fix, before any training step runs.
+"""
+
+import tensorflow as tf
+
+from looper.errors import ConfigError
+
+_INFINITE = tf.data.INFINITE_CARDINALITY
+_UNKNOWN = tf.data.UNKNOWN_CARDINALITY
+
+
+def checked(dataset: tf.data.Dataset, split: str,
+            variable: bool = False) -> tf.data.Dataset:
+  """Returns `dataset` if it yields (inputs, label) examples of static shape.
+
+  `variable` (config.data.bucket is set): the inputs may have dimensions of
+  unknown size (padded per batch) but must be plain tensors of known rank;
+  the label must still be static.
+  """
+  if not isinstance(dataset, tf.data.Dataset):
+    raise ConfigError(
+        f"config.dataset_fn returned {type(dataset).__name__} for split"
+        f" {split!r}; return a tf.data.Dataset of (inputs, label) examples")
+  spec = dataset.element_spec
+  if not (isinstance(spec, tuple) and len(spec) == 2):
+    raise ConfigError(
+        f"config.dataset_fn yields {spec} for split {split!r}; yield"
+        " (inputs, label) pairs, e.g. Dataset.from_tensor_slices((x, y))")
+  inputs, label = spec
+  for part in tf.nest.flatten(label if variable else spec):
+    if not part.shape.is_fully_defined():
+      raise ConfigError(
+          f"config.dataset_fn yields a component of shape {part.shape} for"
+          f" split {split!r}; yield single unbatched examples of static"
+          " shape (looper batches them by train.batch_size/eval.batch_size),"
+          " or set --config.data.bucket to pad variable-length inputs")
+  for part in tf.nest.flatten(inputs) if variable else []:
+    # padded_batch pads plain tensors only; a row sliced from a RaggedTensor
+    # is one until a map turns it into a tensor.
+    if not isinstance(part, tf.TensorSpec):
+      raise ConfigError(
+          f"config.dataset_fn yields inputs of type {type(part).__name__} for"
+          f" split {split!r}; yield plain tensors of variable length, e.g."
+          " add .map(lambda x, y: (x, y)) after from_tensor_slices(ragged)")
+    if part.shape.rank is None:
+      raise ConfigError(
+          f"config.dataset_fn yields inputs of unknown rank for split"
+          f" {split!r}; give every input a known rank (tf.ensure_shape)")
+  return dataset
+
+
+def num_examples(dataset: tf.data.Dataset, split: str,
+                 field: str = "data.eval_split") -> int:
+  """Size of a finite, non-empty dataset; counted by one pass if TF cannot tell.
+
+  Raises:
+    ConfigError: the dataset is endless or empty (`field` names the split).
+  """
+  n = int(dataset.cardinality())
+  if n == _INFINITE:
+    raise ConfigError(
+        f"config.dataset_fn returned an endless dataset for split {split!r};"
+        " return one pass over the data (looper repeats the train split)")
+  if n == _UNKNOWN:
+    n = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+  if not n:
+    raise empty_split(split, field)
+  return n
+
+
+def check_nonempty(dataset: tf.data.Dataset, split: str | None,
+                   field: str = "data.train_split") -> tf.data.Dataset:
+  """Returns `dataset` if it has an example; reads at most one to find out.
+
+  An empty train split would make the endless epoch stream of
+  `train_dataset` spin forever without yielding a batch, so it must be
+  caught before training starts.
+
+  Args:
+    dataset: one pass over a split, e.g. from `checked`.
+    split: the split's name as configured (None: not known here).
+    field: the config field that names the split, for the error.
+
+  Raises:
+    ConfigError: the dataset has no examples.
+  """
+  n = int(dataset.cardinality())
+  # Unknown (e.g. after a filter): take one example rather than count, so a
+  # non-empty split costs one element, not a pass. Only eagerly, as a graph
+  # cannot run the probe; distribute_datasets_from_function calls its
+  # dataset function eagerly, so `train_dataset` is covered.
+  if n == _UNKNOWN and tf.executing_eagerly():
+    n = sum(1 for _ in dataset.take(1))
+  if not n:
+    raise empty_split(split, field)
+  return dataset
+
+
+def empty_split(split: str | None, field: str) -> ConfigError:
+  value = "" if split is None else f"={split!r}"
+  return ConfigError(
+      f"config.{field}{value} selects no examples: config.dataset_fn returned"
+      f" an empty dataset; widen --config.{field} or check the data"
+      " dataset_fn reads")
+
+
+def check_class_labels(labels: tf.Tensor, logits: tf.Tensor,
+                       split: str) -> None:
+  """Class-id labels for logits [batch, classes]: integer, scalar, in range.
+
+  Raises:
+    ConfigError: float labels (silently truncated by the loss), one-hot or
+      other non-scalar labels, or ids outside [0, classes).
+  """
+  where = f"config.dataset_fn yields labels for split {split!r}"
+  if not labels.dtype.is_integer:
+    raise ConfigError(
+        f"{where} of dtype {labels.dtype.name}; class ids must be integers:"
+        " tf.cast(label, tf.int32) in dataset_fn (or use another config.loss)")
+  if labels.shape.rank != 1:
+    raise ConfigError(
+        f"{where} of shape {labels.shape[1:].as_list()} each; give one class"
+        " id per example (shape []): not one-hot, not [1]")
+  if logits.shape.rank != 2:
+    raise ConfigError(
+        f"config.model_fn returns outputs of shape"
+        f" {logits.shape[1:].as_list()} per example; return logits of shape"
+        " [classes] for config.loss='sparse_categorical_crossentropy'")
+  classes = logits.shape[-1]
+  low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
+  if low < 0 or high >= classes:
+    raise ConfigError(
+        f"{where} up to {high} (from {low}), but the model has {classes}"
+        f" outputs; class ids must lie in [0, {classes}): widen the model's"
+        " last layer or fix the labels")
+
+
+def check_divisible(global_batch_size: int, replicas: int, field: str):
+  """Every replica must get the same number of examples."""
+  if global_batch_size % replicas:
+    fit = replicas * max(1, round(global_batch_size / replicas))
+    raise ConfigError(
+        f"config.{field}={global_batch_size} is not divisible by the"
+        f" {replicas} replicas; set --config.{field}={fit}")

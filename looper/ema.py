@@ -1,0 +1,53 @@
+"""A moving average of the weights (`optimizer.ema_decay`), used for eval and export.
+
+Synopsis::
+
+    with strategy.scope():
+      average = ema.WeightAverage(model.trainable_variables, decay=0.999)
+    average.update()              # in each replica's step, after the update
+    with average.swapped():       # the model holds the average inside
+      evaluate()
+    checkpoint_items["ema"] = average.averages
+
+The averages are float32 variables like the weights, aggregated
+ONLY_FIRST_REPLICA (every replica computes the same update, as for the
+weights), and checkpointed so a resumed run averages on from where it was.
+"""
+
+import contextlib
+
+import tensorflow as tf
+
+
+class WeightAverage:
+  """average <- decay * average + (1 - decay) * weight, after every update."""
+
+  def __init__(self, variables, decay: float):
+    """Call inside `strategy.scope()`; starts from the current weights."""
+    self.decay = decay
+    self.variables = list(variables)
+    self.averages = [tf.Variable(
+        v.value, trainable=False, name="ema",
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                     for v in self.variables]
+
+  def update(self) -> None:
+    """One step of the average (in replica context, after the update)."""
+    for average, v in zip(self.averages, self.variables):
+      average.assign(self.decay * average + (1 - self.decay) * v.value)
+
+  @contextlib.contextmanager
+  def swapped(self):
+    """The variables hold the average inside, their own values after."""
+    self._swap()
+    try:
+      yield
+    finally:
+      self._swap()
+
+  @tf.function
+  def _swap(self):
+    for average, v in zip(self.averages, self.variables):
+      trained = tf.identity(v.value)
+      v.assign(average)
+      average.assign(trained)

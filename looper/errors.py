@@ -1,0 +1,91 @@
+"""The error types and one-line messages: the floor every module may import.
+
+Synopsis::
+
+    from looper import errors
+    raise errors.ConfigError("config.train.steps=0: must be >= 1; set ...")
+    errors.first_line(keras_error)        # its informative first line
+    errors.xla_op(e)                      # 'AsString' from XLA's error text
+    errors.cluster_error(e, timeout)      # one line for a lost worker
+
+looper's promise 4: a bad config, a bad dataset or a lost worker ends with
+ONE line that names the field (or the worker) and the fix. The types here
+carry such lines; the parsers turn TensorFlow's pages of text into them.
+This module imports nothing of looper (and TensorFlow only when a
+TensorFlow error is parsed), so everything may import it.
+"""
+
+import re
+
+
+class ConfigError(ValueError):
+  """A config value is wrong; the message is one line naming field and fix."""
+
+
+class CheckpointError(ValueError):
+  """A checkpoint cannot be used; the message names it and the fix."""
+
+
+class CheckpointMissing(CheckpointError):
+  """The checkpoint's files are not there (never written, or deleted)."""
+
+
+def first_line(e: BaseException) -> str:
+  """The informative first line of an error, for a one-line message.
+
+  Keras leads with a generic "Exception encountered when calling ..." line
+  and colours the rest for a terminal; both are dropped.
+  """
+  text = re.sub(r"\x1b\[[0-9;]*m", "", getattr(e, "message", None) or str(e))
+  lines = [l.strip() for l in text.splitlines() if l.strip() and
+           not l.startswith("Exception encountered when calling")]
+  return lines[0] if lines else type(e).__name__
+
+
+def xla_op(e: Exception) -> str | None:
+  """The op an XLA compile error names (e.g. 'AsString'), or None."""
+  found = re.search(r"compile graph .* on XLA_\w+: (\w+)", str(e))
+  return found.group(1) if found else None
+
+
+def jit_compile_error(e: Exception) -> Exception:
+  """`train.jit_compile`: one line naming the op XLA cannot compile; any
+  other error is returned unchanged."""
+  op = xla_op(e)
+  if op is None:
+    return e
+  return ConfigError(
+      f"config.train.jit_compile=True: the train step does not compile with"
+      f" XLA (op {op} is not supported); set"
+      " --config.train.jit_compile=False, or replace that op in the model")
+
+
+_TASK = r"/job:\w+/replica:\d+/task:\d+"
+
+
+def cluster_error(e: Exception, timeout_secs: float) -> str | None:
+  """One line for a multi-worker failure TensorFlow reports in pages.
+
+  Returns None when `e` is not about a lost or missing task.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  text = str(e)
+  missing = re.search(rf"timed out task names:\s*((?:{_TASK}[,\s]*)+)", text)
+  if "Barrier timed out" in text and missing:
+    tasks = ", ".join(re.findall(_TASK, missing.group(1)))
+    return (f"worker {tasks} did not come up within"
+            f" distribution.worker_timeout_secs={timeout_secs:g}; start it"
+            " with the same TF_CONFIG cluster, or raise the timeout")
+  lost = re.search(rf"stopped sending heartbeats\)?:?\s*({_TASK})", text)
+  reason = "it stopped sending heartbeats"
+  if not lost and isinstance(e, (tf.errors.UnavailableError,
+                                 tf.errors.DeadlineExceededError)):
+    lost = re.search(rf"remote target:?\s*({_TASK})", text)
+    known = re.search(r"Connection reset by peer|Socket closed|Connection"
+                      r" refused|timed out", text)
+    reason = known.group(0) if known else type(e).__name__
+  if lost:
+    return (f"lost worker {lost.group(1)} ({reason}); this worker stopped"
+            " too. Restart all workers with the same command to resume from"
+            " the last checkpoint")
+  return None

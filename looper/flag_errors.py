@@ -1,0 +1,121 @@
+"""The command line's errors in one line: bad overrides, broken config files.
+
+Synopsis (what `looper.main` passes to absl)::
+
+    app.run(main, flags_parser=flag_errors.parse_flags)
+
+`--config.train.stpes=5` makes ml_collections raise a multi-line KeyError;
+a config file whose own code fails raises inside absl's parser. Both reach
+the user here: a typo as one line with "did you mean", a bug in the file
+with the traceback from the file's first frame (absl's frames above it
+would only hide the user's line).
+"""
+
+import os
+import re
+import sys
+import traceback
+import types
+
+from absl import flags
+
+from looper.errors import ConfigError
+
+
+def override_error(exc: BaseException, argv) -> str:
+  """Turns ml_collections' multi-line 'no such field' error into one line.
+
+  Args:
+    exc: what parsing a `--config.x.y=v` flag raised.
+    argv: the command line, to name the flag that caused it.
+  """
+  text, bad, flag = _override_flag(exc, argv)
+  flag = flag or f"--config...{bad}"
+  suggestion = re.search(r'Did you mean "([\w.]+)"', text)
+  head, _, tail = flag.rpartition(bad)
+  hint = (f"did you mean {head}{suggestion.group(1)}{tail}?"
+          if suggestion else "run with --helpfull to list the config fields")
+  return f"{flag}: the config has no field {bad!r}; {hint}"
+
+
+def _override_flag(exc: BaseException, argv):
+  """(exc's text, the key it names, the --config.* flag with that key)."""
+  text = str(exc).replace("\\n", "\n").replace("\\'", "'")
+  key = re.search(r"""^['"]*(?:Key ")?([\w.]+)""", text)
+  bad = key.group(1) if key else "?"
+  flag = next((a.split("=")[0] for a in argv[1:]
+               if a.startswith("--config.") and
+               re.search(rf"\.{re.escape(bad)}(\.|=|$)", a.split("=")[0])),
+              None)
+  return text, bad, flag
+
+
+def parse_error(exc: BaseException, argv
+                ) -> tuple[str, types.TracebackType | None]:
+  """Explains a KeyError/AttributeError raised while the flags were parsed.
+
+  Two different errors arrive as these types. ml_collections raises one for
+  a --config.* override that names no field: a typo, for which one line is
+  best. The --config file's own code raises one too, e.g. os.environ['X'] in
+  get_config(): a bug in the file, for which the traceback is what helps. It
+  is an override error only if no frame of the traceback runs the config
+  file and the key it names is in a --config.* flag.
+
+  Args:
+    exc: what `flags.FLAGS(argv)` raised.
+    argv: the command line.
+
+  Returns:
+    (the one line to end with, the traceback to print before it or None).
+  """
+  path = _config_file_arg(argv)
+  in_file = exc.__traceback__
+  while in_file is not None and (
+      path is None or os.path.realpath(in_file.tb_frame.f_code.co_filename)
+      != os.path.realpath(path)):
+    in_file = in_file.tb_next
+  if in_file is None and _override_flag(exc, argv)[2]:
+    return override_error(exc, argv), None
+  # Printed from the config file's first frame on: absl's and
+  # ml_collections' frames above it would only hide the user's line.
+  return (f"--config={path}: loading the config file raised {exc!r}; see the"
+          " traceback above", in_file or exc.__traceback__)
+
+
+def _config_file_arg(argv) -> str | None:
+  """The path in --config=PATH[:ARG] (or --config PATH), if given."""
+  for i, arg in enumerate(argv[1:], 1):
+    if arg == "--":
+      break
+    match = re.match(r"^--?config(?:=(.*))?$", arg)
+    if match:
+      value = match.group(1) if "=" in arg else (
+          argv[i + 1] if i + 1 < len(argv) else None)
+      # config_flags passes what follows the first ':' to get_config().
+      return value.split(":", 1)[0] if value else None
+  return None
+
+
+def parse_flags(argv):
+  """absl's parser (`app.run(..., flags_parser=)`), config errors in one line."""
+  try:
+    return flags.FLAGS(argv)
+  except ConfigError as e:
+    sys.exit(f"looper: {e}")
+  except (AttributeError, KeyError) as e:  # an override, or the config file
+    _exit_with(e, argv)
+  except flags.Error as e:
+    # ml_collections re-raises a TypeError/ValueError of the config file
+    # (e.g. `c.train.steps = "100"`) as text; the original is its context.
+    wrapper = e.__context__
+    if (wrapper is not None and wrapper.__context__ is not None and
+        str(wrapper).startswith("Error whilst parsing config file")):
+      _exit_with(wrapper.__context__, argv)
+    sys.exit(f"looper: {e}")
+
+
+def _exit_with(e: BaseException, argv):
+  line, trace = parse_error(e, argv)
+  if trace is not None:  # the config file's own bug: show where
+    traceback.print_exception(type(e), e, trace)
+  sys.exit(f"looper: {line}")
