@@ -26,7 +26,7 @@ each compiled once.
 `dataset_fn` yields each review as it is (its first `max_len` tokens);
 looper groups each epoch's shuffled reviews by length bucket and pads
 each global batch to its bucket, exactly on any replica count (see
-`_bucketed_train` in looper/data.py). The model masks the padding (id 0):
+`train_dataset` in looper/data/buckets.py). The model masks the padding (id 0):
 its output does not depend on how much padding a review got.
 """
 

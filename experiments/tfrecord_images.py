@@ -38,7 +38,7 @@ with an optional slice over the sorted FILES (not examples):
 dataset_fn returns `looper.shards.Files`: file mode, where each input
 pipeline opens only its own files (the files are dealt into
 `data.virtual_shards` fixed groups, so the loss curve does not depend on
-the replica count; see looper/shards.py). Record counts are read once and
+the replica count; see looper/data/shards.py). Record counts are read once and
 kept in `index.json` beside the files (recounted each run if that folder
 is read-only). Each record is decoded and resized to
 `model.image_size` as it is read.

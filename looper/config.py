@@ -29,6 +29,7 @@ helpers `split_slice`, `parse_split`, `split_field` (looper.data.splits).
 """
 
 import difflib
+import functools
 from typing import Any
 
 import ml_collections
@@ -186,6 +187,31 @@ def _whole(value: Any) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _seconds(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Fields by the kind of value they take: (fields, test, what the value must
+# be), checked first by `validate`.
+_KINDS = (
+    (("train.steps", "train.batch_size", "train.steps_per_loop",
+      "train.grad_accum_steps", "eval.batch_size", "checkpoint.keep",
+      "distribution.num_cpu_devices", "data.virtual_shards",
+      "optimizer.reference_batch_size", "profile.num_steps"),
+     lambda v: _whole(v) and v >= 1, "must be a whole number >= 1"),
+    (("eval.every_steps", "distribution.tpu_cores", "checkpoint.every_steps",
+      "data.shuffle_buffer", "data.bucket", "optimizer.warmup_steps",
+      "train.nan_recovery_tries", "train.early_stop_patience",
+      "profile.start_step"),
+     lambda v: _whole(v) and v >= 0, "must be a whole number >= 0"),
+    (("checkpoint.every_secs", "eval.timeout_secs"),
+     lambda v: _seconds(v) and v >= 0, "must be a number of seconds >= 0"),
+    (("data.cache", "train.jit_compile", "optimizer.scale_lr_with_batch",
+      "export.at_end"),
+     lambda v: isinstance(v, bool), "must be True or False"),
+)
+
+
 def _check(ok: bool, field: str, value: Any, fix: str):
   if not ok:
     raise ConfigError(f"config.{field}={value!r}: {fix}")
@@ -221,34 +247,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if isinstance(metric, str):
       _check_choice(metric, "metrics", objectives.METRICS,
                     ", or add a metric factory in get_config()")
-  positive = [("train.steps", c.train.steps),
-              ("train.batch_size", c.train.batch_size),
-              ("train.steps_per_loop", c.train.steps_per_loop),
-              ("train.grad_accum_steps", c.train.grad_accum_steps),
-              ("eval.batch_size", c.eval.batch_size),
-              ("checkpoint.keep", c.checkpoint.keep),
-              ("distribution.num_cpu_devices",
-               c.distribution.num_cpu_devices),
-              ("data.virtual_shards", c.data.virtual_shards),
-              ("optimizer.reference_batch_size",
-               c.optimizer.reference_batch_size),
-              ("profile.num_steps", c.profile.num_steps)]
-  for field, value in positive:
-    _check(_whole(value) and value >= 1, field, value,
-           f"must be a whole number >= 1; set --config.{field}")
-  for field, value in [("eval.every_steps", c.eval.every_steps),
-                       ("distribution.tpu_cores", c.distribution.tpu_cores),
-                       ("checkpoint.every_steps", c.checkpoint.every_steps),
-                       ("data.shuffle_buffer", c.data.shuffle_buffer),
-                       ("data.bucket", c.data.bucket),
-                       ("optimizer.warmup_steps", c.optimizer.warmup_steps),
-                       ("train.nan_recovery_tries",
-                        c.train.nan_recovery_tries),
-                       ("train.early_stop_patience",
-                        c.train.early_stop_patience),
-                       ("profile.start_step", c.profile.start_step)]:
-    _check(_whole(value) and value >= 0, field, value,
-           f"must be a whole number >= 0; set --config.{field}")
+  for fields, ok, must in _KINDS:
+    for field in fields:
+      value = functools.reduce(getattr, field.split("."), c)
+      _check(ok(value), field, value, f"{must}; set --config.{field}")
   _check(c.profile.start_step < c.train.steps, "profile.start_step",
          c.profile.start_step, f"must be < train.steps={c.train.steps}: the"
          " trace holds the steps after it; set --config.profile.start_step")
@@ -258,21 +260,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
          c.optimizer.learning_rate, "must be > 0")
   _check(c.optimizer.warmup_steps <= c.train.steps, "optimizer.warmup_steps",
          c.optimizer.warmup_steps, f"must be <= train.steps={c.train.steps}")
-  _check(isinstance(c.distribution.worker_timeout_secs, (int, float)) and
+  _check(_seconds(c.distribution.worker_timeout_secs) and
          c.distribution.worker_timeout_secs > 0,
          "distribution.worker_timeout_secs", c.distribution.worker_timeout_secs,
          "must be a number of seconds > 0")
-  for field, value in [("checkpoint.every_secs", c.checkpoint.every_secs),
-                       ("eval.timeout_secs", c.eval.timeout_secs)]:
-    _check(isinstance(value, (int, float)) and value >= 0, field, value,
-           f"must be a number of seconds >= 0; set --config.{field}")
-  for field, value in [("data.cache", c.data.cache),
-                       ("train.jit_compile", c.train.jit_compile),
-                       ("optimizer.scale_lr_with_batch",
-                        c.optimizer.scale_lr_with_batch),
-                       ("export.at_end", c.export.at_end)]:
-    _check(isinstance(value, bool), field, value,
-           f"must be True or False; set --config.{field}")
   _check_choice(c.checkpoint.best_mode, "checkpoint.best_mode",
                 evaluation.BEST_MODES)
   _check(not c.train.early_stop_patience or bool(c.checkpoint.best_metric),

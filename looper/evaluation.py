@@ -55,12 +55,9 @@ class Evaluator:
                best_metric: str = "", best_mode: str = "max",
                patience: int = 0, chief: bool = True):
     """`best_metric` must be an eval metric (see `check_best_metric`)."""
-    self._trainer = trainer
-    self._out = out
-    self._checkpointer = checkpointer
-    self._metric = best_metric
-    self._mode = best_mode
-    self._patience = patience
+    self._trainer, self._out, self._checkpointer = trainer, out, checkpointer
+    # What is tracked, and what happens when it stops improving.
+    self._metric, self._mode, self._patience = best_metric, best_mode, patience
     self._end_training = end_training
     self._chief = chief
     self.last, self.last_step = None, None

@@ -1,8 +1,10 @@
-"""The command line's errors in one line: bad overrides, broken config files.
+"""The command line's flags and errors: one parser style (absl), one-line errors.
 
-Synopsis (what `looper.main` passes to absl)::
+Synopsis::
 
-    app.run(main, flags_parser=flag_errors.parse_flags)
+    app.run(main, flags_parser=flag_errors.parse_flags)   # looper.main
+    args = flag_errors.parse_tool_flags(argv, FLAGS, usage)  # looper launch,
+                                                              # looper runs
 
 `--config.train.stpes=5` makes ml_collections raise a multi-line KeyError;
 a config file whose own code fails raises inside absl's parser. Both reach
@@ -16,6 +18,7 @@ import re
 import sys
 import traceback
 import types
+from typing import Sequence
 
 from absl import flags
 
@@ -119,3 +122,35 @@ def _exit_with(e: BaseException, argv):
   if trace is not None:  # the config file's own bug: show where
     traceback.print_exception(type(e), e, trace)
   sys.exit(f"looper: {line}")
+
+
+def parse_tool_flags(argv: Sequence[str] | None,
+                     flag_values: flags.FlagValues, usage: str,
+                     missing_args: str) -> list[str]:
+  """Parses a tool's own flags (`looper launch`, `looper runs`) with absl.
+
+  Each tool keeps its flags in its own `FlagValues`, apart from looper.main's
+  (which marks --config required). Args after `--` are returned untouched.
+
+  Args:
+    argv: the tool's arguments (without the program name); None:
+      sys.argv's.
+    flag_values: the tool's flags.
+    usage: the usage line, printed with --help and above a bad flag's line.
+    missing_args: the error when no argument is given (each tool needs some).
+
+  Returns:
+    The positional arguments, then those after `--`.
+  """
+  argv = sys.argv[1:] if argv is None else list(argv)
+  own = argv[:argv.index("--")] if "--" in argv else argv
+  if "--help" in own or "-h" in own:
+    print(f"{usage}\n{flag_values.get_help(include_special_flags=False)}")
+    sys.exit(0)
+  try:
+    args = flag_values(["looper", *argv])[1:]
+  except flags.Error as e:
+    sys.exit(f"{usage}\nlooper: {e}")
+  if not args:
+    sys.exit(f"{usage}\nlooper: {missing_args}")
+  return args

@@ -18,7 +18,6 @@ For real clusters set TF_CONFIG per machine yourself (see BUILD.md): this
 launcher only ever uses loopback addresses.
 """
 
-import argparse
 import json
 import os
 import signal
@@ -27,6 +26,10 @@ import subprocess
 import sys
 import threading
 import time
+
+from absl import flags
+
+from looper import flag_errors
 
 _GRACE_SECS = 30  # after a failure: how long the others get to exit
 
@@ -130,23 +133,20 @@ class Launcher:
         proc.wait()
 
 
+FLAGS = flags.FlagValues()  # launch's own, apart from looper.main's
+flags.DEFINE_integer("workers", None, "how many worker processes (>= 1)",
+                     lower_bound=1, flag_values=FLAGS)
+flags.mark_flag_as_required("workers", flag_values=FLAGS)
+USAGE = ("usage: looper launch --workers=N -- <python -m looper.main flags>"
+         "\n(also: python -m looper.launch --workers=N -- ...)")
+
+
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="python -m looper.launch",
-      description=__doc__.splitlines()[0],
-      usage="%(prog)s --workers=N -- <python -m looper.main flags>")
-  parser.add_argument("--workers", type=int, required=True,
-                      help="how many worker processes (>= 1)")
-  parser.add_argument("args", nargs=argparse.REMAINDER,
-                      help="after --: the flags of python -m looper.main")
-  options = parser.parse_args(argv)
-  args = options.args[1:] if options.args[:1] == ["--"] else options.args
-  if options.workers < 1:
-    parser.error(f"--workers={options.workers}: give 1 or more")
-  if not args:
-    parser.error("give looper's flags after --, e.g. -- --config=... "
-                 "--workdir=...")
-  launcher = Launcher(options.workers, args)
+  """`looper launch --workers=N -- FLAGS`; returns the exit code."""
+  args = flag_errors.parse_tool_flags(
+      argv, FLAGS, USAGE, "give looper's flags after --, e.g. --"
+      " --config=... --workdir=...")
+  launcher = Launcher(FLAGS.workers, args)
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, launcher.on_signal)
   return launcher.wait()

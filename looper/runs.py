@@ -20,14 +20,16 @@ and holds none one level down, or a workdir without scalars yet, is named
 in one line on stderr (exit status 1); the table shows the others.
 """
 
-import argparse
 import datetime
 import json
 import os
 import sys
 
+from absl import flags
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
+
+from looper import flag_errors
 
 # Event directories of a workdir (run.py, summaries.py).
 TRAIN, EVAL = "train", "eval"
@@ -141,14 +143,17 @@ def _collect(path: str, seen: set[str]) -> tuple[list[dict[str, str]],
   return rows, problems
 
 
+FLAGS = flags.FlagValues()  # none but --help; absl like every looper tool
+USAGE = ("usage: looper runs WORKDIR_OR_PARENT...\n"
+         "a workdir, or a directory of workdirs (one table of all)")
+
+
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="looper runs", description=__doc__.splitlines()[0],
-      usage="%(prog)s WORKDIR_OR_PARENT...")
-  parser.add_argument("dirs", nargs="+", metavar="DIR",
-                      help="a workdir, or a directory of workdirs")
+  """`looper runs DIR...`; returns the exit code."""
+  dirs = flag_errors.parse_tool_flags(argv, FLAGS, USAGE,
+                                      "give at least one DIR")
   rows, problems, seen = [], [], set()
-  for path in parser.parse_args(argv).dirs:
+  for path in dirs:
     found, missing = _collect(path, seen)
     rows += found
     problems += missing
