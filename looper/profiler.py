@@ -12,7 +12,11 @@ Synopsis (what `run._controller` adds for `profile.start_step=100`)::
 
 The window is an `actions.Action` whose boundaries are its two edges, so the
 Controller ends a loop exactly at `start_step` (the trace starts after it)
-and at `start_step + num_steps` (the trace stops). It runs after the other
+and at `start_step + num_steps` (the trace stops), and every step between:
+inside the window each loop is ONE step, and `Trainer.train` marks each
+call as a step (`tf.profiler.experimental.Trace("train", step_num=...)`,
+what Keras fit marks), so the Profile tab's Overview shows the time of
+each traced step and its input / compute split. It runs after the other
 actions, so the trace holds those steps' loops and the actions after them
 (train summaries; an evaluation or a save landing on the last step), and
 nothing of what ran at `start_step`. A run that ends or stops on a
@@ -58,6 +62,9 @@ class Window(actions.Action):
     self.tracing = False
 
   def boundary(self, step: int) -> int | None:
+    first, last = self._edges
+    if first <= step < last:  # one step per loop: one step marker each
+      return step + 1
     return next((edge for edge in self._edges if edge > step), None)
 
   def due(self, step: int, **flags) -> bool:

@@ -40,6 +40,7 @@ from looper import distribute
 from looper import errors
 from looper import evaluation
 from looper import export
+from looper import hparams
 from looper import preemption
 from looper import probe
 from looper import profiler
@@ -136,7 +137,8 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   # Every worker: under `looper launch` each line says whose it is.
   logging.info("%s", console.header(config, strategy, workdir, mode, restored,
                                     trainer.model))
-  out = _open_workdir(workdir, config, MODES[mode], chief)
+  out = _open_workdir(workdir, config, MODES[mode], chief,
+                      eval_names=[m.name for m in trainer.eval_metrics])
   try:
     ctl = controller_lib.Controller(
         trainer, ckpt, total_steps=config.train.steps,
@@ -184,9 +186,12 @@ def _export_checkpoint(trainer, ckpt: checkpoint.Checkpointer, workdir: str,
   return result
 
 
-def _open_workdir(workdir: str, config, mode: Mode, chief: bool
-                  ) -> summaries.Summaries:
+def _open_workdir(workdir: str, config, mode: Mode, chief: bool, *,
+                  eval_names: list[str]) -> summaries.Summaries:
   """config.json (training only) and the event writers, or one line."""
+  table = hparams.Table.of(refs.to_json(config),
+                           refs.to_json(config_lib.default_config()),
+                           ["loss", *eval_names])
   try:
     if chief and mode.trains:
       tf.io.gfile.makedirs(workdir)
@@ -194,7 +199,8 @@ def _open_workdir(workdir: str, config, mode: Mode, chief: bool
         f.write(refs.to_json(config))
     return summaries.Summaries(
         workdir, chief=chief, total_steps=config.train.steps,
-        train_dir="train" if mode.trains else None, eval_dir=mode.eval_dir)
+        train_dir="train" if mode.trains else None, eval_dir=mode.eval_dir,
+        table=table)
   except (tf.errors.OpError, OSError) as e:
     raise errors.ConfigError(
         f"--workdir={workdir} is not a writable directory"

@@ -1,4 +1,4 @@
-"""`looper runs DIR...`: one table of runs, read from their event files.
+"""`looper runs DIR...`: one table of runs, read from their metrics.jsonl.
 
 Synopsis::
 
@@ -10,11 +10,13 @@ Synopsis::
     | /tmp/sweep/a | 1000 | 0.9741   | 0.08623 | 0.9741 @1000  | 0:01:02   |
     | /tmp/sweep/b | 1000 | 0.9613   | 0.1302  | 0.9655 @800   | 0:01:05   |
 
-One row per workdir (a directory holding `train/` or `eval/`): the last
-step, the last value of every eval metric, the best value of
-`checkpoint.best_metric` (from its config.json; else of `accuracy`) with
-its step, and the time from the first event to the last (including any
-time the run was stopped before a resume). Metrics print with 4
+One row per workdir (a directory holding `train/` or `eval/`), from its
+`metrics.jsonl` (see `looper.jsonl`; no event file is read): the last
+step, the last value of every eval metric, the best evaluation by
+`hparams.best_criterion` (`checkpoint.best_metric` from its config.json;
+else `accuracy`; else the loss) with its step, and the time from the run's
+start to its last line (including any time the run was stopped before a
+resume). Metrics print with 4
 significant digits, `-` where a run has none. A path that is no workdir
 and holds none one level down, or a workdir without scalars yet, is named
 in one line on stderr (exit status 1); the table shows the others.
@@ -26,37 +28,15 @@ import os
 import sys
 
 from absl import flags
-from tensorboard.backend.event_processing import event_accumulator
-from tensorboard.util import tensor_util
 
 from looper import flag_errors
+from looper import hparams
+from looper import jsonl
 
 # Event directories of a workdir (run.py, summaries.py).
 TRAIN, EVAL = "train", "eval"
-# Eval scalars that count rather than measure: not a column.
-_COUNTS = ("examples",)
-
-
-def _read(logdir: str) -> tuple[dict[str, list[tuple[int, float]]],
-                                list[float]]:
-  """({scalar tag: [(step, value)] in step order}, wall times) of a logdir.
-
-  The wall times are those of its first event (the writer opening, as the
-  run starts) and of its last scalar; none if it holds no scalar.
-  """
-  if not os.path.isdir(logdir):  # e.g. no eval/ after --mode=train
-    return {}, []
-  acc = event_accumulator.EventAccumulator(
-      logdir, size_guidance={event_accumulator.TENSORS: 0})
-  acc.Reload()
-  series, last = {}, []
-  for tag in acc.Tags()["tensors"]:
-    events = acc.Tensors(tag)
-    values = [tensor_util.make_ndarray(e.tensor_proto) for e in events]
-    if all(v.shape == () and v.dtype.kind == "f" for v in values):  # scalars
-      series[tag] = sorted((e.step, float(v)) for e, v in zip(events, values))
-      last.append(max(e.wall_time for e in events))
-  return series, [acc.FirstEventTimestamp(), max(last)] if last else []
+# What an eval line holds beside its metrics: not a column.
+_NOT_METRICS = ("kind", "step", "time", "examples")
 
 
 def is_workdir(path: str) -> bool:
@@ -71,37 +51,33 @@ def workdirs(path: str) -> list[str]:
           if is_workdir(os.path.join(path, name))]
 
 
-def _best_metric(workdir: str) -> tuple[str, str]:
-  """(metric, 'max' | 'min') to rank evaluations by."""
+def _checkpoint_config(workdir: str) -> dict:
+  """config.json's `checkpoint` section ({} if unreadable)."""
   try:
     with open(os.path.join(workdir, "config.json")) as f:
-      checkpoint = json.load(f).get("checkpoint", {})
-  except (OSError, ValueError):  # no or unreadable config: the default
-    checkpoint = {}
-  if checkpoint.get("best_metric"):
-    return checkpoint["best_metric"], checkpoint.get("best_mode", "max")
-  return "accuracy", "max"
+      return json.load(f).get("checkpoint", {})
+  except (OSError, ValueError):  # no or unreadable config: the defaults
+    return {}
 
 
 def summarize(workdir: str) -> dict[str, str] | None:
-  """One row of the table, {column: cell}; None if no scalar was written."""
-  train, train_times = _read(os.path.join(workdir, TRAIN))
-  evals, eval_times = _read(os.path.join(workdir, EVAL))
-  if not (train or evals):
+  """One row of the table, {column: cell}; None if no loop was logged."""
+  lines = jsonl.read(workdir)
+  logged = [l for l in lines if l["kind"] in ("train", "eval")]
+  if not logged:
     return None
-  row = {"run": workdir, "step": str(max(
-      series[-1][0] for series in [*train.values(), *evals.values()]))}
-  for tag in sorted(evals):
-    if tag not in _COUNTS:
-      row[tag] = f"{evals[tag][-1][1]:.4g}"
-  metric, mode = _best_metric(workdir)
-  if metric in evals:
+  row = {"run": workdir, "step": str(max(l["step"] for l in logged))}
+  evals = [l for l in logged if l["kind"] == "eval"]
+  names = [k for k in evals[-1] if k not in _NOT_METRICS] if evals else []
+  for name in sorted(names):
+    row[name] = f"{evals[-1][name]:.4g}"
+  metric, mode = hparams.best_criterion(_checkpoint_config(workdir), names)
+  if metric in names:
     pick = max if mode == "max" else min
-    step, value = pick(evals[metric], key=lambda e: e[1])
-    row[f"best {metric}"] = f"{value:.4g} @{step}"
-  times = train_times + eval_times
+    best = pick((l for l in evals if metric in l), key=lambda l: l[metric])
+    row[f"best {metric}"] = f"{best[metric]:.4g} @{best['step']}"
   row["wall time"] = str(datetime.timedelta(
-      seconds=round(max(times) - min(times))))
+      seconds=round(lines[-1]["time"] - lines[0]["time"])))
   return row
 
 
@@ -137,7 +113,8 @@ def _collect(path: str, seen: set[str]) -> tuple[list[dict[str, str]],
     seen.add(os.path.realpath(workdir))
     row = summarize(workdir)
     if row is None:
-      problems.append(f"{workdir} has no train or eval scalars yet")
+      problems.append(f"{workdir} has no train loop or evaluation in"
+                      f" {jsonl.FILE} yet")
     else:
       rows.append(row)
   return rows, problems

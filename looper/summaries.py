@@ -1,8 +1,9 @@
-"""TensorBoard event files and progress lines; only the chief writes.
+"""TensorBoard event files, metrics.jsonl and progress lines; only the chief writes.
 
 Synopsis::
 
-    out = summaries.Summaries(workdir, chief=True, total_steps=1000)
+    out = summaries.Summaries(workdir, chief=True, total_steps=1000,
+                              table=hparams.Table.of(...))
     out.start_run(config_json, summaries.model_summary(model))  # once
     out.purge_after(step)          # on resume: drop what a killed run wrote
     out.train(first_step=1, losses=per_step_losses, logs={...})  # one loop
@@ -18,14 +19,11 @@ train and eval on one chart. A continuous evaluator writes to its own
 directory (`eval_dir`, e.g. `workdir/eval_continuous/`).
 
 What a run is, written once as it starts from step 0 (`start_run`): the
-resolved config and the model summary as text in `train/`, and the config
-flattened to hparams (`train.batch_size`, ...) in `workdir/` itself. There
-the HParams plugin takes `workdir` for one session whose metrics are the
-last value of every scalar in its subdirectories (`eval/accuracy`, ...), so
-`tensorboard --logdir=` over several workdirs compares them in one table.
-No experiment summary (`hparams_config`) is written: TensorBoard reads one
-per logdir, so one run's would hide the hparams and metrics of other
-experiments beside it; without it the plugin lists those of every run.
+resolved config and the model summary as text in `train/`, and the run's
+row of the HParams table in `workdir/hparams/` (see `looper.hparams`),
+whose metric columns (`hparams/eval_accuracy`, ..., `hparams/train_loss`)
+are written there as the run goes. Every train loop and evaluation is also
+a line of `workdir/metrics.jsonl` (see `looper.jsonl`).
 
 Replays: a run killed after its last checkpoint wrote events for steps it
 will redo when resumed. `purge_after(step)` rewrites the event files without
@@ -37,15 +35,15 @@ events works with every reader.)
 """
 
 import datetime
-import json
 import os
 
 from absl import logging
 import numpy as np
-from tensorboard.plugins.hparams import api as hp
 import tensorflow as tf
 
-from looper import refs
+from looper import hparams
+from looper import jsonl
+
 
 # Above this share of a loop spent waiting for batches, the progress line
 # says the run is input-bound.
@@ -61,27 +59,6 @@ def model_summary(model) -> str:
   parts = []
   model.summary(print_fn=parts.append)
   return "\n".join(parts).rstrip()
-
-
-def hparams(config_json: str) -> dict[str, bool | int | float | str]:
-  """The config as HParams: flat dotted names, scalars and strings only.
-
-  Callables are already 'module:name' strings (`refs.to_json`); the rest
-  (None, tuples, callables no name reaches) has no HParams value and is
-  left out: the config text holds it.
-  """
-  flat = {}
-
-  def visit(prefix, value):
-    if isinstance(value, dict):
-      for key, item in value.items():
-        visit(f"{prefix}{key}.", item)
-    elif isinstance(value, (bool, int, float, str)) and not (
-        isinstance(value, str) and value.startswith(refs.UNLOADABLE)):
-      flat[prefix[:-1]] = value
-
-  visit("", json.loads(config_json))
-  return flat
 
 
 class _GraphWriter:
@@ -124,14 +101,22 @@ class Summaries:
 
   def __init__(self, workdir: str, *, chief: bool, total_steps: int,
                train_dir: str | None = "train",
-               eval_dir: str | None = "eval"):
+               eval_dir: str | None = "eval",
+               table: hparams.Table | None = None):
     """The directories are under `workdir`; None: that part is not written
-    (an evaluator writes no train events, `--mode=train` no eval ones)."""
+    (an evaluator writes no train events, `--mode=train` no eval ones).
+    A training run (train_dir set) with a `table` writes its HParams row
+    and metrics.jsonl too."""
     self._chief = chief
     self._total_steps = total_steps
     self._workdir = workdir
+    training = chief and bool(train_dir)
+    self._table = table if training else None
     self._dirs = [os.path.join(workdir, d) if d and chief else None
-                  for d in (train_dir, eval_dir)]
+                  for d in (train_dir, eval_dir,
+                            self._table and hparams.RUN)]
+    self._log = jsonl.MetricsLog(workdir) if training else None
+    self._best = None  # the best value of table.best so far
     self._open()
 
   @property
@@ -140,11 +125,11 @@ class Summaries:
     return self._dirs[0]
 
   def _open(self) -> None:
-    self._train, self._eval = [
-        tf.summary.create_file_writer(d) if d else
-        tf.summary.create_noop_writer() for d in self._dirs]
-    self._train_scalars = _GraphWriter(self._train)
-    self._eval_scalars = _GraphWriter(self._eval)
+    self._writers = [tf.summary.create_file_writer(d) if d else
+                     tf.summary.create_noop_writer() for d in self._dirs]
+    self._train, self._eval, self._hparams = self._writers
+    self._train_scalars, self._eval_scalars, self._hparams_scalars = [
+        _GraphWriter(w) for w in self._writers]
 
   def text(self, tag: str, text: str, step: int = 0) -> None:
     """`text` in a markdown code block, which TensorBoard shows verbatim."""
@@ -162,16 +147,18 @@ class Summaries:
     if not self._chief:
       return
     self.close()
-    for directory in filter(None, [self._workdir, *self._dirs]):
+    for directory in filter(None, self._dirs):
       for path in tf.io.gfile.glob(os.path.join(directory, "*tfevents*")):
         tf.io.gfile.remove(path)
     self._open()
     self.text("config", config_json)
     self.text("model_summary", model_text)
-    writer = tf.summary.create_file_writer(self._workdir)
-    with writer.as_default():
-      hp.hparams(hparams(config_json), trial_id=self._workdir)
-    writer.close()
+    if self._table is not None:
+      with self._hparams.as_default():
+        self._table.write_start(trial_id=self._workdir)
+      self._hparams.flush()
+    if self._log is not None:
+      self._log.start()
 
   def purge_after(self, step: int) -> None:
     """Removes events of steps after `step` (a resume or a roll-back).
@@ -182,8 +169,12 @@ class Summaries:
     """
     if not self._chief:
       return
-    self._train.flush()
-    self._eval.flush()
+    if self._log is not None:
+      self._log.truncate_after(step)
+      if self._table is not None:
+        self._best = self._best_in(jsonl.read(self._workdir))
+    for writer in self._writers:
+      writer.flush()
     stale = {}
     for directory in filter(None, self._dirs):
       for path in tf.io.gfile.glob(os.path.join(directory, "*tfevents*")):
@@ -200,11 +191,22 @@ class Summaries:
             logs: dict[str, float]) -> None:
     """One loop: the loss of each step from `first_step`, then loop scalars."""
     last = first_step + len(losses) - 1
-    self._train_scalars.series(tf.constant(losses, tf.float32),
-                               tf.constant(first_step, tf.int64))
+    if len(losses) == 1:
+      # No while loop in a one-step loop's writes: the profiler would take
+      # its iterations for the train steps (measured: the Profile tab then
+      # finds no step; see Trainer._train_loop).
+      self._train_scalars.write({"loss": losses[0]}, step=last)
+    else:
+      self._train_scalars.series(tf.constant(losses, tf.float32),
+                                 tf.constant(first_step, tf.int64))
     # The per-step series above is the loss curve; the loop mean is logged.
     self._train_scalars.write(
         {k: v for k, v in logs.items() if k != "loss"}, step=last)
+    if self._table is not None:
+      self._hparams_scalars.write(
+          {f"{hparams.RUN}/train_loss": logs["loss"]}, step=last)
+    if self._log is not None:
+      self._log.write("train", last, logs)
 
   def progress(self, step: int, logs: dict[str, float]) -> None:
     """The progress line; `logs` must hold 'steps_per_sec' for the ETA.
@@ -226,12 +228,28 @@ class Summaries:
 
   def eval(self, step: int, logs: dict[str, float]) -> None:
     self._eval_scalars.write(logs, step)
+    if self._table is not None:
+      results = self._table.eval_results(logs, self._best)
+      self._best = results.get(f"{hparams.RUN}/best_eval_"
+                               f"{self._table.best[0]}", self._best)
+      self._hparams_scalars.write(results, step)
+    if self._log is not None:
+      self._log.write("eval", step, logs)
     if self._chief:
       logging.info("eval at step %d: %s", step, _format(logs))
 
+  def _best_in(self, lines: list[dict]) -> float | None:
+    """The best value of table.best in the eval lines kept (a resume)."""
+    best = None
+    for line in lines:
+      if line["kind"] == "eval":
+        tag = f"{hparams.RUN}/best_eval_{self._table.best[0]}"
+        best = self._table.eval_results(line, best).get(tag, best)
+    return best
+
   def close(self) -> None:
-    self._train.close()
-    self._eval.close()
+    for writer in self._writers:
+      writer.close()
 
 
 def _events_up_to(path: str, step: int) -> list[bytes] | None:

@@ -1,10 +1,15 @@
 """Shared test helpers: repo paths, running looper in a process, events."""
 
 import contextlib
+import gzip
+import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -139,7 +144,6 @@ def serve_in_fresh_process(export_dir, x, tmp_path) -> dict:
   """An export's logits for x[:1], x[:7], x[:64] (keys '1', '7', '64'), its
   input [shape, dtype] and whether looper got imported, from a process
   with TensorFlow only (no PYTHONPATH, cwd outside the repo)."""
-  import json  # pylint: disable=g-import-not-at-top
   np.save(pathlib.Path(tmp_path) / "x.npy", x)
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   proc = subprocess.run(
@@ -194,3 +198,39 @@ def loopback_server(directory):
   finally:
     server.shutdown()
     server.server_close()
+
+
+@contextlib.contextmanager
+def tensorboard_server(logdir):
+  """TensorBoard serving `logdir` on 127.0.0.1 at a port it picks; yields
+  its URL; the process is ended by PID however the test ends."""
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "tensorboard.main", f"--logdir={logdir}",
+       "--host=127.0.0.1", "--port=0"],
+      env=dict(os.environ, **LOOPBACK_ENV), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  try:
+    deadline, output = time.monotonic() + 120, []
+    while time.monotonic() < deadline:
+      line = proc.stdout.readline()  # TensorBoard prints its URL, or dies
+      output.append(line)
+      found = re.search(r"(http://127\.0\.0\.1:\d+)/", line)
+      if found or not line:
+        break
+    assert found, "".join(output)[-2000:]
+    yield found.group(1)
+  finally:
+    proc.kill()
+    proc.wait()
+
+
+def fetch(url, path, body=None):
+  """The JSON at `url + path` (POSTed `body` if given)."""
+  request = urllib.request.Request(
+      url + path, data=None if body is None else json.dumps(body).encode(),
+      headers={"Content-Type": "application/json"})
+  with urllib.request.urlopen(request, timeout=60) as response:
+    data = response.read()
+    if response.headers.get("Content-Encoding") == "gzip":  # the profile's
+      data = gzip.decompress(data)
+    return json.loads(data)

@@ -12,6 +12,7 @@
   subclasses (a custom loss, a two-optimizer GAN step) train and resume.
 """
 
+import json
 import re
 import shlex
 
@@ -150,8 +151,12 @@ def test_quickstart_runs_shrunk_and_tensorboard_finds_it(tmp_path):
   assert f"tensorboard --logdir={workdir}" in block
   assert f"  tensorboard --logdir={tmp_path / 'mnist'}" in proc.stderr
   events = list((tmp_path / "mnist").glob("*/events.out.tfevents.*"))
-  assert {p.parent.name for p in events} == {"train", "eval"}
-  assert list((tmp_path / "mnist").glob("events.out.tfevents.*"))  # hparams
+  assert {p.parent.name for p in events} == {"train", "eval", "hparams"}
+  lines = (tmp_path / "mnist" / "metrics.jsonl").read_text().splitlines()
+  # Loops end at 10, on each step of the profile window, and at 20.
+  assert [(json.loads(l)["kind"], json.loads(l)["step"]) for l in lines] == [
+      ("start", 0), ("train", 10), ("train", 11), ("train", 12),
+      ("train", 20), ("eval", 20)]
   assert list((tmp_path / "mnist" / "train" / "plugins" / "profile").glob(
       "*/*.xplane.pb"))
 

@@ -43,10 +43,11 @@ def test_three_workers_equal_one_process_and_count_eval_once(tmp_path):
     assert scalars(tmp_path / run / "eval", "examples") == {10: 1009,
                                                             20: 1009}
   # Written once, by the chief: no worker scratch directories remain.
-  assert sorted(p.name for p in (tmp_path / "workers").iterdir()
-                if "tfevents" not in p.name) == [
-      "checkpoints", "config.json", "eval", "train"]
-  assert len(list((tmp_path / "workers").glob("*tfevents*"))) == 1  # hparams
+  assert sorted(p.name for p in (tmp_path / "workers").iterdir()) == [
+      "checkpoints", "config.json", "eval", "hparams", "metrics.jsonl",
+      "train"]
+  # One HParams row, the chief's.
+  assert len(list((tmp_path / "workers" / "hparams").glob("*tfevents*"))) == 1
 
 
 def test_resume_across_topologies(tmp_path):

@@ -88,7 +88,8 @@ def test_sigterm_to_one_worker_stops_all_at_one_step_and_saves(tmp_path):
   assert f"Stopped by SIGTERM at step {step};" in logs[1]
   latest = tf.train.latest_checkpoint(str(workdir / "checkpoints"))
   assert latest == f"{workdir}/checkpoints/ckpt-{step}"
-  assert sorted(p.name for p in workdir.iterdir()
-                if "tfevents" not in p.name) == [
-      "checkpoints", "config.json", "eval", "train"]  # no worker scratch
-  assert len(list(workdir.glob("*tfevents*"))) == 1  # the chief's hparams
+  assert sorted(p.name for p in workdir.iterdir()) == [
+      "checkpoints", "config.json", "eval", "hparams", "metrics.jsonl",
+      "train"]  # no worker scratch
+  # One HParams row, the chief's.
+  assert len(list((workdir / "hparams").glob("*tfevents*"))) == 1

@@ -35,14 +35,15 @@ def fake_run(total=40, start_step=0, logdir="/logs", **kwargs):
 def test_loops_end_on_the_window_and_it_traces_only_its_steps():
   ctl, trainer, log = fake_run()
   ctl.train()
-  assert loop_ends(trainer) == [7, 10, 15, 22, 29, 36, 40]
+  # Inside the window, one step per loop (a step marker each).
+  assert loop_ends(trainer) == [7, 10, 11, 12, 13, 14, 15, 22, 29, 36, 40]
   assert log == [("start", 10, "/logs"), ("stop", 15)]
 
 
 def test_a_run_resumed_inside_the_window_traces_the_rest():
   ctl, trainer, log = fake_run(start_step=12)
   ctl.train()
-  assert loop_ends(trainer)[:2] == [15, 22]
+  assert loop_ends(trainer)[:4] == [13, 14, 15, 22]
   assert log == [("start", 12, "/logs"), ("stop", 15)]
 
 
@@ -59,10 +60,10 @@ def test_the_end_or_a_signal_inside_the_window_stops_the_trace():
   ctl, trainer, log = fake_run()
   original = trainer.train
 
-  def train(steps):  # SIGTERM during the window's loop, 2 steps into it
-    if trainer.global_step == 10:
+  def train(steps):  # SIGTERM during the window's second step
+    if trainer.global_step == 11:
       ctl.request_stop("SIGTERM")
-      trainer.stop_after(2)
+      trainer.stop_after(1)
     return original(steps)
 
   trainer.train = train
@@ -83,7 +84,8 @@ def test_without_a_logdir_loops_still_end_on_the_window():
   # A non-chief worker: no trace, but its loops must match the chief's.
   ctl, trainer, log = fake_run(logdir=None)
   ctl.train()
-  assert loop_ends(trainer) == [7, 10, 15, 22, 29, 36, 40] and log == []
+  assert loop_ends(trainer) == [7, 10, 11, 12, 13, 14, 15, 22, 29, 36,
+                                40] and log == []
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -2,33 +2,32 @@
 
 One sweep of two tiny runs feeds every test: `a` traces a profiler window
 on steps 11-15, stops at step 30 and is resumed to 40; `b` trains 20 steps
-at another learning rate.
+at another learning rate. The `tensorboard` fixture serves the sweep with
+the real TensorBoard (a process on 127.0.0.1) and the tests read the JSON
+its web UI renders.
 """
 
 import collections
+import importlib.util
 import json
 import sys
+import time
 
 import pytest
-from tensorboard import context
 from tensorboard import plugin_util
-from tensorboard.backend.event_processing import data_provider
 from tensorboard.backend.event_processing import event_accumulator
-from tensorboard.backend.event_processing import plugin_event_multiplexer
-from tensorboard.plugins import base_plugin
-from tensorboard.plugins.hparams import api_pb2
-from tensorboard.plugins.hparams import backend_context
-from tensorboard.plugins.hparams import list_session_groups
 from tensorboard.plugins.hparams import metadata
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+from looper import hparams
+from looper import jsonl
 from looper import main
 from looper import run
 from looper import runs
 from looper import summaries
 from looper import trainer as trainer_lib
 from tests import tiny
-from tests.conftest import scalars
+from tests.conftest import fetch, scalars, tensorboard_server
 
 
 class RecordingTrainer(trainer_lib.Trainer):
@@ -60,8 +59,8 @@ def sweep(tmp_path_factory):
   RecordingTrainer.loop_ends.clear()
   run.run(tiny_config(train__steps=40, profile__start_step=10), str(root / "a"))
   resumed = list(RecordingTrainer.loop_ends)
-  run.run(tiny_config(train__steps=20, optimizer__learning_rate=0.02),
-          str(root / "b"))
+  run.run(tiny_config(train__steps=20, optimizer__learning_rate=0.02,
+                      optimizer__warmup_steps=5), str(root / "b"))
   return root, {"first": first, "resumed": resumed, "model": model}
 
 
@@ -85,48 +84,32 @@ def session_start(workdir):
       acc.SummaryMetadata(tag).plugin_data.content)
 
 
-def test_hparams_are_the_flat_config_written_once(sweep):
+def test_hparams_are_the_set_fields_and_the_compared_ones_written_once(
+    sweep):
   root, _ = sweep
   workdir = root / "a"
-  assert len(list(workdir.glob("*tfevents*"))) == 1  # not again on resume
-  [event], info = session_start(workdir)
-  hparams = {k: getattr(v, v.WhichOneof("kind"))
-             for k, v in info.hparams.items()}
+  # In its own run directory (none in the root), once: not again on resume.
+  assert not list(workdir.glob("*tfevents*"))
+  [event], info = session_start(workdir / hparams.RUN)
+  values = {k: getattr(v, v.WhichOneof("kind"))
+            for k, v in info.hparams.items()}
   assert event.step == 0 and info.group_name == str(workdir)
-  # The first start's config: train.steps=30, not the resume's 40.
-  assert {k: hparams[k] for k in ("train.batch_size", "train.steps",
-                                  "optimizer.name", "profile.start_step",
-                                  "model_fn", "model.width")} == {
-      "train.batch_size": 32, "train.steps": 30, "optimizer.name": "sgd",
-      "profile.start_step": 10, "model_fn": "tests.tiny:model_fn",
-      "model.width": 16}
-  # No HParams value: None (eval.steps) and tuples (metrics).
-  assert "eval.steps" not in hparams and "metrics" not in hparams
-
-
-def test_the_hparams_tab_compares_the_runs_by_their_last_eval(sweep):
-  root, _ = sweep
-  mux = plugin_event_multiplexer.EventMultiplexer()
-  mux.AddRunsFromDirectory(str(root))
-  mux.Reload()
-  tb = base_plugin.TBContext(
-      logdir=str(root), multiplexer=mux,
-      data_provider=data_provider.MultiplexerDataProvider(mux, str(root)))
-  request = api_pb2.ListSessionGroupsRequest(
-      start_index=0, slice_size=10, allowed_statuses=[api_pb2.STATUS_UNKNOWN])
-  response = list_session_groups.Handler(
-      context.RequestContext(), backend_context.Context(tb), "",
-      request).run()
-  groups = {g.name: g for g in response.session_groups}
-  assert sorted(groups) == [str(root / "a"), str(root / "b")]
-  for name, rate, step in [("a", 0.1, 40), ("b", 0.02, 20)]:
-    group = groups[str(root / name)]
-    assert group.hparams["optimizer.learning_rate"].number_value == rate
-    metrics = {(m.name.group, m.name.tag): m.value
-               for m in group.metric_values}
-    for tag in ("accuracy", "loss"):
-      assert metrics["eval", tag] == pytest.approx(
-          scalars(root / name / "eval", tag)[step])
+  # The first start's config (train.steps=30, not the resume's 40).
+  assert {k: v for k, v in values.items() if k != "settings"} == {
+      "optimizer.learning_rate": 0.1, "train.batch_size": 32,
+      "train.steps": 30}
+  settings = dict(item.split("=", 1) for item in values["settings"].split())
+  # First what runs always differ by, at their defaults too...
+  assert list(settings)[:4] == ["optimizer.name", "optimizer.schedule",
+                                "train.precision", "seed"]
+  # ...then what tests/tiny.py and this test set: not looper's defaults.
+  assert {k: settings[k] for k in ("optimizer.name", "profile.start_step",
+                                   "model.width", "model_fn")} == {
+      "optimizer.name": "sgd", "profile.start_step": "10",
+      "model.width": "16", "model_fn": "tests.tiny:model_fn"}
+  for field in ("checkpoint.keep", "checkpoint.async_save",
+                "eval.timeout_secs", "data.bucket"):
+    assert field not in settings, field
 
 
 def test_model_summary_and_config_render_as_code_blocks(sweep):
@@ -147,7 +130,8 @@ def test_the_profile_window_traces_its_steps_only(sweep):
   root, record = sweep
   # tiny: steps_per_loop=10, eval and checkpoint every 20; the window's
   # edges 10 and 15 end loops too.
-  assert record["first"] == [10, 15, 20, 30]
+  # Inside the window every loop is one step.
+  assert record["first"] == [10, 11, 12, 13, 14, 15, 20, 30]
   assert record["resumed"] == [40]  # past the window: no new trace
   [trace] = (root / "a" / "train" / "plugins" / "profile").glob("*/*")
   assert trace.name.endswith(".xplane.pb")
@@ -155,14 +139,22 @@ def test_the_profile_window_traces_its_steps_only(sweep):
   calls = collections.Counter(
       plane.event_metadata[e.metadata_id].name
       for plane in space.planes for line in plane.lines for e in line.events)
-  assert calls["_train_loop"] == 1  # steps 11-15: one loop
+  # One call per step, each marked with its step (what the Profile tab's
+  # step-time graph reads).
+  assert calls["_train_loop"] == 5
+  steps = sorted(
+      stat.int64_value for plane in space.planes for line in plane.lines
+      for e in line.events if plane.event_metadata[e.metadata_id].name ==
+      "train" for stat in e.stats
+      if plane.stat_metadata[stat.metadata_id].name == "step_num")
+  assert steps == [11, 12, 13, 14, 15]
   assert not (root / "b" / "train" / "plugins").exists()  # off by default
 
 
 def test_input_wait_and_learning_rate_beside_steps_per_sec(sweep):
   root, _ = sweep
   train = root / "a" / "train"
-  loops = [10, 15, 20, 30, 40]
+  loops = [10, 11, 12, 13, 14, 15, 20, 30, 40]
   for tag in ("input_wait_fraction", "learning_rate", "steps_per_sec"):
     assert sorted(scalars(train, tag)) == loops, tag
   assert all(r == pytest.approx(0.1)
@@ -217,18 +209,167 @@ def test_looper_runs_names_what_holds_no_run(sweep, tmp_path, capsys):
       f"looper runs: {tmp_path}/nope does not exist",
       f"looper runs: {tmp_path}/empty holds no looper workdir (train/ or"
       " eval/), here or one level down",
-      f"looper runs: {tmp_path}/started has no train or eval scalars yet"]
+      f"looper runs: {tmp_path}/started has no train loop or evaluation in"
+      " metrics.jsonl yet"]
   assert list(rows(out)) == [str(root / "b")]
 
 
 def test_a_fresh_start_replaces_what_a_killed_attempt_wrote(tmp_path):
   """No checkpoint, so the run starts over: one record, the new one."""
   for steps in (10, 20):  # the first attempt dies before its first save
-    out = summaries.Summaries(str(tmp_path), chief=True, total_steps=steps)
-    out.start_run(json.dumps({"train": {"steps": steps}}), f"model {steps}")
-    out.train(1, [1.0, 0.5], {"steps_per_sec": 2.0})
+    config = json.dumps({"train": {"steps": steps}})
+    out = summaries.Summaries(
+        str(tmp_path), chief=True, total_steps=steps,
+        table=hparams.Table.of(config, "{}", ["loss"]))
+    out.start_run(config, f"model {steps}")
+    out.train(1, [1.0, 0.5], {"loss": 0.75, "steps_per_sec": 2.0})
     out.close()
   assert texts(tmp_path / "train", "model_summary") == ["```\nmodel 20\n```"]
-  [_], info = session_start(tmp_path)
+  [_], info = session_start(tmp_path / hparams.RUN)
   assert info.hparams["train.steps"].number_value == 20
   assert scalars(tmp_path / "train", "loss") == {1: 1.0, 2: 0.5}
+  assert [(l["kind"], l["step"]) for l in jsonl.read(tmp_path)] == [
+      ("start", 0), ("train", 2)]
+
+
+def test_metrics_jsonl_has_a_line_per_loop_and_evaluation(sweep):
+  root, _ = sweep
+  lines = jsonl.read(root / "a")
+  # Run a stopped at 30 and resumed to 40: each step once, in order.
+  assert [(l["kind"], l["step"]) for l in lines] == [
+      ("start", 0), ("train", 10), ("train", 11), ("train", 12),
+      ("train", 13), ("train", 14), ("train", 15), ("train", 20),
+      ("eval", 20), ("train", 30), ("eval", 30), ("train", 40),
+      ("eval", 40)]
+  times = [l["time"] for l in lines]
+  assert times == sorted(times)
+  train = root / "a" / "train"
+  losses = scalars(train, "loss")
+  for line in lines[1:]:
+    if line["kind"] == "train":  # the loop's mean of the per-step losses
+      first = max(s for s in [0, 10, 11, 12, 13, 14, 15, 20, 30]
+                  if s < line["step"]) + 1
+      assert line["loss"] == pytest.approx(
+          sum(losses[s] for s in range(first, line["step"] + 1)) /
+          (line["step"] + 1 - first), rel=1e-5)
+      assert line["learning_rate"] == pytest.approx(
+          scalars(train, "learning_rate")[line["step"]])
+    else:
+      for tag in ("accuracy", "loss", "examples"):
+        assert line[tag] == pytest.approx(
+            scalars(root / "a" / "eval", tag)[line["step"]])
+
+
+@pytest.fixture(scope="module")
+def board(sweep):
+  """(URL of TensorBoard over the sweep, the sweep's root)."""
+  root, _ = sweep
+  with tensorboard_server(root) as url:
+    wanted = {f"{r}/{d}" for r in "ab" for d in ("train", "eval", "hparams")}
+    deadline = time.monotonic() + 60  # it loads the logdir in the background
+    while set(fetch(url, "/data/runs")) != wanted:
+      assert time.monotonic() < deadline, fetch(url, "/data/runs")
+      time.sleep(0.5)
+    yield url, root
+
+
+def test_tensorboard_lists_train_eval_and_hparams_and_no_stray_run(board):
+  url, _ = board
+  assert sorted(fetch(url, "/data/runs")) == [
+      "a/eval", "a/hparams", "a/train", "b/eval", "b/hparams", "b/train"]
+
+
+def test_hparams_table_opens_on_rate_batch_and_eval_accuracy(board):
+  url, root = board
+  experiment = fetch(url, "/data/plugin/hparams/experiment",
+                     {"experimentName": ""})
+  # The web UI shows the first 5 hparams and the first 5 metrics before any
+  # box is ticked (BUILD.md, "TensorBoard").
+  # Four hparam columns: the web UI shows 5 (each 10em wide) before any
+  # box is ticked, and a fifth would push the eval accuracy off a
+  # 1400-pixel window (BUILD.md, "TensorBoard").
+  assert [(h["name"], h["displayName"]) for h in
+          experiment["hparamInfos"]] == [
+              ("optimizer.learning_rate", "learning rate"),
+              ("train.batch_size", "batch size"), ("train.steps", "steps"),
+              ("settings", "")]
+  assert [(m["name"]["tag"], m["displayName"])
+          for m in experiment["metricInfos"]] == [
+              ("hparams/eval_accuracy", "eval accuracy"),
+              ("hparams/eval_loss", "eval loss"),
+              ("hparams/best_eval_accuracy", "best eval accuracy"),
+              ("hparams/train_loss", "train loss")]
+  groups = fetch(url, "/data/plugin/hparams/session_groups", {
+      "experimentName": "", "startIndex": 0, "sliceSize": 10,
+      "allowedStatuses": ["STATUS_UNKNOWN"], "colParams": []})
+  rows = {g["name"]: g for g in groups["sessionGroups"]}
+  assert sorted(rows) == [str(root / "a"), str(root / "b")]
+  for name, rate, step in [("a", 0.1, 40), ("b", 0.02, 20)]:
+    row = rows[str(root / name)]
+    assert row["hparams"]["optimizer.learning_rate"] == pytest.approx(rate)
+    assert row["hparams"]["train.batch_size"] == 32
+    # Set by b only: in b's settings, not in a's (the default there).
+    assert ("optimizer.warmup_steps=5" in row["hparams"]["settings"]) == (
+        name == "b")
+    metrics = {m["name"]["tag"]: m["value"] for m in row["metricValues"]}
+    accuracy = scalars(root / name / "eval", "accuracy")
+    losses = scalars(root / name / "train", "loss")
+    assert metrics["hparams/eval_accuracy"] == pytest.approx(accuracy[step])
+    assert metrics["hparams/eval_loss"] == pytest.approx(
+        scalars(root / name / "eval", "loss")[step])
+    assert metrics["hparams/best_eval_accuracy"] == pytest.approx(
+        max(accuracy.values()))
+    # The last loop's mean loss: steps 31-40 of a, 11-20 of b.
+    assert metrics["hparams/train_loss"] == pytest.approx(
+        sum(losses[s] for s in range(step - 9, step + 1)) / 10, rel=1e-5)
+
+
+def test_scalars_and_text_through_tensorboard(board):
+  url, root = board
+  served = fetch(url, "/data/plugin/scalars/scalars?run=a/train&tag=loss")
+  assert {step: value for _, step, value in served} == pytest.approx(
+      scalars(root / "a" / "train", "loss"))
+  assert [step for _, step, _ in served] == list(range(1, 41))
+  [config] = fetch(url, "/data/plugin/text/text?run=a/train&tag=config")
+  assert config["text"].startswith("<pre><code>{")
+  assert "&quot;learning_rate&quot;: 0.1" in config["text"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xprof") is None,
+                    reason="the Profile tab needs looper[profile] (CI has it)")
+def test_the_profile_tab_measures_each_traced_step(board):
+  url, _ = board
+  [profile] = fetch(url, "/data/plugin/profile/runs")
+  assert profile.startswith("a/train/")
+  [host] = fetch(url, f"/data/plugin/profile/hosts?run={profile}"
+                 "&tag=overview_page")
+  overview = fetch(url, f"/data/plugin/profile/data?run={profile}"
+                   f"&tag=overview_page&host={host['hostname']}")
+  [steps] = [t for t in overview
+             if t.get("cols") and t["cols"][0]["id"] == "stepnum"]
+  assert [r["c"][0]["v"] for r in steps["rows"]] == [
+      f"train {s}" for s in range(11, 16)]
+  assert float(overview[1]["p"]["steptime_ms_average"]) > 0
+
+
+def test_metrics_jsonl_is_cut_back_to_the_resumed_step(tmp_path):
+  log = jsonl.MetricsLog(str(tmp_path))
+  log.start()
+  for step in (10, 20, 30):
+    log.write("train", step, {"loss": 1.0 / step})
+  log.write("eval", 30, {"loss": 0.5})
+  with open(tmp_path / jsonl.FILE, "a") as f:
+    f.write('{"kind": "train", "st')  # a kill -9 in the middle of a line
+  assert [l["step"] for l in jsonl.read(tmp_path)] == [0, 10, 20, 30, 30]
+  log.truncate_after(20)
+  lines = jsonl.read(tmp_path)
+  assert [(l["kind"], l["step"]) for l in lines] == [
+      ("start", 0), ("train", 10), ("train", 20)]
+  assert lines[2]["loss"] == 1.0 / 20
+  assert (tmp_path / jsonl.FILE).read_text().endswith("}\n")  # whole lines
+  # A partial line alone is cut too: the next line must not glue to it.
+  with open(tmp_path / jsonl.FILE, "a") as f:
+    f.write('{"kind": "eval", "st')
+  log.truncate_after(20)
+  log.write("train", 30, {"loss": 0.1})
+  assert [l["step"] for l in jsonl.read(tmp_path)] == [0, 10, 20, 30]

@@ -1,0 +1,154 @@
+"""What TensorBoard's HParams tab shows: the settings that tell runs apart, and their results.
+
+Synopsis (what `run` and `summaries` do)::
+
+    table = hparams.Table.of(config_json, defaults_json, ["loss", "accuracy"])
+    with writer.as_default():                      # workdir/hparams
+      table.write_start(trial_id=workdir)          # once, at step 0
+    table.eval_results(eval_logs, best_so_far)     # metric columns
+
+One row per run, written in the run's own directory `workdir/hparams/`:
+* hparam columns: `learning rate`, `batch size`, `steps` (typed: sortable
+  and filterable) and `settings`, one text of what else tells the run
+  apart: the optimizer, schedule, precision and seed, then every config
+  field the experiment or the command line set (those that differ from
+  `default_config()`), as `name=value` (e.g. `optimizer.name=adam
+  optimizer.schedule=cosine train.precision=float32 seed=0
+  data.train_split=test[:8000] model.width=32`);
+* metric columns: `hparams/eval_<metric>` (the last evaluation, the
+  configured metrics first, then the loss), `hparams/best_eval_<metric>`
+  (see `best_criterion`) and `hparams/train_loss` (the last loop's mean):
+  scalars written in the same directory as the run goes, so a single run
+  has metric columns too.
+
+Why this shape (measured on TensorBoard 2.21; BUILD.md "TensorBoard"):
+* The web UI shows the first 5 hparam columns (those marked `differs`
+  first) before any box is ticked, each 10em wide: with 5, the first
+  metric column starts at the right edge of a 1400-pixel window (seen in
+  a screenshot). So there are 4, and the eval accuracy is on screen.
+* The plugin reads ONE experiment summary (the column list) per logdir,
+  the first it finds; every run writes the same list, so whichever it
+  picks fits every run of a sweep, of any experiment.
+* The plugin attaches metrics only to runs under the session's directory;
+  a session in the workdir root is a run named "." whose metrics it looks
+  up as "./eval" and never finds. `hparams/` has a real name.
+"""
+
+import dataclasses
+import json
+
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.plugins.hparams import api as hp
+from tensorboard.plugins.hparams import api_pb2
+from tensorboard.plugins.hparams import metadata
+from tensorboard.plugins.hparams import plugin_data_pb2
+import tensorflow as tf
+
+from looper import refs
+
+RUN = "hparams"  # the run directory (under the workdir) of the HParams row
+# The typed columns, with their titles.
+COLUMNS = {"optimizer.learning_rate": "learning rate",
+           "train.batch_size": "batch size", "train.steps": "steps"}
+SETTINGS = "settings"  # the text column
+# First in `settings` whatever their value: what runs always differ by.
+ALWAYS = ("optimizer.name", "optimizer.schedule", "train.precision", "seed")
+
+
+def flat(config_json: str) -> dict[str, bool | int | float | str]:
+  """The config as HParams: flat dotted names, scalars and strings only.
+
+  Callables are already 'module:name' strings (`refs.to_json`); the rest
+  (None, tuples, callables no name reaches) has no HParams value and is
+  left out: the config text holds it.
+  """
+  out = {}
+
+  def visit(prefix, value):
+    if isinstance(value, dict):
+      for key, item in value.items():
+        visit(f"{prefix}{key}.", item)
+    elif isinstance(value, (bool, int, float, str)) and not (
+        isinstance(value, str) and value.startswith(refs.UNLOADABLE)):
+      out[prefix[:-1]] = value
+
+  visit("", json.loads(config_json))
+  return out
+
+
+def best_criterion(checkpoint: dict, eval_names) -> tuple[str, str]:
+  """(eval metric, 'max' | 'min') that ranks evaluations: checkpoint.
+  best_metric if set, else accuracy if evaluated, else the loss."""
+  if checkpoint.get("best_metric"):
+    return checkpoint["best_metric"], checkpoint.get("best_mode", "max")
+  if "accuracy" in eval_names:
+    return "accuracy", "max"
+  return "loss", "min"
+
+
+def settings(config: dict, defaults: dict) -> str:
+  """The `settings` text: ALWAYS, then the fields set (see module doc)."""
+  chosen = [k for k in ALWAYS if k in config] + sorted(
+      k for k, v in config.items()
+      if k not in COLUMNS and k not in ALWAYS and
+      (k not in defaults or defaults[k] != v))
+  return " ".join(f"{k}={config[k]:g}" if isinstance(config[k], float)
+                  else f"{k}={config[k]}" for k in chosen)
+
+
+@dataclasses.dataclass
+class Table:
+  """One run's row of the HParams table (see module doc)."""
+  values: dict[str, int | float | str]  # hparam column -> value
+  eval_names: list[str]  # the eval metrics that are columns, loss last
+  best: tuple[str, str]  # (eval metric, 'max' | 'min'), see best_criterion
+
+  @classmethod
+  def of(cls, config_json: str, defaults_json: str, eval_names) -> "Table":
+    """The row of a run of `config_json` (resolved; see refs.to_json)."""
+    config, defaults = flat(config_json), flat(defaults_json)
+    values = {k: config[k] for k in COLUMNS if k in config}
+    values[SETTINGS] = settings(config, defaults)
+    names = [n for n in eval_names if n not in ("loss", "examples")]
+    names.append("loss")
+    checkpoint = json.loads(config_json).get("checkpoint", {})
+    return cls(values, names, best_criterion(checkpoint, names))
+
+  def metric_tags(self) -> list[str]:
+    """The metric columns' scalar tags, in column order."""
+    return ([f"{RUN}/eval_{n}" for n in self.eval_names] +
+            [f"{RUN}/best_eval_{self.best[0]}", f"{RUN}/train_loss"])
+
+  def write_start(self, trial_id: str) -> None:
+    """The session and the column list, with the default writer."""
+    hp.hparams(self.values, trial_id=trial_id)
+    experiment = api_pb2.Experiment(
+        hparam_infos=[api_pb2.HParamInfo(
+            name=name, display_name=title, type=api_pb2.DATA_TYPE_FLOAT64,
+            differs=True)  # first, in this order (the plugin sorts by name)
+                      for name, title in COLUMNS.items()] + [
+                          api_pb2.HParamInfo(
+                              name=SETTINGS, type=api_pb2.DATA_TYPE_STRING)],
+        metric_infos=[api_pb2.MetricInfo(
+            name=api_pb2.MetricName(group="", tag=tag),
+            display_name=tag.split("/", 1)[1].replace("_", " "))
+                      for tag in self.metric_tags()])
+    summary = summary_pb2.Summary()
+    summary.value.add(
+        tag=metadata.EXPERIMENT_TAG, tensor=metadata.NULL_TENSOR,
+        metadata=metadata.create_summary_metadata(
+            plugin_data_pb2.HParamsPluginData(experiment=experiment)))
+    tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=0)
+
+  def eval_results(self, logs: dict[str, float], best: float | None
+                   ) -> dict[str, float]:
+    """The metric columns after an evaluation, given the best so far of
+    `self.best[0]` before it (None: none yet); includes the new best."""
+    out = {f"{RUN}/eval_{n}": logs[n] for n in self.eval_names if n in logs}
+    metric, mode = self.best
+    if metric in logs:
+      value = logs[metric]
+      if best is not None:
+        value = max(value, best) if mode == "max" else min(value, best)
+      out[f"{RUN}/best_eval_{metric}"] = value
+    return out
