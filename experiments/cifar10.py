@@ -41,6 +41,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from experiments import common
 from looper import config as lc
 from looper import datasets
 from looper import layers
@@ -73,24 +74,14 @@ _PICKLE_GLOBALS = frozenset({
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the config of a 100-epoch ResNet-20 run: 39,000 steps of 128."""
-  c = lc.default_config()
-  c.model_fn = model_fn
-  c.dataset_fn = dataset_fn
-
-  # 390 steps of 128 are one pass over the 50,000 training images.
-  c.train.steps = 39_000
-  c.train.batch_size = 128
-  c.train.steps_per_loop = 390
-  c.eval.every_steps = 3900
-  # 10,000 test images are exactly 25 batches of 400: no padded batch.
-  c.eval.batch_size = 400  # splits over 8 TPU cores
-  c.checkpoint.every_steps = 3900
-  # He et al.'s recipe (SGD, momentum 0.9, rate 0.1 at batch 128), with a
-  # cosine decay to 0 in place of their two steps.
-  c.optimizer.name = "sgd"
-  c.optimizer.learning_rate = 0.1
+  # 390 steps of 128 are one pass over the 50,000 training images; 10,000
+  # test images are exactly 25 batches of 400 (no padded batch; splits over
+  # 8 TPU cores). He et al.'s recipe (SGD, momentum 0.9, rate 0.1 at batch
+  # 128), with a cosine decay to 0 in place of their two steps.
+  c = common.config(model_fn, dataset_fn, steps=39_000, batch_size=128,
+                    steps_per_loop=390, eval_every=3900, eval_batch_size=400,
+                    optimizer="sgd", learning_rate=0.1, schedule="cosine")
   c.optimizer.momentum = 0.9
-  c.optimizer.schedule = "cosine"
   c.optimizer.warmup_steps = 390
 
   # CIFAR-10 has only 'train' (50,000) and 'test' (10,000); slice them to
@@ -197,13 +188,8 @@ def dataset_fn(config: ml_collections.ConfigDict,
   Raises:
     ConfigError: a bad split, missing or corrupt files, a failed download.
   """
-  field = ("data.train_split" if split == config.data.train_split
-           else "data.eval_split")
-  name, _, _ = lc.parse_split(split, field)
-  if name not in SPLITS:
-    raise lc.ConfigError(
-        f"config.{field}={split!r}: CIFAR-10 has no split {name!r}; use"
-        f" 'train' or 'test', optionally sliced like 'train[:90%]'")
+  field, name = common.split_name(config, split, SPLITS, dataset="CIFAR-10",
+                                  sliced="train[:90%]")
   epochs = config.data.get("augment_epochs", 0)
   if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 0:
     raise lc.ConfigError(
@@ -270,29 +256,15 @@ def _normalized(image, label):
 
 
 def load_cifar10(name: str, data: ml_collections.ConfigDict):
-  """Returns a split as (images uint8 [N, 32, 32, 3], labels uint8 [N]).
-
-  Args:
-    name: 'train' or 'test' (no slice).
-    data: the config's `data` block: `dir` (if set, the only place looked
-      at), else `cache_dir`, filled from `url` (checked against `file_hash`)
-      the first time; see looper/datasets.py.
-
-  Raises:
-    ConfigError: an unknown name; data.dir set but without the files; a
-      corrupt or incomplete set of files; nothing cached and the download
-      failed.
-  """
-  if name not in SPLITS:
-    raise lc.ConfigError(
-        f"CIFAR-10 split name {name!r} is unknown; use 'train' or 'test' in"
-        f" --config.data.train_split / --config.data.eval_split")
-  field = "data.dir" if data.get("dir") else "data.cache_dir"
-  files = SPLITS[name]
+  """Split `name` ('train' or 'test', no slice) of the pickles `data` points
+  at (see `common.locate`) as (images uint8 [N, 32, 32, 3], labels uint8
+  [N]); a ConfigError for an unknown name, missing, corrupt or incomplete
+  files, or a failed download."""
+  files = SPLITS.get(name, ("?",))  # an unknown name: common.locate says so
   expected = (f"{files[0]}..{files[-1][-1]}" if len(files) > 1 else files[0])
-  return datasets.locate(
-      data, "CIFAR-10", lambda directory: _load_from(directory, name, field),
-      expected=f"{expected} (in cifar-10-batches-py/)", extract=True)
+  return common.locate(data, name, SPLITS, _load_from, dataset="CIFAR-10",
+                       expected=f"{expected} (in cifar-10-batches-py/)",
+                       extract=True)
 
 
 def _load_from(directory: str, name: str, field: str):

@@ -39,6 +39,7 @@ import keras
 import ml_collections
 import numpy as np
 
+from experiments import common
 from looper import config as lc
 from looper import datasets
 
@@ -63,20 +64,11 @@ _NUMPY_GLOBALS = frozenset({
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the config: about 2 epochs of batch 64 over the 25,000 reviews."""
-  c = lc.default_config()
-  c.model_fn = model_fn
-  c.dataset_fn = dataset_fn
-
-  c.train.steps = 800
-  c.train.batch_size = 64
-  c.train.steps_per_loop = 100
-  c.eval.every_steps = 400
-  # 25,000 test reviews are exactly 25 batches of 1000: no padded batch.
-  c.eval.batch_size = 1000  # splits over 8 TPU cores
-  c.checkpoint.every_steps = 400
-  c.optimizer.name = "adam"
-  c.optimizer.learning_rate = 1e-3
-  c.optimizer.schedule = "cosine"
+  # 25,000 test reviews are exactly 25 batches of 1000: no padded batch
+  # (and 1000 splits over 8 TPU cores).
+  c = common.config(model_fn, dataset_fn, steps=800, batch_size=64,
+                    steps_per_loop=100, eval_every=400, eval_batch_size=1000,
+                    optimizer="adam", learning_rate=1e-3, schedule="cosine")
   # Over 200 steps an LSTM's gradients can explode; clipping is the usual
   # guard.
   c.optimizer.clip_global_norm = 1.0
@@ -170,13 +162,8 @@ def load_split(config: ml_collections.ConfigDict, split: str):
     ConfigError: an unknown split name or an empty slice (naming the
       data.*_split field), or what `load_imdb` raises.
   """
-  field = ("data.train_split" if split == config.data.train_split
-           else "data.eval_split")
-  name, _, _ = lc.parse_split(split, field)
-  if name not in SPLITS:
-    raise lc.ConfigError(
-        f"config.{field}={split!r}: IMDB has no split {name!r}; use 'train'"
-        f" or 'test', optionally sliced like 'train[:90%]'")
+  field, name = common.split_name(config, split, SPLITS, dataset="IMDB",
+                                  sliced="train[:90%]")
   reviews, labels = load_imdb(name, config.data)
   _, selected = lc.split_slice(split, len(labels), field=field)
   return reviews[selected], labels[selected]

@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from experiments import common
 from looper import config as lc
 from looper import datasets
 from looper import layers
@@ -53,22 +54,12 @@ _ROWS = _COLS = 28
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the config of a TPU-guide-like run: 2000 steps of batch 128."""
-  c = lc.default_config()
-  c.model_fn = model_fn
-  c.dataset_fn = dataset_fn
-
-  c.train.steps = 2000
-  c.train.batch_size = 128
-  c.train.steps_per_loop = 100
-  c.eval.every_steps = 500
-  # 10,000 test images are exactly 25 batches of 400 (no padded last
-  # batch), and 400 splits over 8 TPU cores.
-  c.eval.batch_size = 400
-  c.checkpoint.every_steps = 500
-  c.optimizer.name = "adam"
-  c.optimizer.learning_rate = 1e-3
-  # Decay to 0 at train.steps: +0.8% eval accuracy over constant here.
-  c.optimizer.schedule = "cosine"
+  # Eval: 10,000 test images are exactly 25 batches of 400 (no padded last
+  # batch), and 400 splits over 8 TPU cores. The cosine decay to 0 at
+  # train.steps: +0.8% eval accuracy over a constant rate here.
+  c = common.config(model_fn, dataset_fn, steps=2000, batch_size=128,
+                    steps_per_loop=100, eval_every=500, eval_batch_size=400,
+                    optimizer="adam", learning_rate=1e-3, schedule="cosine")
 
   # MNIST has only 'train' (60,000) and 'test' (10,000); slice them to hold
   # out data, e.g. 'train[:90%]' and 'train[90%:]'.
@@ -131,13 +122,8 @@ def dataset_fn(config: ml_collections.ConfigDict,
   Raises:
     ConfigError: a bad split, missing or corrupt files, a failed download.
   """
-  field = ("data.train_split" if split == config.data.train_split
-           else "data.eval_split")
-  name, _, _ = lc.parse_split(split, field)
-  if name not in SPLITS:
-    raise lc.ConfigError(
-        f"config.{field}={split!r}: MNIST has no split {name!r}; use 'train'"
-        f" or 'test', optionally sliced like 'test[:8000]'")
+  field, name = common.split_name(config, split, SPLITS, dataset="MNIST",
+                                  sliced="test[:8000]")
   images, labels = load_mnist(name, config.data)
   _, selected = lc.split_slice(split, len(labels), field=field)
   # Kept uint8 until the map: a quarter of the memory of float32 images.
@@ -152,26 +138,12 @@ def _to_example(image, label):
 
 
 def load_mnist(name: str, data: ml_collections.ConfigDict):
-  """Returns one MNIST split as (images uint8 [N, 28, 28], labels uint8 [N]).
-
-  Args:
-    name: 'train' or 'test' (no slice).
-    data: the config's `data` block: `dir` (if set, the only place looked
-      at), else `cache_dir`, filled from `url` (checked against `file_hash`)
-      the first time; see looper/datasets.py.
-
-  Raises:
-    ConfigError: an unknown name; data.dir set but without the files; a
-      corrupt file; nothing cached and the download failed.
-  """
-  if name not in SPLITS:
-    raise lc.ConfigError(
-        f"MNIST split name {name!r} is unknown; use 'train' or 'test' in"
-        f" --config.data.train_split / --config.data.eval_split")
-  field = "data.dir" if data.get("dir") else "data.cache_dir"
-  return datasets.locate(data, f"MNIST {name!r}",
-                         lambda directory: _load_from(directory, name, field),
-                         expected=_expected_files(name))
+  """Split `name` ('train' or 'test', no slice) of the IDX files or npz
+  `data` points at (see `common.locate`) as (images uint8 [N, 28, 28],
+  labels uint8 [N]); a ConfigError for an unknown name, missing or corrupt
+  files, or a failed download."""
+  return common.locate(data, name, SPLITS, _load_from, dataset="MNIST",
+                       what=f"MNIST {name!r}", expected=_expected_files(name))
 
 
 def _expected_files(name: str) -> str:

@@ -35,6 +35,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from experiments import common
 from experiments import imdb_lstm
 from looper import config as lc
 from looper import datasets
@@ -42,21 +43,11 @@ from looper import datasets
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the config: about 2.5 epochs of batch 64 over 25,000 reviews."""
-  c = lc.default_config()
-  c.model_fn = model_fn
-  c.dataset_fn = dataset_fn
-
-  c.train.steps = 1000
-  c.train.batch_size = 64
-  c.train.steps_per_loop = 100
-  c.eval.every_steps = 500
   # 25,000 test reviews are 50 batches of 500, each padded to its longest
   # review rounded up to a multiple of data.bucket (nearly always max_len).
-  c.eval.batch_size = 500
-  c.checkpoint.every_steps = 500
-  c.optimizer.name = "adam"
-  c.optimizer.learning_rate = 1e-3
-  c.optimizer.schedule = "cosine"
+  c = common.config(model_fn, dataset_fn, steps=1000, batch_size=64,
+                    steps_per_loop=100, eval_every=500, eval_batch_size=500,
+                    optimizer="adam", learning_rate=1e-3, schedule="cosine")
 
   c.data.train_split = "train"
   c.data.eval_split = "test"

@@ -52,6 +52,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
+from experiments import common
 from looper import config as lc
 from looper import layers
 from looper import shards
@@ -65,20 +66,10 @@ STAGES = 4  # conv blocks, each halving the image (192 -> 12 pixels)
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the config of a ~45-epoch run on the codelab's 5 flowers."""
-  c = lc.default_config()
-  c.model_fn = model_fn
-  c.dataset_fn = dataset_fn
-
   # 12 files of 230 images train: ~22 steps of 128 per epoch.
-  c.train.steps = 1000
-  c.train.batch_size = 128
-  c.train.steps_per_loop = 50
-  c.eval.every_steps = 250
-  c.eval.batch_size = 128
-  c.checkpoint.every_steps = 250
-  c.optimizer.name = "adam"
-  c.optimizer.learning_rate = 1e-3
-  c.optimizer.schedule = "cosine"
+  c = common.config(model_fn, dataset_fn, steps=1000, batch_size=128,
+                    steps_per_loop=50, eval_every=250, eval_batch_size=128,
+                    optimizer="adam", learning_rate=1e-3, schedule="cosine")
 
   # The folder holding the .tfrec files (or one folder per split); no
   # download: see the module doc for where the files come from.
@@ -158,8 +149,7 @@ def dataset_fn(config: ml_collections.ConfigDict, split: str) -> shards.Files:
     ConfigError: data.dir unset or without the split's files; files that
       are not TFRecords of flowers-format examples.
   """
-  field = ("data.train_split" if split == config.data.train_split
-           else "data.eval_split")
+  field = lc.split_field(config, split)
   name, _, _ = lc.parse_split(split, field)
   paths = find_files(config.data.dir, name, f"config.{field}={split!r}")
   _, selected = lc.split_slice(split, len(paths), field=field)

@@ -329,25 +329,20 @@ class Trainer:
     self.weights_finite = bool(finite)
     return losses, logs
 
+  # Stopping (see `stopping.StopFlag`: within a step in one process; under
+  # multi-worker the workers agree before the next loop, never cutting one).
+
   def agree(self, flag: bool) -> bool:
-    """True if `flag` is true on any worker (see `stopping.StopFlag`)."""
+    """True if `flag` is true on any worker; every worker calls it alike."""
     return self._stop.agree(flag)
 
   @property
   def stop_requested(self) -> bool:
-    """Whether training stops: `request_stop` was called and took effect.
-
-    Under multi-worker that is once all workers agreed, before a loop.
-    """
+    """Whether training stops: `request_stop` was called and took effect."""
     return self._stop.requested
 
   def request_stop(self) -> None:
-    """Makes a running (or the next) train loop stop after its current step.
-
-    Safe from any thread. Under multi-worker a loop is never cut short
-    (every worker must run the same steps): the workers agree on the stop
-    before the next loop.
-    """
+    """Stops a running (or the next) train loop; safe from any thread."""
     self._stop.request()
 
   def _train_loop(self, iterator, steps):

@@ -80,6 +80,20 @@ def curve(logdir, tag: str = "loss") -> np.ndarray:
   return np.array([values[s] for s in sorted(values)])
 
 
+def configured(config, fields=(), **by_keyword):
+  """`config` with fields set as `--config.FIELD=VALUE` sets them.
+
+  `fields` maps dotted names ({"train.steps": 5}); keywords spell the dot
+  as "__" (train__steps=5). ml_collections' update_from_flattened_dict
+  checks each name and type like the command line does. The one way the
+  tests override a config.
+  """
+  config.update_from_flattened_dict(
+      {**dict(fields), **{k.replace("__", "."): v
+                          for k, v in by_keyword.items()}})
+  return config
+
+
 @pytest.fixture
 def tiny_config():
   from tests import tiny

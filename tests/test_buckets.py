@@ -181,7 +181,8 @@ def test_variable_inputs_need_bucket_and_plain_tensors():
   with pytest.raises(lc.ConfigError, match=r"shape \(None,\) .*"
                      r"--config\.data\.bucket to pad"):
     checks.checked(examples(), "train")
-  assert checks.checked(examples(), "train", variable=True) is not None
+  dataset = examples()
+  assert checks.checked(dataset, "train", variable=True) is dataset
   ragged = tf.RaggedTensor.from_row_lengths([1, 2, 3], [1, 2])
   rows = tf.data.Dataset.from_tensor_slices((ragged, [0, 1]))
   with pytest.raises(lc.ConfigError, match=r"type RaggedTensorSpec .*"

@@ -96,6 +96,7 @@ def get_config():
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_error_in_get_config_surfaces_with_traceback(tmp_path):
   config = tmp_path / "env_config.py"
   config.write_text(_ENV_CONFIG)
@@ -113,6 +114,7 @@ def test_error_in_get_config_surfaces_with_traceback(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a subprocess
 def test_attribute_error_at_config_module_level_is_not_an_override(tmp_path):
   config = tmp_path / "typo_config.py"
   config.write_text("from looper import config as lc\n"
@@ -127,6 +129,7 @@ def test_attribute_error_at_config_module_level_is_not_an_override(tmp_path):
       " AttributeError(")
 
 
+@pytest.mark.slow  # a subprocess
 def test_override_errors_are_still_one_line(tmp_path):
   proc = run_looper("--config", "tests/tiny.py", f"--workdir={tmp_path}",
                     "--config.train.step=5")

@@ -156,6 +156,7 @@ def test_unknown_loss_and_metric_names(workdir):
                " get_config()")
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("source,value", [('"100"', "100"), ("1.5", 1.5)],
                          ids=["str", "float"])
 def test_wrong_type_in_get_config(tmp_path, source, value):
@@ -209,12 +210,11 @@ def _labels(split, problem):
 
 
 def _rejected(split):
-  """What the model says of 5 features where it wants 8 (names vary)."""
+  """looper's line around Keras' own words on 5 features for 8 (those are
+  Keras' to change, so any one line of them passes)."""
   return re.compile(
       r"config\.model_fn: the model rejects the examples of split"
-      rf" '{split}' \(inputs \(\[5\], 'float32'\)\): Input 0 .*of layer"
-      r" '\w+' is incompatible with the layer: expected axis -1 of input"
-      r" shape to have value 8, but received input with shape \(\d+, 5\);"
+      rf" '{split}' \(inputs \(\[5\], 'float32'\)\): [^\n]+;"
       r" make the model's Input match what config\.dataset_fn yields")
 
 
@@ -322,9 +322,7 @@ def test_workdir_holding_a_different_model(workdir):
   newest = workdir / "checkpoints" / "ckpt-20"
   assert_fails(config({"model.width": 32}), workdir, re.compile(
       rf"{re.escape(str(newest))} holds a different model or trainer state"
-      r" than the config builds \(Received incompatible tensor with shape"
-      r" \(8, 16\) when attempting to restore variable with shape \(8, 32\)"
-      r" and name [\w/]+:0\.\); use a new --workdir, or delete"
+      r" than the config builds \([^\n]+\); use a new --workdir, or delete"
       rf" {re.escape(str(workdir))} to start over"))
 
 
@@ -367,15 +365,17 @@ def test_unreadable_only_checkpoint(workdir):
     path.unlink()
   _damage(ckpts / "ckpt-20.data-00000-of-00001", "truncated")
   only = ckpts / "ckpt-20"
-  assert_fails(config(), workdir,
-               f"checkpoint {only} cannot be read (Read less bytes than"
-               f" requested); delete {only}.* (and its line in"
-               f" {ckpts}/checkpoint) or use a new --workdir")
+  # Between the parentheses: TensorFlow's words for the damage.
+  assert_fails(config(), workdir, re.compile(
+      rf"checkpoint {re.escape(str(only))} cannot be read \([^\n]+\);"
+      rf" delete {re.escape(str(only))}\.\* \(and its line in"
+      rf" {re.escape(str(ckpts))}/checkpoint\) or use a new --workdir"))
 
 
 # --- Through the command line: one line, no traceback -------------------------
 
 
+@pytest.mark.slow  # a subprocess
 def test_eval_of_a_checkpoint_that_does_not_exist(workdir):
   before = run_files(workdir)
   missing = workdir / "checkpoints" / "ckpt-15"
@@ -387,6 +387,7 @@ def test_eval_of_a_checkpoint_that_does_not_exist(workdir):
   assert run_files(workdir) == before
 
 
+@pytest.mark.slow  # a subprocess
 def test_workdir_under_a_regular_file(tmp_path):
   """Root ignores chmod, so the unwritable workdir is one under a file."""
   afile = tmp_path / "afile"

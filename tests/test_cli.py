@@ -5,7 +5,12 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_looper, scalars
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
 
 TINY = "--config=tests/tiny.py"
 

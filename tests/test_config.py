@@ -1,6 +1,7 @@
 """Config defaults, one-line validation errors, resolution, JSON round trip."""
 
 import json
+import sys
 
 import pytest
 
@@ -91,3 +92,43 @@ def test_json_names_functions_so_resolve_loads_them_back():
   by_path = refs.resolve("tests/tiny.py:make_data", "x")
   x, y = by_path(5, seed=0)
   assert (x == tiny.make_data(5, seed=0)[0]).all()
+
+
+def test_a_misspelt_override_is_one_line_with_the_nearest_field(monkeypatch):
+  """Through the parser users go through (looper.main's flags), in-process."""
+  from looper import flag_errors, main  # pylint: disable=g-import-not-at-top,unused-import
+  argv = ["looper", "--config=tests/tiny.py", "--config.train.stpes=5"]
+  # config_flags registers the --config.* overrides it finds in sys.argv.
+  monkeypatch.setattr(sys, "argv", argv)
+  with pytest.raises(SystemExit) as e:
+    flag_errors.parse_flags(argv)
+  assert str(e.value) == ("looper: --config.train.stpes: the config has no"
+                          " field 'stpes'; did you mean"
+                          " --config.train.steps?")
+
+
+def test_tool_flags_parse_with_absl_and_fail_in_one_line(capsys):
+  from looper import launch, runs  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    launch.main(["--workers=0", "--", "--config=tests/tiny.py"])
+  usage, line = str(e.value).splitlines()[-2:]
+  assert usage.startswith("(also: python -m looper.launch")
+  assert line.startswith("looper: flag --workers=0: ")
+  with pytest.raises(SystemExit) as e:
+    runs.main([])
+  assert str(e.value).endswith("\nlooper: give at least one DIR")
+  with pytest.raises(SystemExit) as e:
+    runs.main(["--help"])
+  assert e.value.code == 0
+  assert capsys.readouterr().out.startswith("usage: looper runs")
+
+
+def test_launch_gives_each_worker_one_loopback_cluster():
+  from looper import launch  # pylint: disable=g-import-not-at-top
+  configs = [json.loads(c) for c in launch.tf_configs(3)]
+  addresses = configs[0]["cluster"]["worker"]
+  assert all(c["cluster"] == {"worker": addresses} for c in configs)
+  assert [c["task"] for c in configs] == [
+      {"type": "worker", "index": i} for i in range(3)]
+  assert len(set(addresses)) == 3
+  assert all(a.startswith("127.0.0.1:") for a in addresses)

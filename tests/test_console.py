@@ -2,7 +2,12 @@
 
 import re
 
+import pytest
+
 from tests.conftest import run_looper, run_ok
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
 
 CHATTER = ("InitializeLog", "oneDNN", "cuInit", "cuda", "cpu_feature_guard",
            "I0000", "E0000", "Sharding callback")

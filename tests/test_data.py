@@ -103,7 +103,8 @@ def test_unbatched_static_examples_are_required():
     checks.checked(ids().map(lambda x, y: x), "train")
   with pytest.raises(ConfigError, match="returned list"):
     checks.checked([1, 2], "train")
-  assert checks.checked(ids(), "train") is not None
+  dataset = ids()
+  assert checks.checked(dataset, "train") is dataset
 
 
 def test_num_examples_counts_or_rejects():

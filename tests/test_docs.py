@@ -26,8 +26,9 @@ from tests import tiny
 from tests.conftest import ROOT, run_ok, scalars
 
 DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "BUILD.md")}
+# common.py holds what the experiments share; it is not one.
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
-                     if p.stem != "__init__")
+                     if p.stem not in ("__init__", "common"))
 # Commands that are not looper's, or need what this machine has not.
 NOT_LOOPER = ("pip ", "tensorboard ", "gcloud ", "kaggle ", "unzip ",
               "python -m pytest", "TF_CONFIG=", "!pip")
@@ -137,6 +138,7 @@ def _load(config_file: str, overrides: list[str]):
   return config
 
 
+@pytest.mark.slow  # a subprocess
 def test_quickstart_runs_shrunk_and_tensorboard_finds_it(tmp_path):
   (block,) = [b for b in _blocks("sh") if "looper train_and_eval" in b]
   command = next(c for c in _commands() if c.startswith("looper train_and_"))
@@ -166,6 +168,7 @@ def _python_block(marker: str) -> str:
   return block
 
 
+@pytest.mark.slow  # a subprocess
 def test_the_fifteen_line_experiment_trains(tmp_path):
   """Exactly the README's file and command (its 500 steps)."""
   block = _python_block("# experiments/linear.py")

@@ -37,6 +37,7 @@ def _restored_trainer(workdir, prefix):
   return conftest.restored_trainer(config, prefix)
 
 
+@pytest.mark.slow  # a subprocess
 def test_export_serves_any_batch_from_tf_alone(trained, tmp_path):
   exports = trained / "export"
   # Renamed into place: no partial folder left beside the version.
@@ -57,6 +58,7 @@ def test_export_serves_any_batch_from_tf_alone(trained, tmp_path):
   assert not np.allclose(averaged_logits, trained_logits, atol=1e-4)
 
 
+@pytest.mark.slow  # a subprocess
 def test_mode_export_of_an_older_checkpoint(trained, tmp_path):
   config = tiny.get_config()
   config.optimizer.ema_decay = 0.9
@@ -96,6 +98,7 @@ def test_input_signature_has_free_batch_and_named_inputs():
       "tokens": ([None, 64], "tokens"), "mask": ([None, 64], "mask")}
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("workdir,device", [("LOCAL", "/job:localhost"),
                                             ("gs://bucket/run", None)])
 def test_tpu_export_of_a_local_workdir_goes_through_the_host(
@@ -116,3 +119,18 @@ def test_tpu_export_of_a_local_workdir_goes_through_the_host(
   monkeypatch.setattr(tf.io.gfile, "exists", lambda path: False)
   export.export(trainer, workdir, on_tpu=True)
   assert seen["device"] == device
+
+
+def test_export_in_process_serves_what_the_model_computes(tmp_path):
+  from looper import export  # pylint: disable=g-import-not-at-top
+  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  trainer = trainer_lib.Trainer(tiny.get_config(), tf.distribute.get_strategy())
+  trainer.train(3)
+  path = export.export(trainer, str(tmp_path))
+  assert path == str(tmp_path / "export" / "3")
+  assert not list((tmp_path / "export").glob(".partial-*"))
+  serve = tf.saved_model.load(path).signatures["serving_default"]
+  x = tiny.make_data(5, seed=9)[0]
+  np.testing.assert_allclose(serve(inputs=tf.constant(x))["logits"].numpy(),
+                             trainer.model(x, training=False).numpy(),
+                             rtol=1e-5, atol=1e-6)

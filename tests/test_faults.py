@@ -39,6 +39,7 @@ def assert_same_tensors(want, got):
     np.testing.assert_array_equal(want[key], got[key], err_msg=key)
 
 
+@pytest.mark.slow  # a subprocess
 def test_kill9_at_random_moments_resumes_bit_exact(tmp_path):
   """Three trials: killed in a loop, while saving, and while evaluating."""
   kill9.run_to_end(tmp_path / "reference")
@@ -50,6 +51,7 @@ def test_kill9_at_random_moments_resumes_bit_exact(tmp_path):
     assert outcome.kills != ["exited before the kill"], kind
 
 
+@pytest.mark.slow  # a subprocess
 def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path):
   # Two loops of 8000 tiny steps (a few seconds each): the signal lands
   # inside the second one, which must stop at once rather than finish.
@@ -87,6 +89,7 @@ def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path):
                       checkpoint_tensors(split / "checkpoints" / "ckpt-16000"))
 
 
+@pytest.mark.slow  # a subprocess
 def test_continuous_eval_beside_training_evaluates_each_checkpoint_once(
     tmp_path):
   train = popen_looper(TINY, f"--workdir={tmp_path}", "--mode=train",

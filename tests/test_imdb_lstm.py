@@ -20,7 +20,8 @@ import pytest
 from experiments import imdb_lstm
 from looper import config as lc
 from looper import run
-from tests.conftest import restored_trainer, serve_in_fresh_process
+from tests.conftest import configured, restored_trainer, \
+    serve_in_fresh_process
 
 POSITIVE, NEGATIVE = (11, 12, 13, 14, 15), (16, 17, 18, 19, 20)
 NUM_TRAIN, NUM_TEST = 800, 200
@@ -54,11 +55,9 @@ def data_dir(tmp_path_factory):
 
 
 def _config(data_dir, **model):
-  c = imdb_lstm.get_config()
-  c.data.dir = str(data_dir)
-  c.model.update(dict(num_words=200, seq_len=48, embed_dim=16, units=16),
-                 **model)
-  return c
+  small = {**dict(num_words=200, seq_len=48, embed_dim=16, units=16), **model}
+  return configured(imdb_lstm.get_config(), {
+      "data.dir": str(data_dir), **{f"model.{k}": v for k, v in small.items()}})
 
 
 def test_get_config_validates():
@@ -187,6 +186,7 @@ def test_model_rejects_bad_sizes(data_dir):
     imdb_lstm.model_fn(_config(data_dir, num_words=3))
 
 
+@pytest.mark.slow  # a subprocess
 def test_trains_end_to_end_under_xla(data_dir, tmp_path):
   """looper.run with each step XLA-compiled (train.jit_compile): the model
   learns the sentiment words (chance: 50%)."""

@@ -8,8 +8,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
 
 TINY = ("--config=tests/tiny.py", "--config.train.steps_per_loop=10")
 

@@ -15,13 +15,14 @@ import shutil
 import struct
 
 import keras
+from keras.src.datasets import mnist as keras_mnist
 import ml_collections
 import numpy as np
 import pytest
 
 from experiments import mnist
 from looper import config as lc
-from tests.conftest import loopback_server
+from tests.conftest import configured, loopback_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "mnist"
@@ -51,11 +52,8 @@ def reference():
 
 
 def _config(data_dir, **data):
-  c = mnist.get_config()
-  c.data.dir = str(data_dir)
-  for key, value in data.items():
-    c.data[key] = value
-  return c
+  return configured(mnist.get_config(), {
+      "data.dir": str(data_dir), **{f"data.{k}": v for k, v in data.items()}})
 
 
 def _data(data_dir, url=DEAD_URL, cache_dir="", file_hash=""):
@@ -70,13 +68,15 @@ def _as_arrays(dataset):
   return images.numpy(), labels.numpy()
 
 
-def test_get_config_validates():
+def test_get_config_validates_and_downloads_what_keras_checks():
   c = mnist.get_config()
   lc.validate(c)
-  assert c.model_fn is mnist.model_fn and c.dataset_fn is mnist.dataset_fn
-  assert c.data.url == mnist.DEFAULT_URL
-  assert c.data.cache_dir == "~/.cache/looper/mnist"
-  assert c.model.width == 256
+  # The file and sha256 Keras' own mnist.load_data() downloads and checks
+  # (its source, an independent reference for the download path).
+  source = open(keras_mnist.__file__).read()
+  origin, name = c.data.url.rsplit("/", 1)
+  assert f"{origin}/" in source and f'"{name}"' in source
+  assert c.data.file_hash in source
 
 
 def test_shared_idx_gz_splits(reference, no_network):

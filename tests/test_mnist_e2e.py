@@ -6,7 +6,12 @@ images and evaluates on the other 2000: a real, non-synthetic accuracy check.
 
 import json
 
+import pytest
+
 from tests.conftest import SHARED_MNIST, curve, run_ok, scalars
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
 
 
 def test_mnist_reaches_97_percent_offline(tmp_path):

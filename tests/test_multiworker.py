@@ -7,11 +7,15 @@ resumes across topologies (the data position is in global examples).
 """
 
 import numpy as np
+import pytest
 
 from looper import shards
 from tests import tiny
 from tests.conftest import curve, run_ok, scalars
 from tests.test_launch import launch
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
 
 # 48 splits over 1, 2, 3 and 4 replicas; 1009 examples is a prime.
 ARGS = ("--config=tests/tiny.py", "--config.train.batch_size=48",

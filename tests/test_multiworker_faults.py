@@ -10,9 +10,13 @@ import re
 import signal
 import time
 
+import pytest
 import tensorflow as tf
 
 from tests.conftest import finish, start_workers
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
 
 ARGS = ("--config=tests/tiny.py", "--config.train.steps_per_loop=50",
         "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0",

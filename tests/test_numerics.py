@@ -39,6 +39,7 @@ def runs(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow  # a subprocess
 def test_dropout_clipping_accumulation_ema_are_the_same_on_1_2_4_replicas(
     runs):
   reference = curve(runs[1] / "train")
@@ -180,6 +181,7 @@ print(json.dumps(dict(
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
   env = dict(LOOPBACK_ENV, PYTHONPATH=str(ROOT), PATH="/usr/bin:/bin")
   proc = subprocess.run([sys.executable, "-c", _INF_ON_REPLICA_ONE], cwd=ROOT,

@@ -4,6 +4,7 @@ Every case is the tiny experiment (ready as it is) with one thing broken.
 """
 
 import inspect
+import json
 import re
 
 import keras
@@ -16,13 +17,9 @@ from tests import tiny
 
 
 def _config(**changes):
-  c = tiny.get_config()
-  c.train.batch_size = 64  # 8 per core on 8 cores
-  c.eval.batch_size = 64
-  for key, value in changes.items():
-    section, _, field = key.rpartition(".")
-    (c[section] if section else c)[field] = value
-  return c
+  # 64: 8 per core on 8 cores.
+  return conftest.configured(conftest.configured(
+      tiny.get_config(), train__batch_size=64, eval__batch_size=64), changes)
 
 
 class PythonIf(keras.layers.Layer):
@@ -146,6 +143,7 @@ def test_each_violation_gives_exactly_its_line(case):
   assert re.search(pattern, problems[0]), problems[0]
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_exit_codes_and_lines():
   ok = conftest.run_looper("check", "--config=tests/tiny.py",
                            "--config.train.batch_size=64",
@@ -169,3 +167,16 @@ def test_mnist_is_ready():
   c.data.train_split, c.data.eval_split = "test[:8000]", "test[8000:]"
   c.model.width = 8
   assert preflight.check(c, cores=8) == []
+
+
+def test_describe_names_the_modes_sizes_and_specs_in_process():
+  from looper import describe  # pylint: disable=g-import-not-at-top
+  c = tiny.get_config()
+  c.data.as_arrays = True
+  text = describe.describe(c)
+  # tiny: 1001 examples per split, 8 float features, an int32 class id.
+  assert ("  data.train_split='train': 1,001 examples, array mode; inputs"
+          " float32[8], labels int32[]") in text.splitlines()
+  assert ("  data.eval_split='test': 1,001 examples, array mode; inputs"
+          " float32[8], labels int32[]") in text.splitlines()
+  assert json.loads(text.split("\nconfig\n", 1)[1])["train"]["steps"] == 40

@@ -9,6 +9,9 @@ import pytest
 
 from tests.conftest import curve, run_ok, scalars
 
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
+
 REPLICAS = (1, 2, 4)
 
 

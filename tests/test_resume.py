@@ -6,8 +6,12 @@ restart must jump to epoch 1 and skip within it, from the final save.
 """
 
 import numpy as np
+import pytest
 
 from tests.conftest import curve, run_ok, scalars
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
 
 ARGS = ("--config=tests/tiny.py", "--config.distribution.num_cpu_devices=2")
 

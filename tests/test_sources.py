@@ -169,6 +169,7 @@ def test_what_dataset_fn_returns_selects_the_mode(shard_dir):
     make((x[:0], y[:0]))
 
 
+@pytest.mark.slow  # a subprocess
 def test_the_writer_command_writes_both_splits(tmp_path):
   out = tmp_path / "out"
   proc = subprocess.run(

@@ -27,7 +27,7 @@ from looper import runs
 from looper import summaries
 from looper import trainer as trainer_lib
 from tests import tiny
-from tests.conftest import fetch, scalars, tensorboard_server
+from tests.conftest import configured, fetch, scalars, tensorboard_server
 
 
 class RecordingTrainer(trainer_lib.Trainer):
@@ -41,12 +41,7 @@ class RecordingTrainer(trainer_lib.Trainer):
 
 
 def tiny_config(**fields):
-  c = tiny.get_config()
-  c.trainer = RecordingTrainer
-  for field, value in fields.items():
-    section, name = field.split("__")
-    c[section][name] = value
-  return c
+  return configured(tiny.get_config(), trainer=RecordingTrainer, **fields)
 
 
 @pytest.fixture(scope="module")
@@ -273,12 +268,14 @@ def board(sweep):
     yield url, root
 
 
+@pytest.mark.slow  # a subprocess
 def test_tensorboard_lists_train_eval_and_hparams_and_no_stray_run(board):
   url, _ = board
   assert sorted(fetch(url, "/data/runs")) == [
       "a/eval", "a/hparams", "a/train", "b/eval", "b/hparams", "b/train"]
 
 
+@pytest.mark.slow  # a subprocess
 def test_hparams_table_opens_on_rate_batch_and_eval_accuracy(board):
   url, root = board
   experiment = fetch(url, "/data/plugin/hparams/experiment",
@@ -324,6 +321,7 @@ def test_hparams_table_opens_on_rate_batch_and_eval_accuracy(board):
         sum(losses[s] for s in range(step - 9, step + 1)) / 10, rel=1e-5)
 
 
+@pytest.mark.slow  # a subprocess
 def test_scalars_and_text_through_tensorboard(board):
   url, root = board
   served = fetch(url, "/data/plugin/scalars/scalars?run=a/train&tag=loss")
@@ -335,6 +333,7 @@ def test_scalars_and_text_through_tensorboard(board):
   assert "&quot;learning_rate&quot;: 0.1" in config["text"]
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.skipif(importlib.util.find_spec("xprof") is None,
                     reason="the Profile tab needs looper[profile] (CI has it)")
 def test_the_profile_tab_measures_each_traced_step(board):

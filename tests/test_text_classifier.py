@@ -22,7 +22,7 @@ from looper import config as lc
 from looper import distribute
 from looper import run
 from looper import trainer as trainer_lib
-from tests.conftest import curve, run_ok, scalars
+from tests.conftest import configured, curve, run_ok, scalars
 
 POSITIVE, NEGATIVE = (11, 12, 13, 14, 15), (16, 17, 18, 19, 20)
 NUM_TRAIN, NUM_TEST, BATCH, MAX_LEN, BUCKET = 1000, 300, 32, 64, 16
@@ -65,12 +65,7 @@ FLAGS = {"model.num_words": 200, "model.max_len": MAX_LEN,
 
 
 def _config(data_dir):
-  c = tc.get_config()
-  c.data.dir = str(data_dir)
-  for key, value in FLAGS.items():
-    block, field = key.split(".")
-    c[block][field] = value
-  return c
+  return configured(tc.get_config(), FLAGS, data__dir=str(data_dir))
 
 
 def _bucket_length(num_tokens):
@@ -171,6 +166,7 @@ def test_config_checks_are_one_line(data):
   tc.check_config(tc.get_config())
 
 
+@pytest.mark.slow  # a subprocess
 def test_trains_end_to_end_with_the_same_curve_on_two_replicas(data,
                                                               tmp_path):
   """In this process on one replica, then through the command line on two:

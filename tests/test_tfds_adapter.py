@@ -22,6 +22,7 @@ from looper import config as lc
 from looper import run
 from looper import tfds_adapter
 from tests import tiny
+from tests.conftest import configured
 
 NUM_TRAIN, NUM_TEST = 600, 200
 
@@ -68,9 +69,8 @@ def _tiny_config(data_dir, **fields):
   c.dataset_fn = "looper.tfds_adapter:dataset_fn"
   tfds_adapter.add_fields(c, name="looper_tiny", keys=("x", "label"),
                           download=False)
-  c.data.dir = str(data_dir)
-  c.data.update(fields)
-  return c
+  return configured(c, {"data.dir": str(data_dir),
+                       **{f"data.{k}": v for k, v in fields.items()}})
 
 
 def _examples(dataset):

@@ -21,6 +21,7 @@ from experiments import tfrecord_images
 from looper import config as lc
 from looper import run
 from looper import shards
+from tests.conftest import configured
 
 FILES, PER_FILE, SIZE = 10, 40, 32
 # Class = 2 * direction + colour: red or blue stripes, across or down.
@@ -74,12 +75,9 @@ def flowers(tmp_path_factory):
 
 
 def _config(data_dir, **model):
-  c = tfrecord_images.get_config()
-  c.data.dir = str(data_dir)
-  c.model.image_size = 16
-  for key, value in model.items():
-    c.model[key] = value
-  return c
+  return configured(tfrecord_images.get_config(), {
+      "data.dir": str(data_dir), "model.image_size": 16,
+      **{f"model.{k}": v for k, v in model.items()}})
 
 
 def _examples(files):

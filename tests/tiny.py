@@ -42,8 +42,7 @@ def model_fn(config):
 
 
 def dataset_fn(config, split):
-  field = "data.train_split" if split == config.data.train_split else (
-      "data.eval_split")
+  field = lc.split_field(config, split)
   name, selected = lc.split_slice(split, config.model.num_examples, field)
   x, y = make_data(config.model.num_examples, seed={"train": 0, "test": 1}[name])
   if config.data.as_arrays:  # array mode
