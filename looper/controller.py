@@ -3,10 +3,10 @@
 Synopsis (what `looper.run.run` assembles from a config)::
 
     controller = Controller(trainer, checkpointer, total_steps=1000,
-                            steps_per_loop=100, report_actions=[...],
-                            eval_actions=[...], save_actions=[...])
-    controller.train()            # or train_and_eval(), evaluate(),
-                                  # continuous_eval(...)
+                            steps_per_loop=100)
+    controller.add_actions(report=[...], evaluate=[...], save=[...])
+    controller.train()            # or train_and_eval(), evaluate(fn),
+                                  # continuous_eval(fn, ...)
 
 `train` / `train_and_eval`, from the step the trainer was restored to::
 

@@ -1,6 +1,6 @@
 """A profiler window: a trace of a few train steps, as one action.
 
-Synopsis (what `run._controller` adds for `profile.start_step=100`)::
+Synopsis (what `run._add_actions` adds for `profile.start_step=100`)::
 
     window = profiler.Window(logdir="/tmp/mnist/train", start_step=100,
                              num_steps=5)
