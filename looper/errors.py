@@ -30,6 +30,11 @@ class CheckpointMissing(CheckpointError):
   """The checkpoint's files are not there (never written, or deleted)."""
 
 
+class DataError(ValueError):
+  """An example deep in a split broke a train or eval loop; one line naming
+  the split, the steps and the fix. Nothing was saved after it."""
+
+
 def first_line(e: BaseException) -> str:
   """The informative first line of an error, for a one-line message.
 
@@ -40,6 +45,52 @@ def first_line(e: BaseException) -> str:
   lines = [l.strip() for l in text.splitlines() if l.strip() and
            not l.startswith("Exception encountered when calling")]
   return lines[0] if lines else type(e).__name__
+
+
+# Lines of a TensorFlow op error that are where, not what: the graph's
+# stack of frames, Python tracebacks quoted from a py_function, node names.
+_WHERE = re.compile(
+    r"^(Graph execution error:|Detected at node|File \"|<stack traces|"
+    r"Traceback \(most recent|Stack trace of op|\+ |\| |\^+$|\[\[)")
+
+
+def op_message(e: Exception, limit: int = 200) -> str:
+  """TensorFlow's own words for what a failed op met, on one short line:
+  the error a py_function raised if any, else the first line that is not
+  a stack frame, a node name or a traceback."""
+  text = re.sub(r"\{\{function_node [^}]*\}\}|\[\[\{\{node [^]]*\]\]|"
+                r"\[\[[^]]*\]\]|\[Op:[^]]*\]", "",
+                getattr(e, "message", None) or str(e))
+  lines = [l.strip() for l in text.splitlines()]
+  lines = [l for l in lines if l and not _WHERE.match(l)]
+  raised = [m.group(1) for m in map(re.compile(r"^\w+(?:Error|Exception): (.+)"
+                                               ).match, lines) if m]
+  if raised:
+    line = raised[-1]
+  else:  # a line ending in ':' goes on in the next one
+    line = ""
+    for part in lines:
+      line = f"{line} {part}".strip()
+      if not line.endswith(":"):
+        break
+    line = line or type(e).__name__
+  line = re.sub(r"^Error in user-defined function passed to \S+"
+                r" transformation with iterator: \S+: ", "", line)
+  line = " ".join(line.split())
+  return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def data_error(e: Exception, *, field: str, split: str, where: str
+               ) -> DataError:
+  """The one line for an op of a train or eval loop that failed on the data
+  of `split` (field: data.train_split or data.eval_split) `where` (e.g. "of
+  train steps 41-50"): a label out of range, a NaN under
+  tf.debugging.enable_check_numerics, a later example of another shape.
+  looper's probe checked only a split's first examples."""
+  return DataError(
+      f"config.{field}={split!r}: a batch {where} failed ({op_message(e)});"
+      " fix what dataset_fn yields there (looper checked the first examples"
+      " only); nothing was saved after the last checkpoint")
 
 
 def xla_op(e: Exception) -> str | None:

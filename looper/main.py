@@ -84,7 +84,7 @@ def main(argv):
       inspect(_CONFIG.value)
     else:
       run.run(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
-  except (errors.ConfigError, errors.CheckpointError,
+  except (errors.ConfigError, errors.CheckpointError, errors.DataError,
           FloatingPointError) as e:
     sys.exit(f"looper: {e}")
   except tf.errors.OpError as e:  # a lost or missing worker: one line

@@ -32,6 +32,10 @@ LOSSES = {
     "mean_squared_error": keras.losses.mean_squared_error,
 }
 
+# The LOSSES that read logits (from_logits=True): a model ending in a
+# softmax or sigmoid would feed them probabilities (see `probe`).
+FROM_LOGITS = ("sparse_categorical_crossentropy",)
+
 # Metric factories on logits, by `config.metrics` name.
 METRICS = {
     "accuracy": lambda: keras.metrics.SparseCategoricalAccuracy("accuracy"),

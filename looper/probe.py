@@ -11,6 +11,7 @@ this for every split a mode reads, before anything is written to the
 workdir, so a bad experiment leaves a workdir as it was.
 """
 
+import keras
 import tensorflow as tf
 
 from looper import errors
@@ -52,6 +53,7 @@ def check_inputs(trainer, split: str, probe: int = 256) -> None:
         " model's Input match what config.dataset_fn yields") from None
   if config.loss == "sparse_categorical_crossentropy":
     checks.check_class_labels(labels, logits, split)
+  _check_no_final_squash(trainer.model, config.loss)
   loss = objectives.display_name(config.loss)
   try:
     per_example = trainer.compute_loss(labels, logits)
@@ -67,3 +69,21 @@ def check_inputs(trainer, split: str, probe: int = 256) -> None:
         f"config.loss={loss} returns shape {per_example.shape.as_list()} for"
         f" a batch of {len(logits)}; return one loss per example (shape"
         " [batch]): looper averages over the global batch itself")
+
+
+def _check_no_final_squash(model, loss) -> None:
+  """A model whose last layer applies softmax or sigmoid, trained with a loss
+  on logits, trains silently with the wrong loss (Keras warns of it too)."""
+  if loss not in objectives.FROM_LOGITS or not getattr(model, "layers", None):
+    return
+  last = model.layers[-1]
+  squash = getattr(getattr(last, "activation", None), "__name__", "")
+  if isinstance(last, keras.layers.Softmax):
+    squash = "softmax"
+  if squash in ("softmax", "sigmoid"):
+    raise errors.ConfigError(
+        f"config.model_fn: the model's last layer {last.name!r} applies"
+        f" {squash}, but config.loss={loss!r} takes logits (from_logits): it"
+        " would train on squashed outputs; drop the final activation"
+        " (looper's losses and metrics take logits; override Trainer.serve"
+        " to serve probabilities)")

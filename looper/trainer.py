@@ -23,22 +23,19 @@ sync per step)::
     return losses, train metric results + input_wait_fraction (the share
       of the call spent waiting for batches)
 
-One replica's train step (`train_step`, the one the loop calls) is three
-seams around its micro-batches::
+One replica's step (`train_step`, which the loop calls) is three seams::
 
     for inputs, labels in micro_batches(batch):  # grad_accum_steps of them
       loss, grads, logits = compute_gradients(inputs, labels)  # summed
     grads = transform_gradients(grads)   # e.g. clipping, after the reduction
     apply_gradients(grads)               # the optimizer sums over replicas
 
-A subclass overrides one small method and inherits the loop, distribution
-and bookkeeping: `build_model`, `build_optimizer`, `build_metrics`,
-`compute_loss`, `compute_gradients`, `transform_gradients`,
-`apply_gradients`, `train_step`, `eval_step`, `update_metrics`, `serve`,
-`on_loop_end`, `checkpoint_items`.
-Point `config.trainer` at the subclass. Side concerns live in their own
-modules: the weight average (`ema`), the stop request and multi-worker
-vote (`stopping`), the input check before a run (`probe`).
+A subclass (`config.trainer`) overrides one small method and inherits the
+loop, distribution and bookkeeping: `build_model`, `build_optimizer`,
+`build_metrics`, `compute_loss`, the three seams, `train_step`,
+`eval_step`, `update_metrics`, `serve`, `on_loop_end`, `checkpoint_items`.
+Side concerns have modules of their own: the weight average (`ema`), the
+stop request and vote (`stopping`), the input check before a run (`probe`).
 """
 
 import contextlib
@@ -78,8 +75,7 @@ class Trainer:
     checks.check_divisible(config.train.batch_size, replicas,
                            "train.batch_size")
     checks.check_divisible(config.eval.batch_size, replicas, "eval.batch_size")
-    # Rows of one micro-batch on one replica (a static shape).
-    self._micro_rows = config.train.batch_size // replicas
+    self._micro_rows = config.train.batch_size // replicas  # static shape
     self.model_fn = refs.resolve(config.model_fn, "model_fn")
     self.dataset_fn = refs.resolve(config.dataset_fn, "dataset_fn")
     self._loss_fn = objectives.lookup(config.loss, objectives.LOSSES, "loss")
@@ -280,9 +276,8 @@ class Trainer:
     self._iterator = None
 
   def roll_back(self, checkpointer) -> str | None:
-    """Restores the latest checkpoint but keeps the data position, so the
-    data since then is skipped (a NaN recovery); returns the checkpoint's
-    path, or None (nothing restored) if there is none."""
+    """Restores the latest checkpoint (its path, or None if there is none)
+    but keeps the data position: the data since is skipped (NaN recovery)."""
     skip_to = self.data_position
     path = checkpointer.restore()
     if path:
@@ -319,9 +314,13 @@ class Trainer:
         losses, finite, waited, results = self._train_fn(
             self._iterator,
             None if steps == 1 else tf.constant(steps, tf.int32))
-      except tf.errors.InvalidArgumentError as e:
-        raise (errors.jit_compile_error(e) if self.config.train.jit_compile
-               else e)
+      except tf.errors.InvalidArgumentError as e:  # XLA, or the data
+        if self.config.train.jit_compile and errors.xla_op(e):
+          raise errors.jit_compile_error(e) from None
+        first = self.global_step + 1  # where the run is: saved up to before
+        raise errors.data_error(
+            e, field="data.train_split", split=self.config.data.train_split,
+            where=f"of train steps {first}-{first + steps - 1}") from None
       losses = losses.numpy()  # waits for the call to finish
     logs = {k: float(v) for k, v in results.items()}
     logs["input_wait_fraction"] = float(waited) / max(
@@ -329,8 +328,7 @@ class Trainer:
     self.weights_finite = bool(finite)
     return losses, logs
 
-  # Stopping (see `stopping.StopFlag`: within a step in one process; under
-  # multi-worker the workers agree before the next loop, never cutting one).
+  # Stopping: see `stopping.StopFlag`.
 
   def agree(self, flag: bool) -> bool:
     """True if `flag` is true on any worker; every worker calls it alike."""
@@ -346,11 +344,9 @@ class Trainer:
     self._stop.request()
 
   def _train_loop(self, iterator, steps):
-    """`steps` (an int32 tensor) steps in a tf.range loop; steps=None: ONE
-    step with no loop around it. The profiler attributes ops to a step
-    marker only outside a while loop (measured: a tf.range loop around the
-    same step gives "No step time measured" in the Profile tab), so
-    one-step calls (the profiler window's) use that form."""
+    """`steps` (an int32 tensor) steps in a tf.range loop; steps=None: one
+    step and no loop, which the profiler can see as a step (a while loop
+    hides it: BUILD.md "TensorBoard"), for one-step calls."""
     for metric in self.train_metrics:
       metric.reset_state()
     losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
@@ -374,9 +370,8 @@ class Trainer:
 
   def _loop_step(self, iterator, i, losses, waited):
     """Step i of a train call: next batch, the replica step, its loss."""
-    # Timestamps touch no resource, so only these control dependencies
-    # keep them around get_next, and after the last step's update (else
-    # the next iteration's timestamp runs early, during the last step).
+    # Timestamps touch no resource: only these dependencies keep them around
+    # get_next and after the last update (not early, during the last step).
     with tf.control_dependencies([self.optimizer.iterations.value]):
       before = tf.timestamp()
     with tf.control_dependencies([before]):
@@ -390,10 +385,9 @@ class Trainer:
 
   def _train_step(self, *batches):
     """The replica function: the micro-batches of one update as one batch."""
-    if len(batches) == 1:
-      return self.train_step(batches[0])
-    return self.train_step(tf.nest.map_structure(
-        lambda *parts: tf.concat(parts, axis=0), *batches))
+    return self.train_step(batches[0] if len(batches) == 1 else
+                           tf.nest.map_structure(lambda *t: tf.concat(t, 0),
+                                                 *batches))
 
   def evaluate(self) -> dict[str, float]:
     """Evaluates the whole eval split (or `eval.steps` batches) exactly once.
@@ -413,8 +407,13 @@ class Trainer:
           lambda ctx: source.eval(ctx, global_batch_size=c.eval.batch_size,
                                   count=count, steps=steps))
     with self.averaged_weights():
-      results = self._eval_fn(iter(self._eval_data),
-                              tf.constant(self._eval_steps, tf.int32))
+      try:
+        results = self._eval_fn(iter(self._eval_data),
+                                tf.constant(self._eval_steps, tf.int32))
+      except tf.errors.InvalidArgumentError as e:
+        raise errors.data_error(
+            e, field="data.eval_split", split=c.data.eval_split,
+            where=f"of the evaluation at step {self.global_step}") from None
       return {k: float(v) for k, v in results.items()}
 
   def averaged_weights(self):

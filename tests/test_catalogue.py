@@ -23,9 +23,10 @@ import tensorflow as tf
 
 from looper import checkpoint
 from looper import config as lc
+from looper import errors
 from looper import run
 from tests import tiny
-from tests.conftest import run_looper
+from tests.conftest import configured, run_looper
 from tests.test_cli import error_line
 
 TINY = "--config=tests/tiny.py"
@@ -40,12 +41,9 @@ def config(fields=None):
   The trained workdir is at step 20, so a run that wrongly went ahead would
   train and save.
   """
-  c = tiny.get_config()
-  c.train.steps, c.eval.every_steps, c.checkpoint.every_steps = 30, 0, 10
-  for field, value in (fields or {}).items():
-    section, _, name = field.rpartition(".")
-    (c[section] if section else c)[name] = value
-  return c
+  c = configured(tiny.get_config(), train__steps=30, eval__every_steps=0,
+                 checkpoint__every_steps=10)
+  return configured(c, fields or {})
 
 
 @pytest.fixture(scope="module")
@@ -398,3 +396,102 @@ def test_workdir_under_a_regular_file(tmp_path):
       f"looper: --workdir={workdir} is not a writable directory ({afile} is"
       " not a directory); choose another --workdir")
   assert afile.read_text() == "not a directory"
+
+
+# --- Bad data deep in a split: past the examples the probe reads -------------
+
+
+DEEP = 1500  # an example of global batch 47 of 32 (steps 41-50: one loop)
+
+
+def deep_data(split_changed, change):
+  """tiny's dataset_fn over 2000 examples in order, example DEEP of
+  `split_changed` changed by `change(x, y)`; the probe reads only the
+  first 256."""
+  def dataset_fn(config, split):
+    x, y = tiny.make_data(2000, seed=0 if split == "train" else 1)
+    if split == split_changed:
+      x, y = change(x.copy(), y.copy())
+    return tf.data.Dataset.from_tensor_slices((x, y))
+  return dataset_fn
+
+
+def _bad_label(x, y):
+  y[DEEP] = 7  # 4 classes
+  return x, y
+
+
+def _nan_input(x, y):
+  x[DEEP, 3] = np.nan
+  return x, y
+
+
+def _shorter(config, split):
+  """A generator that promises 8 features and yields 5 at example DEEP."""
+  x, y = tiny.make_data(2000, seed=0 if split == "train" else 1)
+  return tf.data.Dataset.from_generator(
+      lambda: ((x[i][:5] if i == DEEP and split == "train" else x[i], y[i])
+               for i in range(len(y))),
+      output_signature=(tf.TensorSpec([8], tf.float32),
+                        tf.TensorSpec([], tf.int32)))
+
+
+@pytest.mark.parametrize("dataset_fn,numerics", [
+    pytest.param(deep_data("train", _bad_label), False,
+                 id="label-out-of-range"),
+    # A NaN input fails only where the user turned TensorFlow's checks on.
+    pytest.param(deep_data("train", _nan_input), True,
+                 id="nan-input-checked"),
+    pytest.param(_shorter, False, id="later-example-of-another-shape"),
+])
+def test_bad_data_deep_in_the_train_split(tmp_path, dataset_fn, numerics):
+  c = configured(tiny.get_config(), dataset_fn=dataset_fn,
+                 data__shuffle_buffer=0, train__steps=60)
+  if numerics:
+    tf.debugging.enable_check_numerics()
+  try:
+    with pytest.raises(errors.DataError) as e:
+      run.run(c, str(tmp_path), mode="train")
+  finally:
+    if numerics:
+      tf.debugging.disable_check_numerics()
+  # Between the parentheses: TensorFlow's words for what broke.
+  assert re.fullmatch(
+      r"config\.data\.train_split='train': a batch of train steps 41-50"
+      r" failed \([^\n]{1,200}\); fix what dataset_fn yields there"
+      r" \(looper checked the first examples only\); nothing was saved"
+      r" after the last checkpoint", str(e.value)), str(e.value)
+  # tiny saves every 20 steps: the state of steps 41-46 was never saved.
+  assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")) == str(
+      tmp_path / "checkpoints" / "ckpt-40")
+
+
+def test_bad_data_deep_in_the_eval_split(tmp_path):
+  c = configured(tiny.get_config(), dataset_fn=deep_data("test", _bad_label))
+  with pytest.raises(errors.DataError) as e:
+    run.run(c, str(tmp_path), mode="train_and_eval")
+  assert re.fullmatch(
+      r"config\.data\.eval_split='test': a batch of the evaluation at step"
+      r" 20 failed \([^\n]{1,200}\); fix what dataset_fn yields there \(looper"
+      r" checked the first examples only\); nothing was saved after the last"
+      r" checkpoint", str(e.value)), str(e.value)
+  # Evaluation runs before the save of its step: step 20 was not saved.
+  assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")) is None
+
+
+def _softmax_model(config):
+  return keras.Sequential([
+      keras.Input((tiny.FEATURES,)), keras.layers.Dense(16, activation="relu"),
+      keras.layers.Dense(tiny.NUM_CLASSES, activation="softmax",
+                         name="probabilities")])
+
+
+def test_a_final_softmax_under_a_loss_on_logits(workdir):
+  assert_fails(config({"model_fn": _softmax_model}), workdir,
+               "config.model_fn: the model's last layer 'probabilities'"
+               " applies softmax, but config.loss="
+               "'sparse_categorical_crossentropy' takes logits (from_logits):"
+               " it would train on squashed outputs; drop the final"
+               " activation (looper's losses and metrics take logits;"
+               " override Trainer.serve to serve probabilities)")
+
