@@ -14,8 +14,8 @@ The window is an `actions.Action` whose boundaries are its two edges, so the
 Controller ends a loop exactly at `start_step` (the trace starts after it)
 and at `start_step + num_steps` (the trace stops), and every step between:
 inside the window each loop is ONE step, and `Trainer.train` marks each
-call as a step (`tf.profiler.experimental.Trace("train", step_num=...)`,
-what Keras fit marks), so the Profile tab's Overview shows the time of
+one-step call as a step (`tf.profiler.experimental.Trace("train",
+step_num=...)`, what Keras fit marks), so the Profile tab's Overview shows the time of
 each traced step and its input / compute split. It runs after the other
 actions, so the trace holds those steps' loops and the actions after them
 (train summaries; an evaluation or a save landing on the last step), and
