@@ -31,7 +31,7 @@ is removed once the write is complete.
 """
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import tensorflow as tf
@@ -57,8 +57,11 @@ class Checkpointer:
 
   def __init__(self, directory: str, items: dict[str, Any], *, keep: int,
                chief: bool, task_id: int, async_save: bool = False,
-               on_tpu: bool = False):
+               on_tpu: bool = False, guard: Callable[[], None] | None = None):
     self.directory = directory
+    # Called before each save; raises to stop a run that must not write
+    # (another run took the workdir over: looper.lease).
+    self._guard = guard or (lambda: None)
     self._checkpoint = tf.train.Checkpoint(**items)
     self._save_dir = directory if chief else os.path.join(
         os.path.dirname(directory), f".worker{task_id}_checkpoints")
@@ -162,6 +165,7 @@ class Checkpointer:
     self.wait()
     if self._saved_step == step and not force:
       return None
+    self._guard()
     path = self._manager.save(
         checkpoint_number=step,
         options=self._sync_options if sync or not self._async
@@ -176,6 +180,7 @@ class Checkpointer:
   def save_best(self, step: int) -> str:
     """Saves the state to `best/ckpt-{step}`, replacing the previous best."""
     self.wait()
+    self._guard()
     if self._best is None:
       directory = os.path.join(self._save_dir, "best")
       self._best = tf.train.CheckpointManager(self._checkpoint, directory,

@@ -128,6 +128,10 @@ def default_config() -> ml_collections.ConfigDict:
   # 'accuracy', or 'loss' with best_mode='min') in checkpoints/best/.
   c.checkpoint.best_metric = ""
   c.checkpoint.best_mode = "max"  # max | min
+  # A training run holds workdir/lease.json while it writes (looper.lease):
+  # a second writer is refused. A holder on another host that has not
+  # renewed it (every lease_secs / 4) for this long is taken to be gone.
+  c.checkpoint.lease_secs = 60.0
 
   # Warm start: weights from another run's checkpoint before step 0 (only
   # when the workdir has no checkpoint of its own).
@@ -143,8 +147,9 @@ def default_config() -> ml_collections.ConfigDict:
   # A dry run of the TPU start-up checks (batch per core) off a TPU: the
   # cores the real run will have. 0: check only on a TPU.
   c.distribution.tpu_cores = 0
-  # multi_worker: how long a worker waits for the others to come up before
-  # failing with one line naming the missing ones.
+  # multi_worker: how long a worker waits for the others to come up, and
+  # how long one may stay unreachable later (missed heartbeats: a cut link,
+  # a lost VM), before the others fail with one line naming it.
   c.distribution.worker_timeout_secs = 300.0
 
   c.data = ml_collections.ConfigDict()
@@ -260,10 +265,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
          c.optimizer.learning_rate, "must be > 0")
   _check(c.optimizer.warmup_steps <= c.train.steps, "optimizer.warmup_steps",
          c.optimizer.warmup_steps, f"must be <= train.steps={c.train.steps}")
-  _check(_seconds(c.distribution.worker_timeout_secs) and
-         c.distribution.worker_timeout_secs > 0,
-         "distribution.worker_timeout_secs", c.distribution.worker_timeout_secs,
-         "must be a number of seconds > 0")
+  for field in ("distribution.worker_timeout_secs", "checkpoint.lease_secs"):
+    value = functools.reduce(getattr, field.split("."), c)
+    _check(_seconds(value) and value > 0, field, value,
+           f"must be a number of seconds > 0; set --config.{field}")
   _check_choice(c.checkpoint.best_mode, "checkpoint.best_mode",
                 evaluation.BEST_MODES)
   _check(not c.train.early_stop_patience or bool(c.checkpoint.best_metric),

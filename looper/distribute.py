@@ -134,22 +134,39 @@ def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
   return STRATEGIES[name](dist, gpus)
 
 
+def coordination_leader() -> str | None:
+  """The task that runs the coordination service: the first of TF_CONFIG's
+  first job (the chief). A worker that loses it loses the cluster. None
+  outside multi-worker."""
+  if _cluster_size() == 0:
+    return None
+  cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+  job = next(job for job in ("chief", "worker") if cluster.get(job))
+  return f"/job:{job}/replica:0/task:0"
+
+
 def _bound_cluster_waits(timeout_secs: float) -> None:
-  """Makes a worker that never comes up an error, not an endless wait.
+  """Makes a missing or unreachable worker an error, not an endless wait.
 
   By default MultiWorkerMirroredStrategy waits (for an hour or more) for
-  every task to register. The coordination service can bound that, with a
-  barrier that names the missing tasks, but only through TensorFlow's
-  internal context (no public API or environment variable exists); it must
-  be configured before the strategy is built. A worker lost later is
-  detected by the service's heartbeats (about 10 s by default).
+  every task to register, and a collective whose peer's host went silent
+  (a cut link: no reset arrives) waits until heartbeats time out. The
+  coordination service bounds both, registration with a barrier that names
+  the missing tasks, heartbeats with their timeout; both follow
+  `distribution.worker_timeout_secs`, so a silent host ends the run within
+  about that time, and a link back well within it (a blip) does not. Only TensorFlow's internal context can set
+  them (no public API or environment variable exists), before the strategy
+  is built.
   """
   cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
   jobs = [job for job in ("chief", "worker") if cluster.get(job)]
   ctx = context.context()
   ctx.configure_coordination_service(
-      service_type="standalone", service_leader=f"/job:{jobs[0]}/replica:0/task:0",
+      service_type="standalone", service_leader=coordination_leader(),
       cluster_register_timeout_in_ms=int(timeout_secs * 1000),
+      # Measured: the service notices missed heartbeats up to about twice
+      # their timeout late (20 s for 8 s); half keeps a cut within it.
+      heartbeat_timeout_in_ms=int(timeout_secs * 500),
       coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
           name=job, num_tasks=len(cluster[job])) for job in jobs])
   # Without the barrier the leader waits regardless of the timeout.

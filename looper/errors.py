@@ -35,6 +35,11 @@ class DataError(ValueError):
   the split, the steps and the fix. Nothing was saved after it."""
 
 
+class WorkdirError(ValueError):
+  """Another run holds the workdir (or took it over from this one): one
+  line naming the holder and the fix (see looper.lease)."""
+
+
 def first_line(e: BaseException) -> str:
   """The informative first line of an error, for a one-line message.
 
@@ -93,6 +98,14 @@ def data_error(e: Exception, *, field: str, split: str, where: str
       " only); nothing was saved after the last checkpoint")
 
 
+def unwritable_workdir(workdir: str, e: Exception) -> ConfigError:
+  """The one line for a --workdir that cannot be written (a file in its
+  path, no permission): raised before anything else is written."""
+  return ConfigError(
+      f"--workdir={workdir} is not a writable directory ({first_line(e)});"
+      " choose another --workdir")
+
+
 def xla_op(e: Exception) -> str | None:
   """The op an XLA compile error names (e.g. 'AsString'), or None."""
   found = re.search(r"compile graph .* on XLA_\w+: (\w+)", str(e))
@@ -114,9 +127,12 @@ def jit_compile_error(e: Exception) -> Exception:
 _TASK = r"/job:\w+/replica:\d+/task:\d+"
 
 
-def cluster_error(e: Exception, timeout_secs: float) -> str | None:
+def cluster_error(e: Exception, timeout_secs: float,
+                  leader: str | None = None) -> str | None:
   """One line for a multi-worker failure TensorFlow reports in pages.
 
+  `leader`: the task running the coordination service (the chief); a
+  worker that cannot reach it learns only that its heartbeats timed out.
   Returns None when `e` is not about a lost or missing task.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -135,8 +151,12 @@ def cluster_error(e: Exception, timeout_secs: float) -> str | None:
     known = re.search(r"Connection reset by peer|Socket closed|Connection"
                       r" refused|timed out", text)
     reason = known.group(0) if known else type(e).__name__
+  restart = ("this worker stopped too. Restart all workers with the same"
+             " command to resume from the last checkpoint")
   if lost:
-    return (f"lost worker {lost.group(1)} ({reason}); this worker stopped"
-            " too. Restart all workers with the same command to resume from"
-            " the last checkpoint")
+    return f"lost worker {lost.group(1)} ({reason}); {restart}"
+  if leader and "CoordinationService/Heartbeat" in text:
+    return (f"lost the chief {leader} (no answer to heartbeats within"
+            f" distribution.worker_timeout_secs={timeout_secs:g}: its host is"
+            f" unreachable or gone); {restart}")
   return None

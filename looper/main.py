@@ -35,6 +35,7 @@ from ml_collections import config_flags
 import tensorflow as tf
 
 from looper import describe
+from looper import distribute
 from looper import errors
 from looper import flag_errors
 from looper import preflight
@@ -85,11 +86,12 @@ def main(argv):
     else:
       run.run(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
   except (errors.ConfigError, errors.CheckpointError, errors.DataError,
-          FloatingPointError) as e:
+          errors.WorkdirError, FloatingPointError) as e:
     sys.exit(f"looper: {e}")
   except tf.errors.OpError as e:  # a lost or missing worker: one line
     message = errors.cluster_error(
-        e, _CONFIG.value.distribution.worker_timeout_secs)
+        e, _CONFIG.value.distribution.worker_timeout_secs,
+        leader=distribute.coordination_leader())
     if message is None:
       raise
     sys.exit(f"looper: {message}")

@@ -41,6 +41,7 @@ from looper import errors
 from looper import evaluation
 from looper import export
 from looper import hparams
+from looper import lease
 from looper import preemption
 from looper import probe
 from looper import profiler
@@ -118,12 +119,26 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     warning = distribute.tpu_batch_warning(config.train.batch_size, cores)
     if warning:
       logging.warning("%s", warning)
+  # Before a file is written: one writing run per workdir (looper.lease);
+  # readers and the other workers of a multi-worker run do not take it.
+  with lease.holding(workdir, config.checkpoint.lease_secs,
+                     take=chief and training) as held:
+    return _run_in_workdir(config, workdir, mode, checkpoint_path, strategy,
+                           trainer, started=started, chief=chief,
+                           guard=held.check if held else None)
+
+
+def _run_in_workdir(config, workdir: str, mode: str,
+                    checkpoint_path: str | None, strategy, trainer, *,
+                    started: float, chief: bool, guard) -> dict:
+  """`run` once every check passed (and the lease is held, if training)."""
   c = config.checkpoint
+  training = MODES[mode].trains
   on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
   ckpt = checkpoint.Checkpointer(
       os.path.join(workdir, "checkpoints"), trainer.checkpoint_items(),
       keep=c.keep, chief=chief, task_id=distribute.task_id(strategy),
-      async_save=c.async_save, on_tpu=on_tpu)
+      async_save=c.async_save, on_tpu=on_tpu, guard=guard)
   if mode == "export":
     return _export_checkpoint(trainer, ckpt, workdir, checkpoint_path,
                               chief=chief, on_tpu=on_tpu)
@@ -202,9 +217,7 @@ def _open_workdir(workdir: str, config, mode: Mode, chief: bool, *,
         train_dir="train" if mode.trains else None, eval_dir=mode.eval_dir,
         table=table)
   except (tf.errors.OpError, OSError) as e:
-    raise errors.ConfigError(
-        f"--workdir={workdir} is not a writable directory"
-        f" ({errors.first_line(e)}); choose another --workdir") from None
+    raise errors.unwritable_workdir(workdir, e) from None
 
 
 def _add_actions(ctl: controller_lib.Controller, config, trainer,

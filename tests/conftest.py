@@ -35,13 +35,22 @@ def run_looper(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
       capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def popen_looper(*args: str) -> subprocess.Popen:
-  """Starts `python -m looper.main ARGS` (stderr piped, text); end it!"""
+def popen_looper(*args: str, log=None) -> subprocess.Popen:
+  """Starts `python -m looper.main ARGS`; end it! Its stderr is piped
+  (text), or written to the file `log` (then `proc.log` is that path: a
+  pipe nobody reads yet would stall it)."""
   env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
   env.pop("TF_CONFIG", None)
-  return subprocess.Popen([sys.executable, "-m", "looper.main", *args],
-                          cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+  if log is None:
+    return subprocess.Popen([sys.executable, "-m", "looper.main", *args],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+  with open(log, "w") as f:
+    proc = subprocess.Popen([sys.executable, "-m", "looper.main", *args],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=f)
+  proc.log = pathlib.Path(log)
+  return proc
 
 
 def checkpoint_tensors(prefix) -> dict[str, np.ndarray]:
@@ -120,6 +129,21 @@ def start_workers(args, num_workers: int, logdir, *, only=None):
           stdout=subprocess.DEVNULL, stderr=log))
     procs[-1].log = pathlib.Path(logdir) / f"worker{index}.log"
   return procs
+
+
+def wait_for(path, text: str, timeout: float = 120) -> None:
+  """Polls the log file `path` until it holds `text`."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if text in path.read_text():
+      return
+    time.sleep(0.2)
+  raise AssertionError(f"{text!r} not in {path}:\n{path.read_text()[-2000:]}")
+
+
+def looper_lines(log: str) -> list[str]:
+  """The one-line errors (`looper: ...`) in a process's stderr."""
+  return [l for l in log.splitlines() if l.startswith("looper:")]
 
 
 def finish(procs, timeout: float) -> list[str]:

@@ -111,6 +111,9 @@ def assert_fails(c, workdir, want, mode="train_and_eval", **kwargs):
     pytest.param("checkpoint.every_secs", -1, "config.checkpoint.every_secs="
                  "-1.0: must be a number of seconds >= 0; set"
                  " --config.checkpoint.every_secs", id="every-secs-negative"),
+    pytest.param("checkpoint.lease_secs", 0, "config.checkpoint.lease_secs=0.0:"
+                 " must be a number of seconds > 0; set"
+                 " --config.checkpoint.lease_secs", id="lease-secs-zero"),
     pytest.param("train.nan_recovery_tries", -1,
                  "config.train.nan_recovery_tries=-1: must be a whole number"
                  " >= 0; set --config.train.nan_recovery_tries",

@@ -130,3 +130,36 @@ def test_a_dry_run_warns_about_the_batch_per_core(tmp_path, caplog):
   assert any(r.getMessage().startswith(
       "config.train.batch_size=32 gives 4 examples per TPU core (8 cores)")
              for r in caplog.records)
+
+
+@pytest.mark.parametrize("cluster,leader", [
+    ({"worker": ["a:1", "b:1"]}, "/job:worker/replica:0/task:0"),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, "/job:chief/replica:0/task:0"),
+    (None, None),
+])
+def test_the_coordination_leader_is_the_chief(monkeypatch, cluster, leader):
+  if cluster is None:
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+  else:
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+  assert distribute.coordination_leader() == leader
+
+
+def test_a_worker_that_lost_the_chief_names_it():
+  """The text a worker got when the chief's host was cut (tests/test_hosts.py
+  records it live): its heartbeats to the chief's service timed out."""
+  from looper import errors  # pylint: disable=g-import-not-at-top
+  e = tf.errors.DeadlineExceededError(None, None, (
+      "Graph execution error:\n\nDetected at node while/CollectiveReduceV2"
+      "\n\nCollective ops is aborted by: Deadline Exceeded\n\nRPC:"
+      " /tensorflow.CoordinationService/Heartbeat\nThe error could be from a"
+      " previous operation. Restart your program to reset.\n\t [[{{node"
+      " while/CollectiveReduceV2}}]] [Op:__inference__train_loop_961]"))
+  assert errors.cluster_error(
+      e, 8, leader="/job:worker/replica:0/task:0") == (
+          "lost the chief /job:worker/replica:0/task:0 (no answer to"
+          " heartbeats within distribution.worker_timeout_secs=8: its host is"
+          " unreachable or gone); this worker stopped too. Restart all workers"
+          " with the same command to resume from the last checkpoint")
+  assert errors.cluster_error(e, 8, leader=None) is None  # not multi-worker

@@ -13,7 +13,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests.conftest import finish, start_workers
+from tests.conftest import finish, looper_lines, start_workers, wait_for
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -21,19 +21,6 @@ pytestmark = pytest.mark.slow
 ARGS = ("--config=tests/tiny.py", "--config.train.steps_per_loop=50",
         "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0",
         "--config.distribution.worker_timeout_secs=15")
-
-
-def wait_for(path, text: str, timeout: float = 120) -> None:
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if text in path.read_text():
-      return
-    time.sleep(0.2)
-  raise AssertionError(f"{text!r} not in {path}:\n{path.read_text()[-2000:]}")
-
-
-def looper_lines(log: str) -> list[str]:
-  return [l for l in log.splitlines() if l.startswith("looper:")]
 
 
 def test_a_lost_worker_ends_the_other_in_one_line(tmp_path):

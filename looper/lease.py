@@ -1,0 +1,257 @@
+"""One writer per workdir: the lease a training run holds while it writes.
+
+Synopsis::
+
+    with lease.holding(workdir, lease_secs=60, take=chief) as held:
+      ...               # Lease.take raised WorkdirError if another run holds it
+      held.check()      # before each save: still ours? (else WorkdirError)
+    # released (the file deleted) however the block ends
+
+A training run (its chief, under multi-worker) writes `workdir/lease.json`
+before it writes anything else, saying who holds the workdir: host, PID,
+since when, and a token new to this run. A second writer finds the file
+and stops at once with one line naming the holder and the fix. Readers
+(--mode=eval, continuous_eval, export; describe, runs) never take it.
+
+A holder that died must not block the workdir forever. The file is stale,
+and the next run takes it over, when
+- the holder ran on this host (same host name and boot) and its PID is gone
+  (or is a zombie, or is a newer process that reused the PID), which is
+  known at once after a kill -9; or
+- the holder ran on another host and has not renewed the lease for
+  `checkpoint.lease_secs` (a thread renews it every quarter of that), which
+  covers a lost VM, whose PID this host cannot see. Hosts' clocks are
+  assumed to agree to well under that time (NTP).
+A run whose lease lapsed (its host was cut off for longer than
+`lease_secs`, another run took the workdir) finds a token not its own at
+its next save, and stops without saving: it never overwrites checkpoints of
+the run that replaced it.
+
+On a local disk the file appears whole and only once (a hard link of a
+finished file; a stale one is first renamed aside and checked to be the
+one judged stale). Object stores (gs://) have no exclusive create: two
+starts within the same second can both write it; the check before each
+save then stops the one whose token was overwritten.
+"""
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+from absl import logging
+import tensorflow as tf
+
+from looper import errors
+from looper.errors import WorkdirError
+
+FILE = "lease.json"
+
+
+def _boot_id() -> str:
+  try:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+      return f.read().strip()
+  except OSError:
+    return ""
+
+
+def _start_time(pid: int) -> str | None:
+  """When process `pid` started (clock ticks since boot); None if it is
+  gone or a zombie (killed, not yet reaped: it writes nothing more)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except OSError:
+    return None
+  return None if fields[0] == "Z" else fields[19]
+
+
+def _me() -> dict:
+  pid = os.getpid()
+  return {"host": socket.gethostname(), "boot": _boot_id(), "pid": pid,
+          "pid_start": _start_time(pid)}
+
+
+@contextlib.contextmanager
+def holding(workdir: str, lease_secs: float, *, take: bool):
+  """The workdir's Lease for the block, released however it ends; None
+  (nothing taken) when not `take`."""
+  if not take:
+    yield None
+    return
+  held = Lease.take(workdir, lease_secs)
+  try:
+    yield held
+  finally:
+    held.release()
+
+
+def _since(when: float) -> str:
+  return datetime.datetime.fromtimestamp(when).isoformat(
+      sep=" ", timespec="seconds")
+
+
+def stale(holder: dict, lease_secs: float, now: float | None = None
+          ) -> bool:
+  """Whether the holder written in a lease file is provably gone (module
+  doc: its PID on this host, else the renewal time)."""
+  me = _me()
+  if holder.get("host") == me["host"] and holder.get("boot") == me["boot"]:
+    return _start_time(holder.get("pid", -1)) != holder.get("pid_start")
+  now = time.time() if now is None else now
+  return now - holder.get("renewed", 0) > lease_secs
+
+
+def _local(path: str) -> bool:
+  return "://" not in path
+
+
+class Lease:
+  """The workdir lease of this run; see the module doc."""
+
+  def __init__(self, workdir: str, record: dict, lease_secs: float):
+    self.path = os.path.join(workdir, FILE)
+    self.record = record
+    self._lease_secs = lease_secs
+    self._done = threading.Event()
+    self._thread = threading.Thread(target=self._renew_loop, daemon=True,
+                                    name="looper-lease")
+    self._thread.start()
+
+  @classmethod
+  def take(cls, workdir: str, lease_secs: float) -> "Lease":
+    """Takes the lease of `workdir` (made if missing), or raises
+    WorkdirError naming who holds it."""
+    path = os.path.join(workdir, FILE)
+    try:
+      tf.io.gfile.makedirs(workdir)
+    except (tf.errors.OpError, OSError) as e:
+      raise errors.unwritable_workdir(workdir, e) from None
+    now = time.time()
+    record = {**_me(), "token": uuid.uuid4().hex, "since": now,
+              "renewed": now}
+    for _ in range(3):  # another taker may move a stale file under us
+      holder = _read(path)
+      if holder is not None:
+        if not stale(holder, lease_secs):
+          raise WorkdirError(_held_message(workdir, holder, lease_secs))
+        if not _set_aside(path, holder):
+          continue
+        logging.warning(
+            "Took over --workdir=%s from a run that is gone (host %s, pid %s,"
+            " since %s)", workdir, holder.get("host"), holder.get("pid"),
+            _since(holder.get("since", 0)))
+      if _create(path, record):
+        return cls(workdir, record, lease_secs)
+    raise WorkdirError(
+        f"--workdir={workdir}: another run is taking {path} at this moment;"
+        " start one run per workdir, or choose another --workdir")
+
+  def check(self) -> None:
+    """Raises WorkdirError if another run holds the lease now."""
+    holder = _read(self.path)
+    if holder is None or holder.get("token") != self.record["token"]:
+      workdir = os.path.dirname(self.path)
+      who = ("nobody (its lease.json was deleted)" if holder is None else
+             f"host {holder.get('host')} pid {holder.get('pid')} since"
+             f" {_since(holder.get('since', 0))}")
+      raise WorkdirError(
+          f"--workdir={workdir} is now held by {who}: this run's lease lapsed"
+          f" (not renewed for checkpoint.lease_secs={self._lease_secs:g}, e.g."
+          " while its host was cut off), so it stops without saving and"
+          " leaves the workdir to that run")
+
+  def _renew_loop(self) -> None:
+    while not self._done.wait(self._lease_secs / 4):
+      try:
+        holder = _read(self.path)
+        if holder is None or holder.get("token") != self.record["token"]:
+          return  # lapsed: the next save's check() says so
+        self.record["renewed"] = time.time()
+        _write(self.path, self.record)
+      except (tf.errors.OpError, OSError) as e:  # retried next time
+        logging.warning("Could not renew %s: %s", self.path, e)
+
+  def release(self) -> None:
+    """Stops renewing and deletes the file if it is still ours."""
+    self._done.set()
+    self._thread.join()
+    holder = _read(self.path)
+    if holder is not None and holder.get("token") == self.record["token"]:
+      tf.io.gfile.remove(self.path)
+
+
+def _held_message(workdir: str, holder: dict, lease_secs: float) -> str:
+  age = time.time() - holder.get("renewed", 0)
+  return (
+      f"--workdir={workdir} is held by another run (host {holder.get('host')},"
+      f" pid {holder.get('pid')}, since {_since(holder.get('since', 0))};"
+      f" renewed {age:.0f} s ago): stop that run or choose another --workdir."
+      f" A holder that died frees it: on its host once its PID is gone, from"
+      f" another host {lease_secs:g} s after its last renewal"
+      " (checkpoint.lease_secs)")
+
+
+def _read(path: str) -> dict | None:
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      return json.loads(f.read())
+  except tf.errors.NotFoundError:
+    return None
+  except ValueError:  # a torn write of a crashed writer: nobody holds it
+    return {}
+
+
+def _write(path: str, record: dict) -> None:
+  """Replaces the file whole (a temporary file renamed over it)."""
+  tmp = f"{path}.tmp-{record['token']}"
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    f.write(json.dumps(record))
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def _create(path: str, record: dict) -> bool:
+  """Writes `path` whole if it does not exist; False if another taker won.
+
+  Locally a hard link of a finished temporary file: atomic, and it fails
+  if the name exists, so no reader ever sees a half-written lease.
+  """
+  if not _local(path):
+    if tf.io.gfile.exists(path):
+      return False
+    _write(path, record)
+    return True
+  tmp = f"{path}.tmp-{record['token']}"
+  with open(tmp, "w") as f:
+    f.write(json.dumps(record))
+  try:
+    os.link(tmp, path)
+  except FileExistsError:
+    return False
+  finally:
+    os.remove(tmp)
+  return True
+
+
+def _set_aside(path: str, holder: dict) -> bool:
+  """Moves the stale file `holder` came from aside; False if another taker
+  replaced it first (a fresh lease moved by mistake is put back)."""
+  aside = f"{path}.stale-{uuid.uuid4().hex}"
+  try:
+    tf.io.gfile.rename(path, aside, overwrite=False)
+  except tf.errors.NotFoundError:
+    return False
+  moved = _read(aside)
+  if (moved or {}).get("token") != holder.get("token"):
+    try:
+      tf.io.gfile.rename(aside, path, overwrite=False)
+    except tf.errors.AlreadyExistsError:
+      tf.io.gfile.remove(aside)  # a third taker holds it now
+    return False
+  tf.io.gfile.remove(aside)
+  return True
