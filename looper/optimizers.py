@@ -16,10 +16,12 @@ rule of large-batch and TPU training, meant with warmup).
 
 The names `optimizer.name` and `optimizer.schedule` accept are the keys of
 OPTIMIZERS and SCHEDULES (`config.validate` reads them).
-`clip_by_global_norm_of_sum` is `optimizer.clip_global_norm`.
+`clip_by_global_norm_of_sum` is `optimizer.clip_global_norm`; `apply`
+applies gradients, summing them over replicas unless the clip already did.
 """
 
 import math
+import threading
 
 import keras
 import ml_collections
@@ -104,13 +106,23 @@ def build(opt: ml_collections.ConfigDict, total_steps: int,
   return OPTIMIZERS[opt.name](lr, opt)
 
 
+# Per replica thread (MirroredStrategy traces each replica in its own):
+# `summed` - the gradients this replica holds are already the sum over
+# replicas (clip_by_global_norm_of_sum made them so); `skip` - the
+# optimizer's all-reduce is off for the apply under way.
+_STATE = threading.local()
+
+
 def clip_by_global_norm_of_sum(grads, clip_norm: float, unscale=None):
-  """This replica's `grads`, scaled so that their SUM over replicas has a
-  global norm of at most `clip_norm`.
+  """The SUM over replicas of `grads`, scaled to a global norm of at most
+  `clip_norm` (one all-reduce; `apply` then skips the optimizer's own).
 
   Keras' clipnorm/global_clipnorm clip each replica's gradients before the
   sum, which changes the update with the replica count; this clips the
-  gradient of the global batch, the same on any number of replicas.
+  gradient of the global batch, the same on any number of replicas. The
+  norm needs the summed gradients, so they are summed here once, and the
+  update uses them as they are: a second, full-size all-reduce in the
+  optimizer would double the step's communication.
 
   Args:
     grads: this replica's gradients (in replica context).
@@ -122,4 +134,31 @@ def clip_by_global_norm_of_sum(grads, clip_norm: float, unscale=None):
   if unscale is not None:
     norm /= tf.cast(unscale, tf.float32)
   factor = tf.minimum(1.0, clip_norm / tf.maximum(norm, 1e-12))
-  return [g * tf.cast(factor, g.dtype) for g in grads]
+  _STATE.summed = True
+  return [g * tf.cast(factor, g.dtype) for g in total]
+
+
+def apply(optimizer: keras.optimizers.Optimizer, grads, variables) -> None:
+  """`optimizer.apply_gradients`, whose all-reduce (SUM) is skipped when
+  `grads` are already the sum over replicas (clip_by_global_norm_of_sum).
+
+  Keras' TensorFlow optimizer always all-reduces in replica context
+  (`_all_reduce_sum_gradients`, which has no switch); it is wrapped once
+  per optimizer to obey a per-thread flag set only for this call.
+  """
+  summed, _STATE.summed = getattr(_STATE, "summed", False), False
+  target = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
+  if summed and not getattr(target, "_looper_summed_ok", False):
+    original = target._all_reduce_sum_gradients  # pylint: disable=protected-access
+
+    def all_reduce_unless_summed(grads_and_vars):
+      if getattr(_STATE, "skip", False):
+        return list(grads_and_vars)
+      return original(grads_and_vars)
+    target._all_reduce_sum_gradients = all_reduce_unless_summed  # pylint: disable=protected-access
+    target._looper_summed_ok = True  # pylint: disable=protected-access
+  _STATE.skip = summed
+  try:
+    optimizer.apply_gradients(zip(grads, variables))
+  finally:
+    _STATE.skip = False

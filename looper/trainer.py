@@ -17,18 +17,21 @@ sync per step)::
       if stop requested: break                 # request_stop(), any thread
       batch = next(iterator)                   # train.grad_accum_steps
                                                # batches, concatenated
-      loss = strategy.run(train_step, batch)
-      losses[i] = strategy.reduce(SUM, loss)   # the global mean loss
+      strategy.run(train_step, batch)          # each replica writes its
+                                               # share of the loss to its
+                                               # buffer slot i
     step += steps run; position += steps run * global_batch_size
-    return losses, train metric results + input_wait_fraction (the share
-      of the call spent waiting for batches)
+    return losses (the buffers summed over replicas, once: the global mean
+      loss of each step), train metric results + input_wait_fraction (the
+      share of the call spent waiting for batches)
 
 One replica's step (`train_step`, which the loop calls) is three seams::
 
     for inputs, labels in micro_batches(batch):  # grad_accum_steps of them
       loss, grads, logits = compute_gradients(inputs, labels)  # summed
-    grads = transform_gradients(grads)   # e.g. clipping, after the reduction
+    grads = transform_gradients(grads)   # e.g. clipping (which sums them)
     apply_gradients(grads)               # the optimizer sums over replicas
+                                         # (unless the clip did)
 
 A subclass (`config.trainer`) overrides one small method and inherits the
 loop, distribution and bookkeeping: `build_model`, `build_optimizer`,
@@ -58,6 +61,11 @@ from looper.data import checks
 from looper.data import elements
 from looper.data import sources
 from looper.data import splits
+
+
+# The name scope of the replica function's ops (the graph test finds the
+# loop's own ops as the ones outside it).
+REPLICA_STEP = "replica_step"
 
 
 class Trainer:
@@ -112,14 +120,30 @@ class Trainer:
       self.step = tf.Variable(0, name="step", **counter)
       # Global examples consumed: where the train data resumes.
       self.position = tf.Variable(0, name="position", **counter)
+    self._make_loss_buffer(config.train.steps_per_loop)
     # XLA compiles the per-replica forward and backward pass only: around
     # the whole loop it cannot (the iterator), around the update it fails
     # under Mirrored (variables on other devices), and it was slower here.
     self._compute_gradients = (
         tf.function(self.compute_gradients, jit_compile=True)
         if config.train.jit_compile else self.compute_gradients)
-    self._train_fn = tf.function(self._train_loop)
     self._eval_fn = tf.function(self._eval_loop)
+
+  def _make_loss_buffer(self, steps: int) -> None:
+    """Room for the per-step losses of a `steps`-step call (and the train
+    function that writes them, traced anew).
+
+    Each replica writes its share of step i's loss at [i]; reading the
+    buffer after the loop sums the replicas once per call, not per step (a
+    per-step reduction is a device-to-host wait per step on a GPU or TPU).
+    The Controller's calls fit train.steps_per_loop, its initial size.
+    """
+    with self.strategy.scope():
+      self._step_losses = tf.Variable(
+          tf.zeros([steps]), trainable=False, name="step_losses",
+          synchronization=tf.VariableSynchronization.ON_READ,
+          aggregation=tf.VariableAggregation.SUM)
+    self._train_fn = tf.function(self._train_loop)
 
   # --- What a subclass overrides --------------------------------------------
 
@@ -199,7 +223,8 @@ class Trainer:
     """This replica's gradients before the update; the optimizer then sums
     them over replicas. Looper's: dense gradients under data.bucket, the
     all-replica finiteness vote under loss scaling, and
-    optimizer.clip_global_norm."""
+    optimizer.clip_global_norm (which returns the clipped sum: the update
+    then skips its own all-reduce, see optimizers.apply)."""
     if self.config.data.bucket:
       # Sparse gradients (an Embedding's IndexedSlices, a row per token)
       # change size with the batch's length; several replicas all-gather
@@ -216,8 +241,9 @@ class Trainer:
     return grads
 
   def apply_gradients(self, grads) -> None:
-    """The optimizer update (it all-reduces `grads` with SUM first)."""
-    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+    """The optimizer update: it sums `grads` over replicas first, unless
+    optimizer.clip_global_norm already did (one all-reduce per step)."""
+    optimizers.apply(self.optimizer, grads, self.model.trainable_variables)
 
   def eval_step(self, batch) -> None:
     """One replica's eval step; padding examples have mask 0."""
@@ -301,6 +327,8 @@ class Trainer:
 
     Fewer losses than `steps` come back if `request_stop` was called.
     """
+    if steps > self._step_losses.shape[0]:  # not from the Controller
+      self._make_loss_buffer(steps)
     if self._stop.before_loop():  # some worker got a signal: all stop here
       return np.zeros([0], np.float32), {}
     if self._iterator is None:
@@ -348,48 +376,64 @@ class Trainer:
   def _train_loop(self, iterator, steps):
     """`steps` (an int32 tensor) steps in a tf.range loop; steps=None: one
     step and no loop, which the profiler can see as a step (a while loop
-    hides it: BUILD.md "TensorBoard"), for one-step calls."""
+    hides it: BUILD.md "TensorBoard"), for one-step calls.
+
+    The loop body is `next(iterator)` and the replica step, as in the TPU
+    guide's loop: nothing in it reads the model or optimizer state or
+    reduces across replicas (tests/test_loop_graph.py checks the graph).
+    One process reads the stop flag each step: a host variable only the
+    host writes, so reading it waits for nothing on a device.
+    """
     for metric in self.train_metrics:
       metric.reset_state()
-    losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
     waited = tf.constant(0.0, tf.float64)  # seconds spent in get_next
+    ran = tf.constant(0, tf.int32)
     if steps is None:
-      losses, waited = self._loop_step(iterator, 0, losses, waited)
+      waited = self._loop_step(iterator, 0, waited)
+      ran += 1
     else:
       for i in tf.range(steps):
         if self._stop.cuts_loops and self._stop.flag.read_value():
           break
-        losses, waited = self._loop_step(iterator, i, losses, waited)
-    ran = tf.cast(losses.size(), tf.int64)
-    self.step.assign_add(ran)
-    self.position.assign_add(ran * self.global_batch_size)
+        waited = self._loop_step(iterator, i, waited)
+        ran += 1
+    self.step.assign_add(tf.cast(ran, tf.int64))
+    self.position.assign_add(tf.cast(ran, tf.int64) * self.global_batch_size)
     # A finite loss does not prove finite weights (the last step's gradient
     # may not be): checked here so no NaN state is ever saved.
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
                             for v in self.model.trainable_variables])
-    return (losses.stack(), finite, waited,
+    return (self._step_losses.read_value()[:ran], finite, waited,
             {m.name: m.result() for m in self.train_metrics})
 
-  def _loop_step(self, iterator, i, losses, waited):
-    """Step i of a train call: next batch, the replica step, its loss."""
-    # Timestamps touch no resource: only these dependencies keep them around
-    # get_next and after the last update (not early, during the last step).
-    with tf.control_dependencies([self.optimizer.iterations.value]):
-      before = tf.timestamp()
+  def _loop_step(self, iterator, i, waited):
+    """Step i of a train call: next batch, the replica step.
+
+    The input wait is timed around get_next on the host. It adds no
+    dependency between steps: a loop iteration starts once the previous
+    one's ops have run (TensorFlow's own ordering of stateful ops), which on
+    a CPU means its update is done and on a GPU or TPU that its kernels are
+    queued; so the figure is the host's wait for the input pipeline, the
+    share an input-bound run loses.
+    """
+    before = tf.timestamp()
     with tf.control_dependencies([before]):
       batches = [next(iterator) for _ in range(self.grad_accum_steps)]
     with tf.control_dependencies(tf.nest.flatten(batches,
                                                  expand_composites=True)):
       waited += tf.timestamp() - before
-    loss = self.strategy.run(self._train_step, args=tuple(batches))
-    return (losses.write(i, self.strategy.reduce("SUM", loss, axis=None)),
-            waited)
+    self.strategy.run(self._train_step, args=(i, *batches))
+    return waited
 
-  def _train_step(self, *batches):
-    """The replica function: the micro-batches of one update as one batch."""
-    return self.train_step(batches[0] if len(batches) == 1 else
-                           tf.nest.map_structure(lambda *t: tf.concat(t, 0),
-                                                 *batches))
+  def _train_step(self, i, *batches):
+    """The replica function: the micro-batches of one update as one batch;
+    this replica's share of the loss goes to its slot i of the buffer."""
+    with tf.name_scope(REPLICA_STEP):
+      loss = self.train_step(batches[0] if len(batches) == 1 else
+                             tf.nest.map_structure(
+                                 lambda *t: tf.concat(t, 0), *batches))
+      self._step_losses.assign(tf.tensor_scatter_nd_update(
+          self._step_losses, [[i]], [tf.cast(loss, tf.float32)]))
 
   def evaluate(self) -> dict[str, float]:
     """Evaluates the whole eval split (or `eval.steps` batches) exactly once.

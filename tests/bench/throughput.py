@@ -5,6 +5,8 @@ Synopsis::
     python -m tests.bench.throughput                    # every configuration
     python -m tests.bench.throughput --models=mlp --replicas=1 --rounds=3
     python -m tests.bench.throughput --phases   # looper's first loop, split
+    python -m tests.bench.throughput --models=mlp --replicas=2 \
+        --precisions=float32 --clip=1.0    # + looper with clipping
 
 Each configuration (model x replicas x precision) runs in its own process
 (logical CPUs and the dtype policy are fixed per process) and alternates
@@ -70,7 +72,7 @@ def mlp(config):
       keras.layers.Dense(10, dtype="float32")])
 
 
-def _contenders(model, replicas, precision):
+def _contenders(model, replicas, precision, clip=0.0):
   """{name: (build() -> step()), ...}; step() runs K steps and returns."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -83,8 +85,10 @@ def _contenders(model, replicas, precision):
   images, labels = _data()
   config = _config(model, precision, images, labels)
 
-  def looper_build():
-    trainer = trainer_lib.Trainer(config, strategy)
+  def looper_build(clip_norm=0.0):
+    c = config.copy_and_resolve_references()
+    c.optimizer.clip_global_norm = clip_norm
+    trainer = trainer_lib.Trainer(c, strategy)
     return lambda: trainer.train(K)
 
   def keras_parts():
@@ -152,8 +156,11 @@ def _contenders(model, replicas, precision):
             .shuffle(10_000, seed=0).repeat().batch(BATCH).prefetch(2))
     return lambda: net.fit(data, steps_per_epoch=K, epochs=1, verbose=0)
 
-  return dict(looper=looper_build, guide=guide_build, floor=floor_build,
-              fit=lambda: fit_build(K)), lambda: fit_build(1)
+  contenders = dict(looper=looper_build, guide=guide_build,
+                    floor=floor_build, fit=lambda: fit_build(K))
+  if clip:  # optimizer.clip_global_norm: what clipping costs looper
+    contenders["looper+clip"] = lambda: looper_build(clip)
+  return contenders, lambda: fit_build(1)
 
 
 def _build(contenders, fit_k1, name, notes):
@@ -168,13 +175,14 @@ def _build(contenders, fit_k1, name, notes):
   return step
 
 
-def first_loop(model: str, replicas: int, precision: str, name: str) -> dict:
+def first_loop(model: str, replicas: int, precision: str, name: str,
+               clip: float = 0.0) -> dict:
   """Seconds from building `name` to the end of its first K-step call, in
   a fresh process (the first tf.function of a process pays one-time costs
   that would otherwise go to whichever contender runs first), and the
   process's peak resident memory after 3 more calls."""
   import resource  # pylint: disable=g-import-not-at-top
-  contenders, fit_k1 = _contenders(model, replicas, precision)
+  contenders, fit_k1 = _contenders(model, replicas, precision, clip)
   start = time.perf_counter()
   step = contenders[name]()  # set-up: model, optimizer, data, metrics
   built = time.perf_counter()
@@ -214,10 +222,11 @@ def phases(model: str = "mlp", precision: str = "float32") -> str:
                    zip(names, times, times[1:]))
 
 
-def measure(model: str, replicas: int, precision: str, rounds: int) -> dict:
+def measure(model: str, replicas: int, precision: str, rounds: int,
+            clip: float = 0.0) -> dict:
   """One configuration, in this process: alternating rounds."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  contenders, fit_k1 = _contenders(model, replicas, precision)
+  contenders, fit_k1 = _contenders(model, replicas, precision, clip)
   notes = {}
   steps = {name: _build(contenders, fit_k1, name, notes)
            for name in contenders}
@@ -254,6 +263,9 @@ def main():
   parser.add_argument("--replicas", default="1,2")
   parser.add_argument("--precisions", default="float32,mixed_bfloat16")
   parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--clip", type=float, default=0.0,
+                      help="also run looper with optimizer.clip_global_norm"
+                      " at this norm ('looper+clip')")
   parser.add_argument("--one", help=argparse.SUPPRESS)  # child processes
   parser.add_argument("--first", help=argparse.SUPPRESS)
   parser.add_argument("--phases", action="store_true",
@@ -266,17 +278,19 @@ def main():
   if args.one:
     model, replicas, precision = args.one.split(",")
     print(json.dumps(
-        first_loop(model, int(replicas), precision, args.first) if args.first
-        else measure(model, int(replicas), precision, args.rounds)))
+        first_loop(model, int(replicas), precision, args.first, args.clip)
+        if args.first else
+        measure(model, int(replicas), precision, args.rounds, args.clip)))
     return
   for model in args.models.split(","):
     for replicas in args.replicas.split(","):
       for precision in args.precisions.split(","):
         one = f"--one={model},{replicas},{precision}"
-        r = _child(one, f"--rounds={args.rounds}")
+        r = _child(one, f"--rounds={args.rounds}", f"--clip={args.clip}")
         if r is None:
           continue
-        r["first_loop_secs"] = {name: _child(one, f"--first={name}")
+        r["first_loop_secs"] = {name: _child(one, f"--first={name}",
+                                             f"--clip={args.clip}")
                                 for name in r["examples_per_sec"]}
         speeds = " ".join(f"{n}={v:.0f}" for n, v in
                           r["examples_per_sec"].items())

@@ -1,0 +1,133 @@
+"""The train loop's graph under Mirrored(2): a body that never makes the host
+wait for a device.
+
+Traced in a process of its own (2 logical CPUs), the loop is read as the
+GPU/TPU would run it: inside the while body and outside the replica step
+(the `REPLICA_STEP` name scope) there may be no read of a model or optimizer
+variable, no collective, and nothing may flow out of the replica step (a
+per-step loss reduced or fetched); the only variable read is the stop flag,
+a host variable. With optimizer.clip_global_norm the replica step holds ONE
+all-reduce, as without it.
+
+    python -m tests.test_loop_graph      # prints what the test asserts on
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import LOOPBACK_ENV, ROOT
+
+# A process of its own (2 logical CPUs): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
+
+CASES = {"plain": {}, "clipped": {"optimizer.clip_global_norm": 1.0},
+         "accumulated": {"train.grad_accum_steps": 2,
+                         "optimizer.clip_global_norm": 1.0}}
+
+
+def _functions_of(graph) -> dict:
+  return {f.signature.name: f for f in graph.as_graph_def().library.function}
+
+
+def _walk(fdef, library, out) -> None:
+  """Every node of `fdef` and of the functions it calls (cond branches),
+  with the function holding it."""
+  for node in fdef.node_def:
+    out.append((fdef, node))
+    for value in node.attr.values():
+      names = [value.func.name] if value.HasField("func") else []
+      for name in names + [f.name for f in value.list.func]:
+        if name in library:
+          _walk(library[name], library, out)
+
+
+def loop_facts(fields: dict) -> dict:
+  """What the while body of tiny's train loop does outside the replica step."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from looper import distribute  # pylint: disable=g-import-not-at-top
+  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from tests import tiny  # pylint: disable=g-import-not-at-top
+  from tests.conftest import configured  # pylint: disable=g-import-not-at-top
+  config = configured(tiny.get_config(),
+                      {"distribution.num_cpu_devices": 2, **fields})
+  trainer = trainer_lib.Trainer(config, distribute.strategy_for(config))
+  function = trainer._train_fn.get_concrete_function(  # pylint: disable=protected-access
+      iter(trainer.train_data()), tf.TensorSpec([], tf.int32))
+  graph = function.graph
+  library = _functions_of(graph)
+  (loop,) = [op for op in graph.get_operations() if op.type == "While"]
+  body = library[loop.get_attr("body").name]
+  # Which variable each resource input of the body is (by the capture).
+  labels = {}
+  for name, variables in (("stop flag", [trainer._stop.flag]),  # pylint: disable=protected-access
+                          ("model", trainer.model.variables),
+                          ("optimizer", trainer.optimizer.variables)):
+    for variable in variables:
+      for component in getattr(variable, "values", (variable,)):
+        handle = getattr(component, "handle", None)
+        if handle is not None:
+          labels[id(handle)] = name
+  captured = {id(internal): labels.get(id(external), "other")
+              for external, internal in graph.captures}
+  arg_label = {arg.name: captured.get(id(loop.inputs[i]), "loop value")
+               for i, arg in enumerate(body.signature.input_arg)}
+  nodes = []
+  _walk(body, library, nodes)
+  step = trainer_lib.REPLICA_STEP
+
+  def in_step(name: str) -> bool:
+    return f"{step}/" in name or name.startswith(f"{step}")
+
+  step_nodes = {(id(f), n.name) for f, n in nodes if in_step(n.name)}
+  facts = {"reads": [], "collectives_outside": [], "out_of_step": [],
+           "collectives_per_replica": {}}
+  for fdef, node in nodes:
+    if "Collective" in node.op or "AllReduce" in node.op:
+      if in_step(node.name):
+        device = node.device.rsplit(":", 1)[-1]
+        facts["collectives_per_replica"][device] = (
+            facts["collectives_per_replica"].get(device, 0) + 1)
+      else:
+        facts["collectives_outside"].append(node.name)
+    if in_step(node.name):
+      continue
+    if node.op in ("ReadVariableOp", "ResourceGather", "VariableShape"):
+      source = node.input[0].split(":")[0]
+      facts["reads"].append(arg_label.get(source, f"{source} (nested)")
+                            if fdef is body else f"{node.name} (nested)")
+    # Data edges only: TensorFlow orders every stateful op of an iteration
+    # before the next by control edges, in any tf.function loop (on a GPU
+    # or TPU an op is done once its kernel is queued).
+    for source in node.input:
+      if (not source.startswith("^") and
+          (id(fdef), source.split(":")[0]) in step_nodes):
+        facts["out_of_step"].append(f"{node.name} <- {source}")
+  for fdef, _ in nodes:  # a function returning what the step computed
+    for key, value in fdef.ret.items():
+      if (id(fdef), value.split(":")[0]) in step_nodes:
+        facts["out_of_step"].append(f"{fdef.signature.name} returns {key}")
+  return facts
+
+
+def test_the_loop_body_is_next_and_the_replica_step_only():
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.test_loop_graph"], cwd=ROOT,
+      env={**__import__("os").environ, "PYTHONPATH": str(ROOT),
+           **LOOPBACK_ENV},
+      capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  facts = json.loads(proc.stdout.splitlines()[-1])
+  for case, got in facts.items():
+    assert got["reads"] == ["stop flag"], case
+    assert got["collectives_outside"] == [], case
+    assert got["out_of_step"] == [], case
+    # The gradient all-reduce (clipping's included) once per replica.
+    assert got["collectives_per_replica"] == {"0": 1, "1": 1}, case
+
+
+if __name__ == "__main__":
+  print(json.dumps({case: loop_facts(fields)
+                    for case, fields in CASES.items()}))
