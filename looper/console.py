@@ -109,6 +109,7 @@ def header(config, strategy, workdir: str | None, mode: str,
         for d in strategy.extended.worker_devices)
     devices = [f"{n} {kind}" for kind, n in sorted(types.items())]
   except RuntimeError:  # the default strategy: wherever TF places ops
+    types = {"GPU": 1} if tf.config.list_physical_devices("GPU") else {}
     devices = ["default device"]
   per_replica = config.train.batch_size // replicas
   accum = config.train.grad_accum_steps
@@ -129,6 +130,11 @@ def header(config, strategy, workdir: str | None, mode: str,
       f"  precision  {config.train.precision}"
       f"{', XLA per step' if config.train.jit_compile else ''}",
   ]
+  from looper import precision  # pylint: disable=g-import-not-at-top
+  slower = precision.slower_here(config.train.precision,
+                                 accelerated=bool({"GPU", "TPU"} & set(types)))
+  if slower:
+    lines[-1] += f" (slower here: {slower})"
   return "\n".join(lines)
 
 

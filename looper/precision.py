@@ -12,7 +12,8 @@ Synopsis::
   float32         everything float32.
   mixed_bfloat16  compute in bfloat16, variables float32; no loss scaling
                   (bfloat16 has float32's range). 1.6-1.9x faster for the
-                  MNIST CNN on this CPU (AMX); the usual choice on TPU.
+                  MNIST CNN on a CPU with AMX, ~0.7x on one without; the
+                  usual choice on TPU.
   mixed_float16   compute in float16 with Keras' dynamic LossScaleOptimizer
                   (GPUs). About 170x slower on this CPU: for GPUs only.
 
@@ -22,6 +23,9 @@ LossScaleOptimizer decides "finite" from replica 0's gradients alone under
 tf.distribute: an inf on replica 1 would reach the weights. Here every
 replica votes (one scalar all-reduce) and a non-finite gradient anywhere
 makes all replicas skip the update and lower the scale.
+
+`slower_here` says when the chosen precision is slower than float32 on the
+machine at hand (the run's header and `looper describe` show it).
 """
 
 import contextlib
@@ -44,6 +48,39 @@ PRECISIONS = {
     "mixed_bfloat16": Precision("mixed_bfloat16", loss_scaling=False),
     "mixed_float16": Precision("mixed_float16", loss_scaling=True),
 }
+
+
+def cpu_flags() -> set[str] | None:
+  """This CPU's feature flags (Linux's /proc/cpuinfo); None if unknown."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("flags"):
+          return set(line.split(":", 1)[1].split())
+  except OSError:
+    pass
+  return None
+
+
+def slower_here(name: str, *, accelerated: bool,
+                flags: set[str] | None = None) -> str | None:
+  """Why `train.precision=name` runs slower than float32 on this machine
+  (a run on the CPU only: `accelerated` is False), or None.
+
+  Measured on this project's CPUs (BUILD.md): bfloat16 matrix units (AMX,
+  flag amx_bf16) make mixed_bfloat16 1.6-1.9x faster; without them it is
+  ~0.7x, float16 ~170x slower (no float16 arithmetic in the CPU kernels).
+  """
+  if accelerated or name == "float32":
+    return None
+  fix = "set --config.train.precision=float32"
+  if name == "mixed_float16":
+    return f"for GPUs: ~170x slower than float32 on a CPU; {fix}"
+  flags = cpu_flags() if flags is None else flags
+  if name == "mixed_bfloat16" and flags is not None and "amx_bf16" not in flags:
+    return (f"~0.7x float32 on a CPU without AMX (this one has no amx_bf16;"
+            f" bfloat16 pays on TPUs and AMX CPUs); {fix}")
+  return None
 
 
 @contextlib.contextmanager

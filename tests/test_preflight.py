@@ -180,3 +180,35 @@ def test_describe_names_the_modes_sizes_and_specs_in_process():
   assert ("  data.eval_split='test': 1,001 examples, array mode; inputs"
           " float32[8], labels int32[]") in text.splitlines()
   assert json.loads(text.split("\nconfig\n", 1)[1])["train"]["steps"] == 40
+
+
+@pytest.mark.parametrize("name,accelerated,flags,want", [
+    ("float32", False, set(), None),
+    ("mixed_bfloat16", False, {"avx512_bf16"}, (
+        "~0.7x float32 on a CPU without AMX (this one has no amx_bf16;"
+        " bfloat16 pays on TPUs and AMX CPUs); set"
+        " --config.train.precision=float32")),
+    ("mixed_bfloat16", False, {"amx_bf16", "amx_tile"}, None),
+    ("mixed_bfloat16", True, set(), None),  # a GPU or TPU run
+    ("mixed_float16", False, {"amx_bf16"}, (
+        "for GPUs: ~170x slower than float32 on a CPU; set"
+        " --config.train.precision=float32")),
+    ("mixed_float16", True, set(), None),
+])
+def test_a_precision_slower_than_float32_here_is_named(name, accelerated,
+                                                       flags, want):
+  from looper import precision  # pylint: disable=g-import-not-at-top
+  assert precision.slower_here(name, accelerated=accelerated,
+                               flags=flags) == want
+
+
+def test_describe_says_when_the_precision_is_slower_on_this_machine():
+  from looper import describe  # pylint: disable=g-import-not-at-top
+  if tf.config.list_physical_devices("GPU"):
+    pytest.skip("a GPU run: float16 is its precision")
+  c = tiny.get_config()
+  c.train.precision = "mixed_float16"
+  lines = describe.describe(c).splitlines()
+  assert ("  precision  mixed_float16 (slower here: for GPUs: ~170x slower"
+          " than float32 on a CPU; set --config.train.precision=float32)"
+          ) in lines
