@@ -21,6 +21,7 @@ workdir, mode, checkpoint)`, callable from Python with a config from
 Config errors end the program with one line naming the field and the fix.
 """
 
+import os
 import sys
 
 # First, before anything imports TensorFlow: its C++ start-up lines stay
@@ -131,6 +132,10 @@ def cli():
     sys.exit(0 if sys.argv[1:] else 2)
   if len(sys.argv) > 1 and sys.argv[1] in _MODE_NAMES:
     sys.argv[1:2] = [f"--mode={sys.argv[1]}"]
+  # As under `python -m`: the working directory is importable, so a config
+  # file's own imports (`from experiments import common`) resolve the same.
+  if os.getcwd() not in sys.path and "" not in sys.path:
+    sys.path.insert(0, os.getcwd())
   app.run(main, flags_parser=flag_errors.parse_flags)
 
 

@@ -59,6 +59,23 @@ def test_eval_mode_without_checkpoint(tmp_path):
       " train first, or point --workdir at a trained run")
 
 
+def test_console_script_runs_an_experiment_that_imports_its_package():
+  """The README's quickstart form: `looper MODE --config=experiments/...`
+  from the repo root, nothing on PYTHONPATH (experiments/mnist.py imports
+  experiments.common, as under `python -m looper.main`)."""
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  proc = subprocess.run(
+      [shutil.which("looper"), "describe", "--config=experiments/mnist.py",
+       f"--config.data.dir={ROOT.parent}/shared/data/mnist",
+       "--config.data.train_split=test[:8000]",
+       "--config.data.eval_split=test[8000:]"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**env, **LOOPBACK_ENV})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert ("  data.eval_split='test[8000:]': 2,000 examples, element mode;"
+          in proc.stdout), proc.stdout[-2000:]
+
+
 def test_console_script_overrides_and_eval_mode(tmp_path):
   script = shutil.which("looper")
   assert script, "no `looper` console script: pip install -e '.[test]'"
