@@ -432,8 +432,7 @@ class Trainer:
       loss = self.train_step(batches[0] if len(batches) == 1 else
                              tf.nest.map_structure(
                                  lambda *t: tf.concat(t, 0), *batches))
-      self._step_losses.assign(tf.tensor_scatter_nd_update(
-          self._step_losses, [[i]], [tf.cast(loss, tf.float32)]))
+      self._step_losses[i].assign(tf.cast(loss, tf.float32))
 
   def evaluate(self) -> dict[str, float]:
     """Evaluates the whole eval split (or `eval.steps` batches) exactly once.
