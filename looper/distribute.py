@@ -140,9 +140,13 @@ def coordination_leader() -> str | None:
   outside multi-worker."""
   if _cluster_size() == 0:
     return None
+  return f"/job:{_jobs()[0]}/replica:0/task:0"
+
+
+def _jobs() -> list[str]:
+  """TF_CONFIG's training jobs, the chief's first."""
   cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-  job = next(job for job in ("chief", "worker") if cluster.get(job))
-  return f"/job:{job}/replica:0/task:0"
+  return [job for job in ("chief", "worker") if cluster.get(job)]
 
 
 def _bound_cluster_waits(timeout_secs: float) -> None:
@@ -154,12 +158,12 @@ def _bound_cluster_waits(timeout_secs: float) -> None:
   coordination service bounds both, registration with a barrier that names
   the missing tasks, heartbeats with their timeout; both follow
   `distribution.worker_timeout_secs`, so a silent host ends the run within
-  about that time, and a link back well within it (a blip) does not. Only TensorFlow's internal context can set
-  them (no public API or environment variable exists), before the strategy
-  is built.
+  about that time, and a link back well within it (a blip) does not. Only
+  TensorFlow's internal context can set them (no public API or environment
+  variable exists), before the strategy is built.
   """
   cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-  jobs = [job for job in ("chief", "worker") if cluster.get(job)]
+  jobs = _jobs()
   ctx = context.context()
   ctx.configure_coordination_service(
       service_type="standalone", service_leader=coordination_leader(),

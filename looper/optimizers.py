@@ -16,8 +16,8 @@ rule of large-batch and TPU training, meant with warmup).
 
 The names `optimizer.name` and `optimizer.schedule` accept are the keys of
 OPTIMIZERS and SCHEDULES (`config.validate` reads them).
-`clip_by_global_norm_of_sum` is `optimizer.clip_global_norm`; `apply`
-applies gradients, summing them over replicas unless the clip already did.
+`clip_by_global_norm_of_sum` is `optimizer.clip_global_norm`; `sum_once`
+makes an optimizer skip its all-reduce of gradients the clip summed.
 """
 
 import math
@@ -108,14 +108,15 @@ def build(opt: ml_collections.ConfigDict, total_steps: int,
 
 # Per replica thread (MirroredStrategy traces each replica in its own):
 # `summed` - the gradients this replica holds are already the sum over
-# replicas (clip_by_global_norm_of_sum made them so); `skip` - the
-# optimizer's all-reduce is off for the apply under way.
+# replicas (clip_by_global_norm_of_sum made them so), until the
+# optimizer's all-reduce sees it and skips.
 _STATE = threading.local()
 
 
 def clip_by_global_norm_of_sum(grads, clip_norm: float, unscale=None):
   """The SUM over replicas of `grads`, scaled to a global norm of at most
-  `clip_norm` (one all-reduce; `apply` then skips the optimizer's own).
+  `clip_norm` (one all-reduce; an optimizer under `sum_once` then skips
+  its own).
 
   Keras' clipnorm/global_clipnorm clip each replica's gradients before the
   sum, which changes the update with the replica count; this clips the
@@ -138,27 +139,21 @@ def clip_by_global_norm_of_sum(grads, clip_norm: float, unscale=None):
   return [g * tf.cast(factor, g.dtype) for g in total]
 
 
-def apply(optimizer: keras.optimizers.Optimizer, grads, variables) -> None:
-  """`optimizer.apply_gradients`, whose all-reduce (SUM) is skipped when
-  `grads` are already the sum over replicas (clip_by_global_norm_of_sum).
+def sum_once(optimizer: keras.optimizers.Optimizer) -> None:
+  """Makes `optimizer` skip its all-reduce (SUM) of gradients that
+  clip_by_global_norm_of_sum already summed, in the same replica thread;
+  any other gradients it sums as before. Call once, after building it.
 
-  Keras' TensorFlow optimizer always all-reduces in replica context
-  (`_all_reduce_sum_gradients`, which has no switch); it is wrapped once
-  per optimizer to obey a per-thread flag set only for this call.
+  Keras' TensorFlow optimizer always all-reduces in replica context, in
+  `_all_reduce_sum_gradients`, which has no switch: it is wrapped here (on
+  the optimizer that owns the slots, inside a LossScaleOptimizer).
   """
-  summed, _STATE.summed = getattr(_STATE, "summed", False), False
-  target = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
-  if summed and not getattr(target, "_looper_summed_ok", False):
-    original = target._all_reduce_sum_gradients  # pylint: disable=protected-access
+  target = getattr(optimizer, "inner_optimizer", optimizer)
+  original = target._all_reduce_sum_gradients  # pylint: disable=protected-access
 
-    def all_reduce_unless_summed(grads_and_vars):
-      if getattr(_STATE, "skip", False):
-        return list(grads_and_vars)
-      return original(grads_and_vars)
-    target._all_reduce_sum_gradients = all_reduce_unless_summed  # pylint: disable=protected-access
-    target._looper_summed_ok = True  # pylint: disable=protected-access
-  _STATE.skip = summed
-  try:
-    optimizer.apply_gradients(zip(grads, variables))
-  finally:
-    _STATE.skip = False
+  def all_reduce_unless_summed(grads_and_vars):
+    if getattr(_STATE, "summed", False):
+      _STATE.summed = False
+      return list(grads_and_vars)
+    return original(grads_and_vars)
+  target._all_reduce_sum_gradients = all_reduce_unless_summed  # pylint: disable=protected-access

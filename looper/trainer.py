@@ -101,6 +101,8 @@ class Trainer:
         self.model = self.build_model()
       self.optimizer = precision.wrap(self.build_optimizer(),
                                       config.train.precision)
+      # One all-reduce per step with optimizer.clip_global_norm.
+      optimizers.sum_once(self.optimizer)
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here.
       self.optimizer.build(self.model.trainable_variables)
@@ -224,7 +226,7 @@ class Trainer:
     them over replicas. Looper's: dense gradients under data.bucket, the
     all-replica finiteness vote under loss scaling, and
     optimizer.clip_global_norm (which returns the clipped sum: the update
-    then skips its own all-reduce, see optimizers.apply)."""
+    then skips its own all-reduce, see optimizers.sum_once)."""
     if self.config.data.bucket:
       # Sparse gradients (an Embedding's IndexedSlices, a row per token)
       # change size with the batch's length; several replicas all-gather
@@ -243,7 +245,7 @@ class Trainer:
   def apply_gradients(self, grads) -> None:
     """The optimizer update: it sums `grads` over replicas first, unless
     optimizer.clip_global_norm already did (one all-reduce per step)."""
-    optimizers.apply(self.optimizer, grads, self.model.trainable_variables)
+    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
   def eval_step(self, batch) -> None:
     """One replica's eval step; padding examples have mask 0."""
