@@ -61,11 +61,20 @@ def default_config() -> ml_collections.ConfigDict:
   c.dataset_fn = _object_field(None)
   # Trainer class to run; subclass looper.trainer.Trainer to change a step.
   c.trainer = _object_field("looper.trainer:Trainer")
-  # Per-example loss on the model's logits: a name (objectives.LOSSES) or
-  # fn(labels, logits).
+  # Per-example (or per-token) loss on the model's logits: a name
+  # (objectives.LOSSES) or fn(labels, logits); for a model returning a dict
+  # of outputs, a dict of them by output (labels: a dict, same keys).
   c.loss = _object_field("sparse_categorical_crossentropy")
-  # Metrics on logits, by name (objectives.METRICS) or zero-arg factories.
-  c.metrics = ("accuracy",)
+  # Outputs: {output: factor} in the sum of their losses (missing: 1).
+  c.loss_weights = _object_field(None)
+  # How the global batch's weighted losses are averaged
+  # (objectives.NORMALIZATIONS): batch_size (Keras' rule: by the number of
+  # loss values) | weights (by the sum of the weights: per-token losses
+  # with a mask average over the real tokens of the global batch).
+  c.loss_normalization = "batch_size"
+  # Metrics on logits, by name (objectives.METRICS) or zero-arg factories;
+  # for outputs, a dict of such tuples by output (logged 'output/name').
+  c.metrics = _object_field(("accuracy",))
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 1000
@@ -170,6 +179,10 @@ def default_config() -> ml_collections.ConfigDict:
   # is padded to it, a multiple of this many; at most max length / bucket
   # shapes (XLA programs). 0: every example has one static shape.
   c.data.bucket = 0
+  # Train-time weight of each class id, multiplied into the examples' own
+  # sample weights: a sequence by class id, or a dict {id: weight} (others
+  # 1). Empty: off. Eval is not rebalanced (as in Keras).
+  c.data.class_weights = _object_field(())
 
   # A SavedModel for serving (any batch size) in workdir/export/<step>:
   # --mode=export does it for a checkpoint; at_end after training.
@@ -234,24 +247,63 @@ def _check_choice(value: Any, field: str, choices, also: str = "") -> None:
         f" {hint}set --config.{field}{also}")
 
 
+def _validate_objectives(c: ml_collections.ConfigDict) -> None:
+  """config.loss, loss_weights, loss_normalization, metrics, and
+  data.class_weights: names from objectives' tables, one shape."""
+  outputs = isinstance(c.loss, dict)
+  for field, loss in (c.loss.items() if outputs else [(None, c.loss)]):
+    name = "loss" if field is None else f"loss['{field}']"
+    _check(callable(loss) or isinstance(loss, str), name, loss,
+           "give a loss name or a fn(labels, logits) -> per-example loss"
+           " (or a dict of them by output name)")
+    if isinstance(loss, str):
+      _check_choice(loss, name, objectives.LOSSES,
+                    ", or assign a fn(labels, logits) in get_config()")
+  if c.loss_weights is not None:
+    _check(outputs and isinstance(c.loss_weights, dict) and
+           set(c.loss_weights) <= set(c.loss) and
+           all(_seconds(v) and v >= 0 for v in c.loss_weights.values()),
+           "loss_weights", c.loss_weights,
+           "give {output: factor >= 0} for outputs config.loss names (a dict"
+           " by output), or None")
+  _check_choice(c.loss_normalization, "loss_normalization",
+                objectives.NORMALIZATIONS)
+  _check(isinstance(c.metrics, dict) == outputs or not c.metrics, "metrics",
+         c.metrics, "give a dict of metric tuples by output when config.loss"
+         " is a dict by output, else a tuple" if outputs else
+         "give a tuple of metric names, e.g. ('accuracy',): config.loss is"
+         " not a dict by output")
+  for output, metrics in (c.metrics.items() if isinstance(c.metrics, dict)
+                          else [(None, c.metrics)]):
+    name = "metrics" if output is None else f"metrics['{output}']"
+    _check(isinstance(metrics, (tuple, list)), name, metrics,
+           "give a tuple of metric names, e.g. ('accuracy',)")
+    for metric in metrics:
+      _check(callable(metric) or isinstance(metric, str), name, metrics,
+             "give metric names or zero-argument factories of Keras metrics")
+      if isinstance(metric, str):
+        _check_choice(metric, name, objectives.METRICS,
+                      ", or add a metric factory in get_config()")
+  weights = c.data.class_weights
+  values = list(weights.values()) if isinstance(weights, dict) else weights
+  _check(isinstance(weights, (dict, tuple, list)) and
+         all(_seconds(v) and 0 <= v < float("inf") for v in values) and
+         (not isinstance(weights, dict) or
+          all(str(k).isdigit() for k in weights)),
+         "data.class_weights", weights,
+         "give a weight >= 0 per class id: a sequence (1.0, 5.0) or a dict"
+         " {1: 5.0}")
+  _check(not (weights and outputs), "data.class_weights", weights,
+         "class weights need one class-id label; with a dict of outputs,"
+         " weigh examples by a third element of each example instead")
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks every field looper reads; raises ConfigError on the first bad one."""
   for field in ("model_fn", "dataset_fn", "trainer"):
     _check(callable(refs.resolve(c[field], field)), field, c[field],
            "must name a callable")
-  _check(callable(c.loss) or isinstance(c.loss, str), "loss", c.loss,
-         "give a loss name or a fn(labels, logits) -> per-example loss")
-  if isinstance(c.loss, str):
-    _check_choice(c.loss, "loss", objectives.LOSSES,
-                  ", or assign a fn(labels, logits) in get_config()")
-  _check(isinstance(c.metrics, (tuple, list)), "metrics", c.metrics,
-         "give a tuple of metric names, e.g. ('accuracy',)")
-  for metric in c.metrics:
-    _check(callable(metric) or isinstance(metric, str), "metrics", c.metrics,
-           "give metric names or zero-argument factories of Keras metrics")
-    if isinstance(metric, str):
-      _check_choice(metric, "metrics", objectives.METRICS,
-                    ", or add a metric factory in get_config()")
+  _validate_objectives(c)
   for fields, ok, must in _KINDS:
     for field in fields:
       value = functools.reduce(getattr, field.split("."), c)

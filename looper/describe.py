@@ -36,9 +36,11 @@ def describe(config) -> str:
       size = checks.num_examples(trainer.examples(split), split, field)
     mode = {"Elements": "element", "Arrays": "array", "Files": "file"}.get(
         type(source).__name__, type(source).__name__)
-    inputs, labels = trainer.examples(split).element_spec
+    inputs, labels, weights = checks.parts(
+        trainer.examples(split).element_spec)
+    weighted = "" if weights is None else f", weights {_spec(weights)}"
     lines.append(f"  {field}={split!r}: {size:,} examples, {mode} mode;"
-                 f" inputs {_spec(inputs)}, labels {_spec(labels)}")
+                 f" inputs {_spec(inputs)}, labels {_spec(labels)}{weighted}")
   lines += ["", "model", summaries.model_summary(trainer.model), "",
             "config", refs.to_json(config)]
   return "\n".join(lines)

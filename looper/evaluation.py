@@ -39,7 +39,7 @@ BEST_MODES = {"max": operator.gt, "min": operator.lt}
 
 def check_best_metric(best_metric: str, trainer) -> None:
   """`checkpoint.best_metric` must be one of the values evaluation reports."""
-  names = ["loss"] + [m.name for m in trainer.eval_metrics]
+  names = ["loss"] + trainer.eval_metric_names
   if best_metric and best_metric not in names:
     raise ConfigError(
         f"config.checkpoint.best_metric={best_metric!r} is not an eval"

@@ -64,7 +64,7 @@ def export(trainer, workdir: str, *, on_tpu: bool = False) -> str:
   step = trainer.global_step
   final = os.path.join(workdir, EXPORT_DIR, str(step))
   partial = os.path.join(workdir, EXPORT_DIR, f".partial-{step}")
-  spec, _ = trainer.examples(trainer.config.data.eval_split).element_spec
+  spec = trainer.examples(trainer.config.data.eval_split).element_spec[0]
   signature = input_signature(spec)
   archive = keras.export.ExportArchive()
   archive.track(trainer.model)

@@ -5,22 +5,45 @@ Synopsis::
     c.loss = "sparse_categorical_crossentropy"   # a name from LOSSES
     c.loss = my_loss                             # or fn(labels, logits)
     c.metrics = ("accuracy", keras_metric_factory)
+    c.loss_normalization = "batch_size"          # or "weights": NORMALIZATIONS
+    # A model returning a dict of outputs (labels: a dict, same keys):
+    c.loss = {"digit": "sparse_categorical_crossentropy",
+              "ink": "mean_squared_error"}
+    c.loss_weights = {"digit": 1.0, "ink": 0.5}
+    c.metrics = {"digit": ("accuracy",), "ink": ("mean_squared_error",)}
 
-    loss_fn = objectives.lookup(config.loss, objectives.LOSSES, "loss")
-    metrics = [objectives.lookup(m, objectives.METRICS, "metrics")()
-               for m in config.metrics]
-    objectives.check_metric_names([m.name for m in metrics])
+    losses = objectives.losses(config.loss)       # a fn, or a dict of fns
+    values = objectives.apply(losses, labels, logits)   # per example/token
+    loss = objectives.average(values, weights, weight_total,
+                              loss_weights=config.loss_weights,
+                              normalization=config.loss_normalization,
+                              global_batch_size=256)
+    metrics = objectives.Metrics(config.metrics)  # logs 'digit/accuracy'...
 
-Losses are per example on the model's float32 logits (looper averages
-over the global batch itself); metrics are zero-argument factories of
-Keras metrics updated with (labels, logits, sample_weight). A name is
+Losses are per example (shape [batch]) or per token (any [batch, ...]) on
+the model's float32 logits: looper averages over the global batch itself,
+so the update is the same on any number of replicas. The average
+(`config.loss_normalization`, defined once here and in BUILD.md "Losses"):
+
+    batch_size  sum(w * loss) / (number of loss values in the global batch)
+                Keras' rule (reduction 'sum_over_batch_size'); w = 1 if the
+                examples carry no weight.
+    weights     sum(w * loss) / sum(w): a weighted mean (w broadcast to the
+                loss's shape); for per-token losses with a 0/1 mask, the
+                mean over the real tokens of the global batch.
+
+Both sums run over the whole update: every replica and every
+micro-batch of train.grad_accum_steps. Metrics are zero-argument factories
+of Keras metrics updated with (labels, logits, sample_weight). A name is
 checked by `config.validate` against these tables, before TensorFlow
 builds anything.
 """
 
+import math
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from looper.errors import ConfigError
 
@@ -35,6 +58,15 @@ LOSSES = {
 # The LOSSES that read logits (from_logits=True): a model ending in a
 # softmax or sigmoid would feed them probabilities (see `probe`).
 FROM_LOGITS = ("sparse_categorical_crossentropy",)
+
+# config.loss_normalization -> the denominator of the global batch's loss,
+# from (count: loss values in the global batch, weight_sum: the sum of the
+# weights broadcast to them, or None if the examples carry none).
+NORMALIZATIONS = {
+    "batch_size": lambda count, weight_sum: count,
+    "weights": lambda count, weight_sum: (
+        count if weight_sum is None else weight_sum),
+}
 
 # Metric factories on logits, by `config.metrics` name.
 METRICS = {
@@ -72,6 +104,80 @@ def display_name(value: Any) -> str:
       value, "__name__", type(value).__name__)
 
 
+class LossMean(keras.metrics.Metric):
+  """An output's loss over a whole (eval) split, averaged as training
+  averages a global batch: sum(w * loss) over the split's real examples
+  divided by the config.loss_normalization denominator over them."""
+
+  def __init__(self, normalization: str, name: str = "loss"):
+    super().__init__(name=name)
+    self.normalization = normalization
+    self.total = self.add_variable(shape=(), initializer="zeros",
+                                   name="total")
+    self.denominator = self.add_variable(shape=(), initializer="zeros",
+                                         name="denominator")
+
+  def update_state(self, values, weights, mask):
+    """values [batch, ...]; weights None or a prefix shape; mask [batch]
+    (0 for eval padding)."""
+    weighted_mask = mask if weights is None else (
+        broadcast(mask, weights) * tf.cast(weights, tf.float32))
+    ones = tf.ones_like(values)
+    self.total.assign_add(tf.reduce_sum(
+        values * broadcast(weighted_mask, values)))
+    count = tf.reduce_sum(ones * broadcast(mask, values))
+    weight_sum = None if weights is None else tf.reduce_sum(
+        ones * broadcast(weighted_mask, values))
+    self.denominator.assign_add(
+        NORMALIZATIONS[self.normalization](count, weight_sum))
+
+  def result(self):
+    return tf.math.divide_no_nan(self.total, self.denominator)
+
+
+class Metrics:
+  """The experiment's metrics, keyed by the name they log under.
+
+  Args:
+    spec: config.metrics: a tuple of names or factories, or (a model with a
+      dict of outputs) a dict of such tuples by output name, whose metrics
+      log as 'output/name'.
+
+  Raises:
+    ConfigError: an unknown name, or two metrics logging under one name.
+  """
+
+  def __init__(self, spec):
+    per_output = spec.items() if isinstance(spec, dict) else [(None, spec)]
+    built = [(output, lookup(value, METRICS, "metrics")())
+             for output, values in per_output for value in values]
+    names = [m.name if o is None else f"{o}/{m.name}" for o, m in built]
+    check_metric_names(names)
+    # log name -> (output name or None, Keras metric)
+    self.by_name = dict(zip(names, built))
+
+  @property
+  def names(self) -> list[str]:
+    return list(self.by_name)
+
+  def update(self, labels, logits, weights=None) -> None:
+    for output, metric in self.by_name.values():
+      if output is None:
+        metric.update_state(labels, logits, sample_weight=weights)
+      else:
+        metric.update_state(
+            labels[output], logits[output],
+            sample_weight=output_weights(weights, logits)[output])
+
+  def reset(self) -> None:
+    for _, metric in self.by_name.values():
+      metric.reset_state()
+
+  def results(self) -> dict:
+    return {name: metric.result()
+            for name, (_, metric) in self.by_name.items()}
+
+
 def check_metric_names(names) -> None:
   """Checks the names of the built metric objects (they key the logs).
 
@@ -85,7 +191,7 @@ def check_metric_names(names) -> None:
   """
   seen = set()
   for name in names:
-    if name in RESERVED_METRIC_NAMES:
+    if name.rsplit("/", 1)[-1] in RESERVED_METRIC_NAMES:  # 'out/loss' too
       raise ConfigError(
           f"config.metrics: a metric is named {name!r}, which looper reports"
           " itself; give it another name (e.g. keras.metrics.Mean("
@@ -95,3 +201,121 @@ def check_metric_names(names) -> None:
           f"config.metrics: two metrics are named {name!r}, so one would"
           " hide the other in the logs; give each its own name")
     seen.add(name)
+
+
+def losses(value: Any):
+  """config.loss as functions: one fn(labels, logits), or a dict of them by
+  output name (a model returning a dict of outputs)."""
+  if isinstance(value, dict):
+    return {k: lookup(v, LOSSES, f"loss['{k}']") for k, v in value.items()}
+  return lookup(value, LOSSES, "loss")
+
+
+def apply(loss_fns, labels, logits):
+  """Per-example (or per-token) loss values: a tensor, or (`loss_fns` a
+  dict by output) a dict of them, from the labels and logits of each."""
+  if isinstance(loss_fns, dict):
+    return {k: _loss(fn, labels[k], logits[k]) for k, fn in loss_fns.items()}
+  return _loss(loss_fns, labels, logits)
+
+
+def _loss(fn, labels, logits):
+  return tf.cast(fn(labels, logits), tf.float32)
+
+
+def output_weights(weights, values):
+  """The example weights of each output: `weights` as given if they are a
+  dict by output, else the same weights for every output."""
+  if isinstance(values, dict):
+    return {k: weights[k] if isinstance(weights, dict) else weights
+            for k in values}
+  return weights
+
+
+def broadcast(weights, values) -> tf.Tensor:
+  """`weights` (shape [batch] or a prefix of the loss's shape) expanded to
+  broadcast against `values`; a trailing size-1 axis beyond it is dropped
+  ([batch, 1] weights on [batch] losses, as Keras accepts)."""
+  weights = tf.cast(weights, values.dtype)
+  while weights.shape.rank > values.shape.rank and weights.shape[-1] == 1:
+    weights = tf.squeeze(weights, -1)
+  for _ in range(values.shape.rank - weights.shape.rank):
+    weights = weights[..., tf.newaxis]
+  return weights
+
+
+def values_per_weight(weights, values) -> int:
+  """Loss values one weight covers: 1 for weights shaped like the losses,
+  the tokens of an example for per-example weights on per-token losses."""
+  shape = tf.convert_to_tensor(weights).shape
+  rank = shape.rank
+  while rank > values.shape.rank and shape[rank - 1] == 1:
+    rank -= 1
+  return math.prod(values.shape[rank:])
+
+
+def average(values, weights=None, weight_total=None, *, loss_weights=None,
+            normalization: str = "batch_size", global_batch_size: int):
+  """This batch's share of the global batch's loss (see the module doc).
+
+  Args:
+    values: per-example or per-token losses [batch, ...], or a dict of them
+      by output.
+    weights: the examples' weights (None: 1), shaped like a prefix of the
+      values (or a dict by output).
+    weight_total: the sum of `weights` over the global batch (every replica
+      and micro-batch), as `sum(weights)` computes it; needed by
+      normalization 'weights' only. A dict by output if `weights` is one.
+    loss_weights: a dict of a factor per output (missing: 1).
+    normalization: a key of NORMALIZATIONS.
+    global_batch_size: examples in the global batch (of one update).
+
+  Returns:
+    A float32 scalar; summed over the replicas and micro-batches of one
+    update it is the global batch's loss.
+  """
+  if isinstance(values, dict):
+    weights = output_weights(weights, values)
+    totals = output_weights(weight_total, values)
+    return tf.add_n([
+        (loss_weights or {}).get(k, 1.0) * average(
+            v, weights[k], totals[k], normalization=normalization,
+            global_batch_size=global_batch_size)
+        for k, v in values.items()])
+  weighted = values if weights is None else values * broadcast(weights,
+                                                               values)
+  count = global_batch_size * math.prod(values.shape[1:])
+  weight_sum = None if weight_total is None else (
+      tf.cast(weight_total, tf.float32) * values_per_weight(weights, values))
+  denominator = NORMALIZATIONS[normalization](count, weight_sum)
+  return tf.math.divide_no_nan(tf.reduce_sum(weighted),
+                               tf.cast(denominator, tf.float32))
+
+
+def masked(weights, mask):
+  """Eval weights: the examples' weights (None: 1) times the padding mask
+  [batch], per output if the weights are a dict."""
+  if weights is None:
+    return mask
+  return tf.nest.map_structure(
+      lambda w: broadcast(mask, w) * tf.cast(w, tf.float32), weights)
+
+
+def class_weight_table(value) -> tf.Tensor | None:
+  """data.class_weights (a sequence by class id, or a dict {id: weight};
+  a class a dict leaves out weighs 1) as a float32 vector; None if unset."""
+  if not value:
+    return None
+  if isinstance(value, dict):
+    value = {int(k): float(v) for k, v in value.items()}
+    value = [value.get(i, 1.0) for i in range(max(value) + 1)]
+  return tf.constant([float(v) for v in value], tf.float32)
+
+
+def class_weighted(weights, labels, table):
+  """`weights` (None: 1) times the class weight of each label."""
+  if table is None:
+    return weights
+  by_class = tf.gather(table, labels)
+  return by_class if weights is None else by_class * broadcast(
+      weights, by_class)

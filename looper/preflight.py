@@ -39,6 +39,7 @@ from looper import config as config_lib
 from looper import distribute
 from looper import errors
 from looper import refs
+from looper.data import checks
 
 # Ops that run Python: a TPU host runs only the graph.
 _PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":
@@ -93,13 +94,14 @@ def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
         f" {len(shapes)} distinct shapes (e.g. {sorted(shapes)[:3]}); each"
         f" compiles again on a TPU: raise --config.data.bucket so fewer"
         f" padded lengths remain (see experiments/text_classifier.py)")
-  inputs, labels = first
+  inputs, labels, weights = checks.parts(first)
   per_core_eval = max(1, config.eval.batch_size // cores)
   # padded_batch: variable-length examples (data.bucket) batch too.
-  eval_inputs, _ = next(iter(examples["eval"].padded_batch(
-      per_core_eval, drop_remainder=True)))
+  eval_inputs = next(iter(examples["eval"].padded_batch(
+      per_core_eval, drop_remainder=True)))[0]
   steps = {
-      "train step": (trainer.compute_gradients, (inputs, labels)),
+      "train step": (trainer.compute_gradients, (inputs, labels) if
+                     weights is None else (inputs, labels, weights)),
       "eval step": (lambda x: trainer.model(x, training=False),
                     (eval_inputs,)),
   }
@@ -131,9 +133,10 @@ def _batch_problems(config, cores: int) -> list[str]:
 
 
 def _dtype_problems(element_spec, split: str) -> list[str]:
-  inputs, labels = element_spec
   problems = []
-  for path, spec in _leaves(inputs, "inputs") + _leaves(labels, "labels"):
+  for path, spec in [leaf for name, part in zip(
+      ("inputs", "labels", "weights"), element_spec)
+                     for leaf in _leaves(part, name)]:
     if spec.dtype == tf.float64:
       problems.append(
           f"config.dataset_fn: {path} of split {split!r} is float64, which a"

@@ -38,37 +38,139 @@ def check_inputs(trainer, split: str, probe: int = 256) -> None:
                                 config.train.batch_size, "train.batch_size")
   examples = checks.check_nonempty(trainer.examples(split), split, field)
   # padded_batch: examples of variable length (data.bucket) fit too.
-  inputs, labels = next(iter(examples.padded_batch(probe)))
+  inputs, labels, weights = checks.parts(
+      next(iter(examples.padded_batch(probe))))
   shapes = tf.nest.map_structure(lambda t: (t.shape[1:].as_list(),
                                             t.dtype.name), inputs)
   # Only what a mismatch raises becomes one line; any other error is a bug
   # in the user's code and keeps its traceback.
   mismatch = (ValueError, TypeError, tf.errors.InvalidArgumentError)
   try:
-    logits = tf.cast(trainer.model(inputs, training=False), tf.float32)
+    logits = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32),
+                                   trainer.model(inputs, training=False))
   except mismatch as e:
     raise errors.ConfigError(
         f"config.model_fn: the model rejects the examples of split"
         f" {split!r} (inputs {shapes}): {errors.first_line(e)}; make the"
         " model's Input match what config.dataset_fn yields") from None
-  if config.loss == "sparse_categorical_crossentropy":
-    checks.check_class_labels(labels, logits, split)
-  _check_no_final_squash(trainer.model, config.loss)
+  _check_outputs(config, logits, labels, split)
+  losses = (config.loss if isinstance(config.loss, dict)
+            else {None: config.loss})
+  for output, loss in losses.items():
+    if loss == "sparse_categorical_crossentropy":
+      checks.check_class_labels(_pick(labels, output),
+                                _pick(logits, output), split)
+  if not isinstance(config.loss, dict):
+    _check_no_final_squash(trainer.model, config.loss)
   loss = objectives.display_name(config.loss)
   try:
-    per_example = trainer.compute_loss(labels, logits)
+    values = trainer.compute_loss(labels, logits)
   except mismatch as e:
     raise errors.ConfigError(
         f"config.loss={loss} fails on logits of shape"
-        f" {logits.shape.as_list()} and labels of shape"
-        f" {labels.shape.as_list()} ({labels.dtype.name}):"
+        f" {_shape(logits)} and labels of shape"
+        f" {_shape(labels)} ({_dtype(labels)}):"
         f" {errors.first_line(e)}; make the labels of split {split!r} fit"
         " the loss, or choose another config.loss") from None
-  if per_example.shape.as_list() != [len(logits)]:
+  batch = len(tf.nest.flatten(inputs)[0])
+  for output in losses:
+    per_example = _pick(values, output)
+    name = loss if output is None else objectives.display_name(
+        config.loss[output])
+    if per_example.shape.rank < 1 or per_example.shape[0] != batch:
+      raise errors.ConfigError(
+          f"config.loss={name} returns shape {per_example.shape.as_list()}"
+          f" for a batch of {batch}; return one loss per example (shape"
+          " [batch]) or per token ([batch, ...]): looper averages over the"
+          " global batch itself")
+    if weights is not None:
+      _check_weights(objectives.output_weights(weights, values)[output]
+                     if output else weights, per_example, split)
+  if config.data.class_weights and split == config.data.train_split:
+    _check_class_weights(config.data.class_weights, labels, split)
+
+
+def _pick(structure, output):
+  return structure if output is None else structure[output]
+
+
+def _shape(structure):
+  return tf.nest.map_structure(lambda t: t.shape.as_list(), structure)
+
+
+def _dtype(structure):
+  return tf.nest.map_structure(lambda t: t.dtype.name, structure)
+
+
+def _check_outputs(config, logits, labels, split: str) -> None:
+  """A dict of outputs needs config.loss (and config.metrics) by output
+  name, and labels under the same names; one output, one loss."""
+  if isinstance(logits, dict) != isinstance(config.loss, dict):
+    if isinstance(logits, dict):
+      raise errors.ConfigError(
+          f"config.loss={objectives.display_name(config.loss)}: the model"
+          f" returns a dict of outputs {sorted(logits)}; give a dict of"
+          f" losses by output, e.g. config.loss = {{{next(iter(logits))!r}:"
+          " 'sparse_categorical_crossentropy', ...}")
     raise errors.ConfigError(
-        f"config.loss={loss} returns shape {per_example.shape.as_list()} for"
-        f" a batch of {len(logits)}; return one loss per example (shape"
-        " [batch]): looper averages over the global batch itself")
+        f"config.loss is a dict by output {sorted(config.loss)}, but the"
+        " model returns one tensor; return a dict of outputs from"
+        " config.model_fn, or give one loss")
+  if not isinstance(logits, dict):
+    return
+  for field, names in (("loss", config.loss), ("metrics", config.metrics)):
+    unknown = sorted(set(names) - set(logits)) if isinstance(
+        names, dict) else []
+    if unknown:
+      raise errors.ConfigError(
+          f"config.{field} names output {unknown[0]!r}, which the model does"
+          f" not return (its outputs: {', '.join(sorted(logits))}); name"
+          " outputs the model returns")
+  missing = sorted(set(config.loss) - set(
+      labels if isinstance(labels, dict) else ()))
+  if missing:
+    raise errors.ConfigError(
+        f"config.dataset_fn yields labels for split {split!r} without"
+        f" {missing[0]!r}; a model with a dict of outputs needs a dict of"
+        f" labels with a key for each output config.loss names"
+        f" ({', '.join(sorted(config.loss))})")
+
+
+def _check_weights(weights, values, split: str) -> None:
+  """Sample weights: a prefix of the loss's shape, finite and >= 0."""
+  shape, loss_shape = weights.shape[1:].as_list(), values.shape[1:].as_list()
+  while len(shape) > len(loss_shape) and shape[-1] == 1:
+    shape = shape[:-1]
+  if shape != loss_shape[:len(shape)]:
+    raise errors.ConfigError(
+        f"config.dataset_fn yields sample weights of shape {shape} per"
+        f" example for split {split!r}, but the loss has shape {loss_shape}"
+        f" per example; give one weight per example (shape []) or one per"
+        f" loss value ({loss_shape})")
+  bad = tf.logical_or(tf.logical_not(tf.math.is_finite(weights)),
+                      weights < 0)
+  if bool(tf.reduce_any(bad)):
+    value = float(tf.boolean_mask(weights, bad)[0])
+    raise errors.ConfigError(
+        f"config.dataset_fn yields a sample weight of {value} in split"
+        f" {split!r}; weights must be finite and >= 0 (0 leaves an example"
+        " out)")
+
+
+def _check_class_weights(class_weights, labels, split: str) -> None:
+  """Every label of the probe indexes data.class_weights."""
+  table = objectives.class_weight_table(class_weights)
+  if not labels.dtype.is_integer:
+    raise errors.ConfigError(
+        f"config.data.class_weights needs integer class-id labels, but"
+        f" split {split!r} yields {labels.dtype.name} labels; cast them to"
+        " int32 or unset --config.data.class_weights")
+  high = int(tf.reduce_max(labels))
+  if high >= len(table) or int(tf.reduce_min(labels)) < 0:
+    raise errors.ConfigError(
+        f"config.data.class_weights has {len(table)} weights, but split"
+        f" {split!r} has class id {high}; give a weight for every class id"
+        f" (a dict leaves the others at 1)")
 
 
 def _check_no_final_squash(model, loss) -> None:

@@ -153,7 +153,7 @@ def _run_in_workdir(config, workdir: str, mode: str,
   logging.info("%s", console.header(config, strategy, workdir, mode, restored,
                                     trainer.model))
   out = _open_workdir(workdir, config, MODES[mode], chief,
-                      eval_names=[m.name for m in trainer.eval_metrics])
+                      eval_names=trainer.eval_metric_names)
   try:
     ctl = controller_lib.Controller(
         trainer, ckpt, total_steps=config.train.steps,

@@ -27,8 +27,11 @@ sync per step)::
 
 One replica's step (`train_step`, which the loop calls) is three seams::
 
-    for inputs, labels in micro_batches(batch):  # grad_accum_steps of them
-      loss, grads, logits = compute_gradients(inputs, labels)  # summed
+    micro = micro_batches(batch)   # grad_accum_steps (inputs, labels, weights)
+    total = weight_total(micro)    # loss_normalization='weights': all replicas
+    for inputs, labels, weights in micro:
+      loss, grads, logits = compute_gradients(inputs, labels, weights,
+                                              total)            # summed
     grads = transform_gradients(grads)   # e.g. clipping (which sums them)
     apply_gradients(grads)               # the optimizer sums over replicas
                                          # (unless the clip did)
@@ -86,7 +89,10 @@ class Trainer:
     self._micro_rows = config.train.batch_size // replicas  # static shape
     self.model_fn = refs.resolve(config.model_fn, "model_fn")
     self.dataset_fn = refs.resolve(config.dataset_fn, "dataset_fn")
-    self._loss_fn = objectives.lookup(config.loss, objectives.LOSSES, "loss")
+    self._loss_fn = objectives.losses(config.loss)
+    # data.class_weights as a table by class id (None: off).
+    self._class_weights = objectives.class_weight_table(
+        config.data.class_weights)
     # Built on the first evaluate(): counting the split may take a pass.
     self._eval_data, self._eval_steps = None, None
     self._sources = {}  # split -> its input source, made once
@@ -112,9 +118,14 @@ class Trainer:
                   if config.optimizer.ema_decay else None)
       self.train_metrics = self.build_metrics()
       self.eval_metrics = self.build_metrics()
-      # Their names key the logs, beside looper's own 'loss', 'examples'...
-      objectives.check_metric_names([m.name for m in self.train_metrics])
-      self._eval_loss = keras.metrics.Mean("loss")
+      # The eval loss of each output (config.loss a dict) or of the model.
+      # output name (None: the model's one output) -> its loss, logged as
+      # 'loss' or 'output/loss'.
+      self._eval_losses = {
+          k: objectives.LossMean(config.loss_normalization,
+                                 "loss" if k is None else f"{k}/loss")
+          for k in (config.loss if isinstance(config.loss, dict)
+                    else [None])}
       # float64 counts stay exact far beyond float32's 2**24 examples.
       self._eval_examples = keras.metrics.Sum("examples", dtype="float64")
       counter = dict(dtype=tf.int64, trainable=False,
@@ -163,14 +174,24 @@ class Trainer:
     return optimizers.build(self.config.optimizer, self.config.train.steps,
                             self.global_batch_size)
 
-  def build_metrics(self) -> list[keras.metrics.Metric]:
-    """Fresh metric objects; called once for train and once for eval."""
-    return [objectives.lookup(m, objectives.METRICS, "metrics")()
-            for m in self.config.metrics]
+  def build_metrics(self) -> objectives.Metrics:
+    """Fresh metric objects, keyed by their log names (config.metrics);
+    called once for train and once for eval."""
+    return objectives.Metrics(self.config.metrics)
 
-  def compute_loss(self, labels, logits) -> tf.Tensor:
-    """Per-example loss, shape [batch]; averaged by the caller."""
-    return self._loss_fn(labels, logits)
+  def compute_loss(self, labels, logits):
+    """Per-example (or per-token) losses, shape [batch, ...]; a dict of them
+    by output if config.loss is a dict. Weighted and averaged by the
+    caller (`average_loss`)."""
+    return objectives.apply(self._loss_fn, labels, logits)
+
+  def average_loss(self, values, weights=None, weight_total=None):
+    """This replica's share of the global batch's loss from the losses
+    `compute_loss` returned (config.loss_normalization, loss_weights)."""
+    return objectives.average(
+        values, weights, weight_total, loss_weights=self.config.loss_weights,
+        normalization=self.config.loss_normalization,
+        global_batch_size=self.global_batch_size)
 
   def train_step(self, batch) -> tf.Tensor:
     """One replica's update; returns its share of the global mean loss.
@@ -180,10 +201,13 @@ class Trainer:
     times larger). The default sums the gradients of its micro-batches and
     applies them once, so the update is that of the larger batch.
     """
+    micro = self.micro_batches(batch)
+    total = self.weight_total([weights for _, _, weights in micro])
     loss, grads = 0.0, None
-    for inputs, labels in self.micro_batches(batch):  # unrolled: k is small
-      part, part_grads, logits = self._compute_gradients(inputs, labels)
-      self.update_metrics(self.train_metrics, labels, logits)
+    for inputs, labels, weights in micro:  # unrolled: k is small
+      part, part_grads, logits = self._compute_gradients(
+          inputs, labels, weights, total)
+      self.update_metrics(self.train_metrics, labels, logits, weights)
       loss += part
       grads = part_grads if grads is None else [
           g + h for g, h in zip(grads, part_grads)]
@@ -194,26 +218,45 @@ class Trainer:
 
   def micro_batches(self, batch) -> list:
     """`batch` cut back into its train.grad_accum_steps micro-batches, each
-    of train.batch_size / replicas examples (static slices)."""
+    of train.batch_size / replicas examples (static slices), as
+    (inputs, labels, weights): the examples' weights times
+    data.class_weights, None if there are neither."""
     rows = self._micro_rows
-    return [tf.nest.map_structure(lambda t, i=i: t[i * rows:(i + 1) * rows],
-                                  batch)
-            for i in range(self.grad_accum_steps)]
+    parts = []
+    for i in range(self.grad_accum_steps):
+      inputs, labels, weights = checks.parts(tf.nest.map_structure(
+          lambda t, i=i: t[i * rows:(i + 1) * rows], batch))
+      parts.append((inputs, labels, objectives.class_weighted(
+          weights, labels, self._class_weights)))
+    return parts
 
-  def compute_gradients(self, inputs, labels):
+  def weight_total(self, weights: list):
+    """The sum of an update's example weights over all its micro-batches
+    and replicas (one scalar all-reduce per step), which
+    loss_normalization='weights' divides by; None when not needed."""
+    if (self.config.loss_normalization != "weights" or weights[0] is None):
+      return None
+    local = tf.nest.map_structure(
+        lambda *w: tf.add_n([tf.reduce_sum(x) for x in w]), *weights)
+    return tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, local)
+
+  def compute_gradients(self, inputs, labels, weights=None,
+                        weight_total=None):
     """One replica's (loss, gradients, float32 logits).
 
     The loss is this replica's share of the global mean (summed over
     replicas it is the mean over the global batch), so the gradients sum,
-    not average, across replicas. Under mixed_float16 the gradients are of
-    the scaled loss (the optimizer unscales them). With train.jit_compile
-    this method is what XLA compiles.
+    not average, across replicas. `weights`: the examples' (or tokens')
+    weights; `weight_total`: their sum over the update (`weight_total`).
+    Under mixed_float16 the gradients are of the scaled loss (the optimizer
+    unscales them). With train.jit_compile this method is what XLA
+    compiles.
     """
     with tf.GradientTape() as tape:
-      logits = tf.cast(self.model(inputs, training=True), tf.float32)
-      loss = tf.nn.compute_average_loss(
-          self.compute_loss(labels, logits),
-          global_batch_size=self.global_batch_size)
+      logits = _float32(self.model(inputs, training=True))
+      loss = self.average_loss(self.compute_loss(labels, logits), weights,
+                               weight_total)
       if self.model.losses:  # regularizers: once per update, not per
         # replica or micro-batch
         loss += tf.nn.scale_regularization_loss(
@@ -248,25 +291,36 @@ class Trainer:
     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
   def eval_step(self, batch) -> None:
-    """One replica's eval step; padding examples have mask 0."""
-    inputs, labels, mask = batch
-    logits = tf.cast(self.model(inputs, training=False), tf.float32)
-    self._eval_loss.update_state(self.compute_loss(labels, logits),
-                                 sample_weight=mask)
+    """One replica's eval step; padding examples have mask 0. The examples'
+    own weights count (data.class_weights, a train-time rebalancing, does
+    not, as in Keras)."""
+    *example, mask = batch
+    inputs, labels, weights = checks.parts(example)
+    logits = _float32(self.model(inputs, training=False))
+    values = self.compute_loss(labels, logits)
+    for output, loss in self._eval_losses.items():
+      if output is None:
+        loss.update_state(values, weights, mask)
+      else:
+        loss.update_state(values[output], objectives.output_weights(
+            weights, values)[output], mask)
     self._eval_examples.update_state(mask)
-    self.update_metrics(self.eval_metrics, labels, logits, mask)
+    self.update_metrics(self.eval_metrics, labels, logits,
+                        objectives.masked(weights, mask))
 
   def update_metrics(self, metrics, labels, logits, sample_weight=None):
-    for metric in metrics:
-      metric.update_state(labels, logits, sample_weight=sample_weight)
+    """Updates `metrics` (an objectives.Metrics) with a batch."""
+    metrics.update(labels, logits, sample_weight)
 
   def serve(self, inputs) -> dict[str, tf.Tensor]:
-    """What an export computes for a batch of `inputs` (see looper.export).
+    """What an export computes for a batch of `inputs` (see looper.export):
+    {"logits": ...}, or every output of a model with a dict of them.
 
     Override to serve probabilities, decoded labels or preprocessing; the
     model's variables are the only state an export may use.
     """
-    return {"logits": self.model(inputs, training=False)}
+    outputs = self.model(inputs, training=False)
+    return dict(outputs) if isinstance(outputs, dict) else {"logits": outputs}
 
   def on_loop_end(self, step: int, logs: dict[str, float]) -> None:
     """Host-side hook after every train loop, with the logs just written."""
@@ -386,8 +440,7 @@ class Trainer:
     One process reads the stop flag each step: a host variable only the
     host writes, so reading it waits for nothing on a device.
     """
-    for metric in self.train_metrics:
-      metric.reset_state()
+    self.train_metrics.reset()
     waited = tf.constant(0.0, tf.float64)  # seconds spent in get_next
     ran = tf.constant(0, tf.int32)
     if steps is None:
@@ -406,7 +459,7 @@ class Trainer:
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
                             for v in self.model.trainable_variables])
     return (self._step_losses.read_value()[:ran], finite, waited,
-            {m.name: m.result() for m in self.train_metrics})
+            self.train_metrics.results())
 
   def _loop_step(self, iterator, i, waited):
     """Step i of a train call: next batch, the replica step.
@@ -463,18 +516,33 @@ class Trainer:
             where=f"of the evaluation at step {self.global_step}") from None
       return {k: float(v) for k, v in results.items()}
 
+  @property
+  def eval_metric_names(self) -> list[str]:
+    """What `evaluate` reports besides 'loss' and 'examples': each output's
+    loss (a dict of outputs) and each metric, by log name."""
+    outputs = [m.name for k, m in self._eval_losses.items() if k is not None]
+    return outputs + self.eval_metrics.names
+
   def averaged_weights(self):
     """A context in which the model holds the moving average of its weights
     (eval, export); no-op without optimizer.ema_decay."""
     return self.ema.swapped() if self.ema else contextlib.nullcontext()
 
   def _eval_loop(self, iterator, steps):
-    bookkeeping = [self._eval_loss, self._eval_examples]
-    for metric in bookkeeping + self.eval_metrics:
+    bookkeeping = [*self._eval_losses.values(), self._eval_examples]
+    for metric in bookkeeping:
       metric.reset_state()
+    self.eval_metrics.reset()
     for _ in tf.range(steps):
       self.strategy.run(self.eval_step, args=(next(iterator),))
-    return {m.name: m.result() for m in bookkeeping + self.eval_metrics}
+    results = {m.name: m.result() for m in self._eval_losses.values()}
+    if None not in self._eval_losses:  # outputs: weighted as in training
+      factors = self.config.loss_weights or {}
+      results = {"loss": tf.add_n([
+          factors.get(k, 1.0) * m.result()
+          for k, m in self._eval_losses.items()]), **results}
+    return {**results, "examples": self._eval_examples.result(),
+            **self.eval_metrics.results()}
 
   # --- State ------------------------------------------------------------------
 
@@ -492,3 +560,9 @@ class Trainer:
     if self.ema:
       items["ema"] = self.ema.averages
     return items
+
+
+def _float32(outputs):
+  """The model's outputs (a tensor or a dict of them) as float32: losses
+  and metrics run in float32 under any precision policy."""
+  return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)

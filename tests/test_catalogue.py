@@ -122,6 +122,18 @@ def assert_fails(c, workdir, want, mode="train_and_eval", **kwargs):
                  "config.checkpoint.best_mode='maximum' is not one of max,"
                  " min; did you mean 'max'? set --config.checkpoint.best_mode",
                  id="best-mode-typo"),
+    pytest.param("loss_normalization", "tokens",
+                 "config.loss_normalization='tokens' is not one of batch_size,"
+                 " weights; set --config.loss_normalization",
+                 id="normalization-unknown"),
+    pytest.param("data.class_weights", (1.0, -2.0),
+                 "config.data.class_weights=(1.0, -2.0): give a weight >= 0"
+                 " per class id: a sequence (1.0, 5.0) or a dict {1: 5.0}",
+                 id="class-weight-negative"),
+    pytest.param("loss_weights", {"a": 1.0},
+                 "config.loss_weights={'a': 1.0}: give {output: factor >= 0}"
+                 " for outputs config.loss names (a dict by output), or None",
+                 id="loss-weights-one-output"),
     pytest.param("train.early_stop_patience", 2,
                  "config.train.early_stop_patience=2: early stopping watches"
                  " checkpoint.best_metric; set --config.checkpoint.best_metric"
@@ -203,7 +215,10 @@ def dataset_where(change, splits=("train", "test")):
 
 _SPEC_8 = "TensorSpec(shape=(8,), dtype=tf.float32, name=None)"
 _SPEC_ID = "TensorSpec(shape=(), dtype=tf.int32, name=None)"
-_PAIRS = "yield (inputs, label) pairs, e.g. Dataset.from_tensor_slices((x, y))"
+_PAIRS = ("yield (inputs, label) pairs or (inputs, label, sample_weight)"
+          " triples, e.g. Dataset.from_tensor_slices((x, y))")
+_WEIGHTS = ("config.dataset_fn yields a sample weight of {} in split 'train';"
+            " weights must be finite and >= 0 (0 leaves an example out)")
 
 
 def _labels(split, problem):
@@ -228,9 +243,23 @@ _RANGE = ", but the model has 4 outputs; class ids must lie in [0, 4): widen" \
 
 
 @pytest.mark.parametrize("change,message", [
-    pytest.param(lambda x, y: (x, y, y),
+    pytest.param(lambda x, y: (x, y, y, y),
                  f"config.dataset_fn yields ({_SPEC_8}, {_SPEC_ID},"
-                 f" {_SPEC_ID}) for split 'train'; {_PAIRS}", id="3-tuples"),
+                 f" {_SPEC_ID}, {_SPEC_ID}) for split 'train'; {_PAIRS}",
+                 id="4-tuples"),
+    pytest.param(lambda x, y: (x, y, y),
+                 "config.dataset_fn yields sample weights of dtype int32 for"
+                 " split 'train'; make the third element of each example a"
+                 " float (tf.cast(weight, tf.float32))", id="int-weights"),
+    pytest.param(lambda x, y: (x, y, np.where(y == 2, -0.5, 1.0).astype(
+        np.float32)), _WEIGHTS.format(-0.5), id="negative-weight"),
+    pytest.param(lambda x, y: (x, y, np.where(y == 2, np.nan, 1.0).astype(
+        np.float32)), _WEIGHTS.format("nan"), id="nan-weight"),
+    pytest.param(lambda x, y: (x, y, np.ones([len(y), 3], np.float32)),
+                 "config.dataset_fn yields sample weights of shape [3] per"
+                 " example for split 'train', but the loss has shape [] per"
+                 " example; give one weight per example (shape []) or one per"
+                 " loss value ([])", id="weights-per-class"),
     pytest.param(lambda x, y: {"x": x, "y": y},
                  f"config.dataset_fn yields {{'x': {_SPEC_8}, 'y': {_SPEC_ID}}}"
                  f" for split 'train'; {_PAIRS}", id="dict"),
@@ -278,8 +307,41 @@ def mean_loss(labels, logits):
 def test_loss_returning_a_scalar(workdir):
   assert_fails(config({"loss": mean_loss}), workdir,
                "config.loss=mean_loss returns shape [] for a batch of 256;"
-               " return one loss per example (shape [batch]): looper"
-               " averages over the global batch itself")
+               " return one loss per example (shape [batch]) or per token"
+               " ([batch, ...]): looper averages over the global batch"
+               " itself")
+
+
+def test_class_weights_missing_a_class(workdir):
+  assert_fails(config({"data.class_weights": (1.0, 2.0)}), workdir,
+               "config.data.class_weights has 2 weights, but split 'train'"
+               " has class id 3; give a weight for every class id (a dict"
+               " leaves the others at 1)")
+
+
+def _heads(fields):
+  """tiny's data (labels: class ids) under weighted's two-head model."""
+  from tests import weighted  # pylint: disable=g-import-not-at-top
+  c = config({"model_fn": weighted.model_fn, "metrics": ()})
+  c.model.kind = "heads"
+  return configured(c, fields)
+
+
+def test_outputs_and_losses_that_do_not_match(workdir):
+  assert_fails(_heads({}), workdir,
+               "config.loss='sparse_categorical_crossentropy': the model"
+               " returns a dict of outputs ['class', 'value']; give a dict of"
+               " losses by output, e.g. config.loss = {'class':"
+               " 'sparse_categorical_crossentropy', ...}")
+  assert_fails(_heads({"loss": {"klass": "sparse_categorical_crossentropy"}}),
+               workdir, "config.loss names output 'klass', which the model"
+               " does not return (its outputs: class, value); name outputs"
+               " the model returns")
+  assert_fails(_heads({"loss": {"class": "sparse_categorical_crossentropy"}}),
+               workdir, "config.dataset_fn yields labels for split 'train'"
+               " without 'class'; a model with a dict of outputs needs a dict"
+               " of labels with a key for each output config.loss names"
+               " (class)")
 
 
 def test_eval_batch_larger_than_the_eval_split_is_padded(workdir):

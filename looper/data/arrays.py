@@ -3,7 +3,8 @@
 Synopsis::
 
     def dataset_fn(config, split):
-      return images, labels             # numpy arrays (or nests of them)
+      return images, labels             # numpy arrays (or nests of them),
+                                        # optionally a third: sample weights
 
     source = arrays.Arrays((images, labels), split="train")
     batches = source.train(ctx, global_batch_size=128, seed=0,
@@ -34,13 +35,15 @@ _SEED_MOD = 2**31 - 1  # stateless seeds are int64; keep them small and fixed
 
 
 def is_arrays(value) -> bool:
-  """True for an (inputs, label) pair whose leaves are all numpy arrays."""
-  return (isinstance(value, tuple) and len(value) == 2 and
+  """True for (inputs, label) or (inputs, label, sample_weight) whose
+  leaves are all numpy arrays."""
+  return (isinstance(value, tuple) and len(value) in (2, 3) and
           all(isinstance(leaf, np.ndarray) for leaf in tf.nest.flatten(value)))
 
 
 class Arrays:
-  """An (inputs, label) nest of numpy arrays sharing their first dimension."""
+  """(inputs, label[, sample_weight]) numpy arrays (nests of them) sharing
+  their first dimension."""
 
   def __init__(self, arrays, split: str):
     self.split = split
@@ -86,9 +89,9 @@ class Arrays:
     def gather(start):
       j = start + tf.range(per_replica, dtype=tf.int64)
       mask = tf.cast(j < count, tf.float32)
-      inputs, labels = _gather(tensors, tf.minimum(j, count - 1))
+      example = _gather(tensors, tf.minimum(j, count - 1))
       # Padding repeats a real example; the mask zeroes its weight.
-      return inputs, labels, mask
+      return (*example, mask)
 
     return _per_replica_starts(tf.data.Dataset.range(steps), ctx,
                                global_batch_size).map(gather).prefetch(

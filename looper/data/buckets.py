@@ -37,7 +37,7 @@ def train_dataset(examples: tf.data.Dataset,
   keep their block of each global batch (exact on any topology).
   """
   elements.check_start(examples, ctx, position, split)
-  key = lambda x, y: tf.maximum((_length(x) + bucket - 1) // bucket, 1)
+  key = lambda x, *_: tf.maximum((_length(x) + bucket - 1) // bucket, 1)
   ids = examples.map(key).batch(4096).reduce(
       tf.zeros([0], tf.int64), lambda a, b: tf.concat([a, b], 0)).numpy()
   per_epoch = int(sum(n // global_batch_size
@@ -73,8 +73,8 @@ def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
   `bucket`."""
   batches = elements.masked(examples, count, steps * global_batch_size
                             ).padded_batch(global_batch_size).map(
-                                lambda x, y, m: (_pad_to_multiple(x, bucket),
-                                                 y, m))
+                                lambda x, *rest: (_pad_to_multiple(x, bucket),
+                                                  *rest))
   return elements.blocks(batches, ctx, global_batch_size)
 
 

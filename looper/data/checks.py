@@ -19,25 +19,39 @@ _INFINITE = tf.data.INFINITE_CARDINALITY
 _UNKNOWN = tf.data.UNKNOWN_CARDINALITY
 
 
+def parts(example) -> tuple:
+  """(inputs, label, sample_weight or None) of an example or a batch."""
+  inputs, label, *weight = example
+  return inputs, label, weight[0] if weight else None
+
+
 def checked(dataset: tf.data.Dataset, split: str,
             variable: bool = False) -> tf.data.Dataset:
-  """Returns `dataset` if it yields (inputs, label) examples of static shape.
+  """Returns `dataset` if it yields (inputs, label) or (inputs, label,
+  sample_weight) examples of static shape, the weight a float.
 
   `variable` (config.data.bucket is set): the inputs may have dimensions of
   unknown size (padded per batch) but must be plain tensors of known rank;
-  the label must still be static.
+  the label and weight must still be static.
   """
   if not isinstance(dataset, tf.data.Dataset):
     raise ConfigError(
         f"config.dataset_fn returned {type(dataset).__name__} for split"
         f" {split!r}; return a tf.data.Dataset of (inputs, label) examples")
   spec = dataset.element_spec
-  if not (isinstance(spec, tuple) and len(spec) == 2):
+  if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
     raise ConfigError(
         f"config.dataset_fn yields {spec} for split {split!r}; yield"
-        " (inputs, label) pairs, e.g. Dataset.from_tensor_slices((x, y))")
-  inputs, label = spec
-  for part in tf.nest.flatten(label if variable else spec):
+        " (inputs, label) pairs or (inputs, label, sample_weight) triples,"
+        " e.g. Dataset.from_tensor_slices((x, y))")
+  inputs, label, weight = parts(spec)
+  for part in [] if weight is None else tf.nest.flatten(weight):
+    if not part.dtype.is_floating:
+      raise ConfigError(
+          f"config.dataset_fn yields sample weights of dtype"
+          f" {part.dtype.name} for split {split!r}; make the third element"
+          " of each example a float (tf.cast(weight, tf.float32))")
+  for part in tf.nest.flatten(spec[1:] if variable else spec):
     if not part.shape.is_fully_defined():
       raise ConfigError(
           f"config.dataset_fn yields a component of shape {part.shape} for"
@@ -116,26 +130,32 @@ def empty_split(split: str | None, field: str) -> ConfigError:
 
 def check_class_labels(labels: tf.Tensor, logits: tf.Tensor,
                        split: str) -> None:
-  """Class-id labels for logits [batch, classes]: integer, scalar, in range.
+  """Class-id labels for logits [batch, ..., classes]: integer, one per
+  position of the logits but the last (one per example for [batch,
+  classes], one per token for [batch, T, classes]), in range.
 
   Raises:
     ConfigError: float labels (silently truncated by the loss), one-hot or
-      other non-scalar labels, or ids outside [0, classes).
+      other labels of the wrong shape, or ids outside [0, classes).
   """
   where = f"config.dataset_fn yields labels for split {split!r}"
   if not labels.dtype.is_integer:
     raise ConfigError(
         f"{where} of dtype {labels.dtype.name}; class ids must be integers:"
         " tf.cast(label, tf.int32) in dataset_fn (or use another config.loss)")
-  if labels.shape.rank != 1:
-    raise ConfigError(
-        f"{where} of shape {labels.shape[1:].as_list()} each; give one class"
-        " id per example (shape []): not one-hot, not [1]")
-  if logits.shape.rank != 2:
+  if logits.shape.rank < 2:
     raise ConfigError(
         f"config.model_fn returns outputs of shape"
         f" {logits.shape[1:].as_list()} per example; return logits of shape"
         " [classes] for config.loss='sparse_categorical_crossentropy'")
+  if labels.shape[1:] != logits.shape[1:-1]:
+    want = logits.shape[1:-1].as_list()
+    raise ConfigError(
+        f"{where} of shape {labels.shape[1:].as_list()} each; give one class"
+        " id per example (shape []): not one-hot, not [1]" if not want else
+        f"{where} of shape {labels.shape[1:].as_list()} each, for logits of"
+        f" shape {logits.shape[1:].as_list()}; give one class id per"
+        f" position (shape {want}): not one-hot")
   classes = logits.shape[-1]
   low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
   if low < 0 or high >= classes:

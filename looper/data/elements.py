@@ -27,7 +27,9 @@ Why looper batches (and the experiment returns single examples):
 * Exact eval. The eval split is padded to whole global batches with examples
   whose mask is 0, so every example is counted once at a static shape.
 
-Train batches are `(inputs, labels)`; eval batches `(inputs, labels, mask)`.
+Train batches are `(inputs, labels)` or `(inputs, labels, weights)` as the
+examples are; eval batches end with the mask: `(inputs, labels[, weights],
+mask)`.
 """
 
 import math
@@ -106,12 +108,12 @@ def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
 
 def masked(examples: tf.data.Dataset, count: int, total: int
            ) -> tf.data.Dataset:
-  """`(inputs, label, mask)`: the first `count` examples with mask 1, then
-  zeros with mask 0 up to `total`, so eval shapes stay static and nothing
-  is dropped."""
-  with_mask = lambda x, y: (x, y, tf.constant(1.0))
-  zero = lambda x, y: (tf.nest.map_structure(tf.zeros_like, x),
-                       tf.zeros_like(y), tf.constant(0.0))
+  """`(inputs, label[, weight], mask)`: the first `count` examples with
+  mask 1, then zeros with mask 0 up to `total`, so eval shapes stay static
+  and nothing is dropped."""
+  with_mask = lambda *example: (*example, tf.constant(1.0))
+  zero = lambda *example: (*tf.nest.map_structure(tf.zeros_like, example),
+                           tf.constant(0.0))
   return examples.take(count).map(with_mask).concatenate(
       examples.take(1).map(zero).repeat(total - count))
 

@@ -57,7 +57,8 @@ DEFAULT_MIN_SHARDS = 64          # enough files for data.virtual_shards=64
 def write(dataset: tf.data.Dataset, directory: str, *,
           shard_bytes: int = DEFAULT_SHARD_BYTES,
           min_shards: int = DEFAULT_MIN_SHARDS) -> dict:
-  """Writes (inputs, label) examples as TFRecord shards plus `index.json`.
+  """Writes (inputs, label[, weight]) examples as TFRecord shards plus
+  `index.json`.
 
   The number of shards is the larger of `min_shards` (at most one per
   example) and what keeps shards near `shard_bytes`, estimated from the
@@ -174,11 +175,11 @@ def count_records(paths) -> list[int]:
 
 
 class Files:
-  """TFRecord files of (inputs, label) examples: looper's file mode.
+  """TFRecord files of (inputs, label[, weight]) examples: file mode.
 
   Args:
     paths: the files, in a fixed order (a glob pattern is expanded, sorted).
-    parse: record -> (inputs, label), per example.
+    parse: record -> (inputs, label) or (inputs, label, weight).
     counts: records per file; None: read from `index.json` beside the
       files if it lists them, else counted once and written there.
     split: the split's name, for errors.

@@ -12,7 +12,7 @@ Synopsis::
 | dataset_fn returns | mode | each pipeline reads | resume |
 |---|---|---|---|
 | a tf.data.Dataset | element (`elements`, `buckets`) | the whole stream, keeps its 1/N block | skip within the epoch |
-| numpy arrays (inputs, label) | array (`arrays`) | only its own examples | O(1) |
+| numpy arrays (inputs, label[, weight]) | array (`arrays`) | only its own examples | O(1) |
 | `shards.Files` (or `data.shards_dir` is set) | file (`shards`) | only its own files | skip within each group |
 
 All three are exact on any replica and worker count (the examples of global
@@ -47,7 +47,8 @@ class Source(Protocol):
   size: int | None  # examples in one pass; None: unknown until counted
 
   def examples(self) -> tf.data.Dataset:
-    """One pass over the split as (inputs, label) examples, in order."""
+    """One pass over the split as (inputs, label[, weight]) examples, in
+    order."""
 
   def check(self, replicas: int, global_batch_size: int, field: str) -> None:
     """Raises ConfigError (naming `field`) if the mode cannot feed this
