@@ -229,8 +229,10 @@ def _dynamic_op(graph) -> str | None:
   for op in graph.get_operations():
     # Inputless ops (a function body's placeholders) have no data to
     # depend on; their shapes are the caller's, checked where it is.
-    if op.inputs and op.outputs and known(op.inputs) and not known(
-        op.outputs):
+    # Arithmetic on static shapes and constants (a gradient's
+    # BroadcastGradientArgs of two shapes) folds into a constant in XLA.
+    if (op.inputs and op.outputs and known(op.inputs) and
+        not known(op.outputs) and not all(_folds(t, {}) for t in op.inputs)):
       return f"{op.type} ({op.name})"
   for function in getattr(graph, "_functions", {}).values():
     body = getattr(function, "graph", None)
@@ -238,6 +240,20 @@ def _dynamic_op(graph) -> str | None:
     if found:
       return found
   return None
+
+
+def _folds(tensor, memo: dict) -> bool:
+  """Whether `tensor` is computed from constants and static shapes alone."""
+  op = tensor.op
+  if op.name not in memo:
+    memo[op.name] = False  # a cycle (a loop's back edge) does not fold
+    if op.type == "Const":
+      memo[op.name] = True
+    elif op.type in ("Shape", "ShapeN", "Size", "Rank"):
+      memo[op.name] = all(t.shape.is_fully_defined() for t in op.inputs)
+    elif op.inputs and tensor.dtype.is_integer:
+      memo[op.name] = all(_folds(t, memo) for t in op.inputs)
+  return memo[op.name]
 
 
 def _user_frame(message: str) -> str:

@@ -140,7 +140,8 @@ def _load(config_file: str, overrides: list[str]):
 
 @pytest.mark.slow  # a subprocess
 def test_quickstart_runs_shrunk_and_tensorboard_finds_it(tmp_path):
-  (block,) = [b for b in _blocks("sh") if "looper train_and_eval" in b]
+  # The quickstart's block: the first that trains.
+  block = next(b for b in _blocks("sh") if "looper train_and_eval" in b)
   command = next(c for c in _commands() if c.startswith("looper train_and_"))
   args = _looper_args(command)
   workdir = next(a.split("=", 1)[1] for a in args if a.startswith("--work"))
