@@ -205,8 +205,10 @@ class Trainer:
     total = self.weight_total([weights for _, _, weights in micro])
     loss, grads = 0.0, None
     for inputs, labels, weights in micro:  # unrolled: k is small
-      part, part_grads, logits = self._compute_gradients(
-          inputs, labels, weights, total)
+      # Unweighted: the two-argument call an older subclass overrides.
+      weighting = () if weights is None else (weights, total)
+      part, part_grads, logits = self._compute_gradients(inputs, labels,
+                                                         *weighting)
       self.update_metrics(self.train_metrics, labels, logits, weights)
       loss += part
       grads = part_grads if grads is None else [

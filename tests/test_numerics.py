@@ -240,3 +240,18 @@ def test_mixed_precision_resumes_exactly(tmp_path, name):
   run.run(config(20), str(tmp_path / "parts"), "train")
   np.testing.assert_array_equal(curve(tmp_path / "parts" / "train"),
                                 curve(tmp_path / "whole" / "train"))
+
+
+def test_random_flip_mirrors_about_half_of_the_images_in_training_only():
+  images = tf.reshape(tf.range(6 * 2 * 3 * 1, dtype=tf.float32), [6, 2, 3, 1])
+  images = tf.tile(images, [10, 1, 1, 1])  # 60 distinct-enough images
+  flip = layers.RandomFlip(seed=3)
+  first, second = flip(images, training=True), flip(images, training=True)
+  mirrored = tf.reverse(images, axis=[2])
+  for out in (first, second):
+    same = tf.reduce_all(tf.equal(out, images), axis=[1, 2, 3]).numpy()
+    flipped = tf.reduce_all(tf.equal(out, mirrored), axis=[1, 2, 3]).numpy()
+    assert (same ^ flipped).all()  # each image whole: kept or mirrored
+    assert 15 < flipped.sum() < 45
+  assert not np.array_equal(first, second)  # a new draw per call
+  np.testing.assert_array_equal(flip(images, training=False), images)
