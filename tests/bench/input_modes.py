@@ -46,7 +46,8 @@ def write_records(directory: str) -> None:
   c = mnist.get_config()
   c.data.dir = str(SHARED_MNIST)
   for split in ("train", "test"):  # both from the 10k test images
-    shards.write(mnist.dataset_fn(c, "test"), os.path.join(directory, split))
+    shards.write(shards.as_dataset(mnist.dataset_fn(c, "test"), "test"),
+                 os.path.join(directory, split))
 
 
 def run(mode: str, workers: int, records: str, workdir: str, args) -> dict:

@@ -92,10 +92,12 @@ def run_fit(seed: int, precision: str) -> dict:
   model.compile(keras.optimizers.Adam(1e-3),
                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=["accuracy"], steps_per_execution=EVERY)
-  train = (mnist.dataset_fn(config, config.data.train_split)
+  examples = lambda split: tf.data.Dataset.from_tensor_slices(
+      mnist.dataset_fn(config, split))  # the arrays looper gets
+  train = (examples(config.data.train_split)
            .shuffle(10_000, seed=seed).repeat().batch(BATCH, drop_remainder=True)
            .prefetch(tf.data.AUTOTUNE))
-  evals = mnist.dataset_fn(config, config.data.eval_split).batch(
+  evals = examples(config.data.eval_split).batch(
       config.eval.batch_size).cache()
   eval_times = []
 
