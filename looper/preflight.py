@@ -21,7 +21,10 @@ a rule of the TPU guides ("XLA rules"):
   4. the input pipelines are pure tf.data (`py_function`, `numpy_function`
      and `from_generator` run Python, which a TPU host cannot);
   5. the global batch splits over `cores` into a multiple of 8 per core;
-  6. no float64 tensor and no int64 label (TPUs emulate both slowly).
+  6. no float64 tensor and no int64 label (TPUs emulate both slowly);
+  7. no mixed_float16 (a TPU computes in bfloat16: mixed_bfloat16).
+A precision slower than float32 on the machine running the check (e.g.
+mixed_bfloat16 on a CPU without AMX) is noted under the verdict.
 Everything runs on the host's CPU with the default strategy, whatever
 `distribution.strategy` says: no TPU is needed, none is contacted.
 
@@ -38,6 +41,7 @@ import tensorflow as tf
 from looper import config as config_lib
 from looper import distribute
 from looper import errors
+from looper import precision
 from looper import refs
 from looper.data import checks
 
@@ -59,7 +63,7 @@ def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
     batches: train batches whose shapes are looked at.
   """
   config_lib.validate(config)
-  problems = _batch_problems(config, cores)
+  problems = _batch_problems(config, cores) + _precision_problems(config)
   if problems:  # the per-core batch is needed by everything below
     return problems
   # Traced here, on the CPU's default strategy, whatever the config asks
@@ -130,6 +134,14 @@ def _batch_problems(config, cores: int) -> list[str]:
   if warning and not problems:
     problems.append(warning)
   return problems
+
+
+def _precision_problems(config) -> list[str]:
+  if config.train.precision != "mixed_float16":
+    return []
+  return ["config.train.precision='mixed_float16' is for GPUs: a TPU computes"
+          " in bfloat16, where float16's loss scaling only costs; set"
+          " --config.train.precision=mixed_bfloat16"]
 
 
 def _dtype_problems(element_spec, split: str) -> list[str]:
@@ -271,11 +283,21 @@ def _user_frame(message: str) -> str:
 
 
 def report(problems: list[str], config, cores: int) -> str:
-  """The text `looper check` prints: 'ready: ...' or the problems."""
+  """The text `looper check` prints: 'ready: ...' or the problems, and a
+  note if the precision is slower than float32 on this machine."""
   if problems:
-    return "\n".join(f"looper check: {p}" for p in problems)
-  per_core = config.train.batch_size // cores
-  return (f"ready: the train and eval steps compile with XLA on static"
-          f" shapes, the input is pure tf.data, batch"
-          f" {config.train.batch_size} = {per_core} per core on {cores} TPU"
-          f" cores")
+    text = "\n".join(f"looper check: {p}" for p in problems)
+  else:
+    per_core = config.train.batch_size // cores
+    text = (f"ready: the train and eval steps compile with XLA on static"
+            f" shapes, the input is pure tf.data, batch"
+            f" {config.train.batch_size} = {per_core} per core on {cores} TPU"
+            f" cores")
+  accelerated = any(tf.config.list_physical_devices(kind)
+                    for kind in ("GPU", "TPU"))
+  slower = precision.slower_here(config.train.precision,
+                                 accelerated=accelerated)
+  if slower:
+    text += (f"\nnote: train.precision={config.train.precision} on this"
+             f" machine: {slower}")
+  return text

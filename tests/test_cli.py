@@ -72,7 +72,7 @@ def test_console_script_runs_an_experiment_that_imports_its_package():
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env={**env, **LOOPBACK_ENV})
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert ("  data.eval_split='test[8000:]': 2,000 examples, element mode;"
+  assert ("  data.eval_split='test[8000:]': 2,000 examples, array mode;"
           in proc.stdout), proc.stdout[-2000:]
 
 

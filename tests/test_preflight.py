@@ -121,6 +121,11 @@ CASES = {
         {"train.batch_size": 36},
         r"train.batch_size=36 does not split over 8 TPU cores; set"
         r" --config.train.batch_size=32"),
+    "float16_on_tpu": (
+        {"train.precision": "mixed_float16"},
+        r"config.train.precision='mixed_float16' is for GPUs: a TPU computes"
+        r" in bfloat16, where float16's loss scaling only costs; set"
+        r" --config.train.precision=mixed_bfloat16"),
     "batch_per_core_small": (
         {"train.batch_size": 32},
         r"gives 4 examples per TPU core \(8 cores\).*batch_size=64"),
@@ -132,6 +137,22 @@ def test_the_tiny_experiment_is_ready():
   assert preflight.check(config) == []
   assert preflight.report([], config, 8).startswith(
       "ready: the train and eval steps compile with XLA")
+
+
+@pytest.mark.parametrize("flags,noted", [(set(), True), ({"amx_bf16"}, False)],
+                         ids=["cpu-without-amx", "cpu-with-amx"])
+def test_a_precision_slower_on_this_machine_is_noted(monkeypatch, flags,
+                                                     noted):
+  from looper import precision  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+  config = _config(**{"train.precision": "mixed_bfloat16"})
+  lines = preflight.report([], config, 8).splitlines()
+  assert lines[0].startswith("ready: ")
+  assert lines[1:] == ([
+      "note: train.precision=mixed_bfloat16 on this machine: ~0.7x float32"
+      " on a CPU without AMX (this one has no amx_bf16; bfloat16 pays on"
+      " TPUs and AMX CPUs); set --config.train.precision=float32"]
+                       if noted else [])
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -4,6 +4,7 @@ Synopsis::
 
     python -m tests.bench.throughput                    # every configuration
     python -m tests.bench.throughput --models=mlp --replicas=1 --rounds=3
+    python -m tests.bench.throughput --replicas=1 --batch=256
     python -m tests.bench.throughput --phases   # looper's first loop, split
     python -m tests.bench.throughput --models=mlp --replicas=2 \
         --precisions=float32 --clip=1.0    # + looper with clipping
@@ -258,11 +259,14 @@ def _child(*flags):
 
 
 def main():
+  global BATCH
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default="mlp,cnn")
   parser.add_argument("--replicas", default="1,2")
   parser.add_argument("--precisions", default="float32,mixed_bfloat16")
   parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--batch", type=int, default=128,
+                      help="the global batch of every contender")
   parser.add_argument("--clip", type=float, default=0.0,
                       help="also run looper with optimizer.clip_global_norm"
                       " at this norm ('looper+clip')")
@@ -272,6 +276,7 @@ def main():
                       help="time the phases of looper's first loop (MLP,"
                       " 1 replica) in this process, and stop")
   args = parser.parse_args()
+  BATCH = args.batch
   if args.phases:
     print(phases())
     return
@@ -286,11 +291,13 @@ def main():
     for replicas in args.replicas.split(","):
       for precision in args.precisions.split(","):
         one = f"--one={model},{replicas},{precision}"
-        r = _child(one, f"--rounds={args.rounds}", f"--clip={args.clip}")
+        r = _child(one, f"--rounds={args.rounds}", f"--clip={args.clip}",
+                   f"--batch={args.batch}")
         if r is None:
           continue
         r["first_loop_secs"] = {name: _child(one, f"--first={name}",
-                                             f"--clip={args.clip}")
+                                             f"--clip={args.clip}",
+                                             f"--batch={args.batch}")
                                 for name in r["examples_per_sec"]}
         speeds = " ".join(f"{n}={v:.0f}" for n, v in
                           r["examples_per_sec"].items())
