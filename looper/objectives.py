@@ -47,6 +47,9 @@ import tensorflow as tf
 
 from looper.errors import ConfigError
 
+# Pure tensor helpers: nothing for AutoGraph to convert (see trainer._plain).
+_plain = tf.autograph.experimental.do_not_convert
+
 # Per-example losses on logits, by `config.loss` name.
 LOSSES = {
     "sparse_categorical_crossentropy":
@@ -169,10 +172,12 @@ class Metrics:
             labels[output], logits[output],
             sample_weight=output_weights(weights, logits)[output])
 
+  @_plain
   def reset(self) -> None:
     for _, metric in self.by_name.values():
       metric.reset_state()
 
+  @_plain
   def results(self) -> dict:
     return {name: metric.result()
             for name, (_, metric) in self.by_name.items()}
@@ -232,6 +237,7 @@ def output_weights(weights, values):
   return weights
 
 
+@_plain
 def broadcast(weights, values) -> tf.Tensor:
   """`weights` (shape [batch] or a prefix of the loss's shape) expanded to
   broadcast against `values`; a trailing size-1 axis beyond it is dropped
@@ -254,6 +260,7 @@ def values_per_weight(weights, values) -> int:
   return math.prod(values.shape[rank:])
 
 
+@_plain
 def average(values, weights=None, weight_total=None, *, loss_weights=None,
             normalization: str = "batch_size", global_batch_size: int):
   """This batch's share of the global batch's loss (see the module doc).
@@ -292,6 +299,7 @@ def average(values, weights=None, weight_total=None, *, loss_weights=None,
                                tf.cast(denominator, tf.float32))
 
 
+@_plain
 def masked(weights, mask):
   """Eval weights: the examples' weights (None: 1) times the padding mask
   [batch], per output if the weights are a dict."""
@@ -312,6 +320,7 @@ def class_weight_table(value) -> tf.Tensor | None:
   return tf.constant([float(v) for v in value], tf.float32)
 
 
+@_plain
 def class_weighted(weights, labels, table):
   """`weights` (None: 1) times the class weight of each label."""
   if table is None:

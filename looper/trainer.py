@@ -70,6 +70,14 @@ from looper.data import splits
 # loop's own ops as the ones outside it).
 REPLICA_STEP = "replica_step"
 
+# Helpers without Python control flow on tensors, which call no user code:
+# AutoGraph would rewrite each one's source when the loop is traced (~20-80
+# ms apiece, most of the first trace: BUILD.md "first loop"). The seams
+# that call user code (train_step, compute_gradients, compute_loss,
+# update_metrics, ...) are still converted, so a subclass may branch on
+# tensors there.
+_plain = tf.autograph.experimental.do_not_convert
+
 
 class Trainer:
   """Builds the training state in `strategy.scope()` and runs the loops."""
@@ -185,6 +193,7 @@ class Trainer:
     caller (`average_loss`)."""
     return objectives.apply(self._loss_fn, labels, logits)
 
+  @_plain
   def average_loss(self, values, weights=None, weight_total=None):
     """This replica's share of the global batch's loss from the losses
     `compute_loss` returned (config.loss_normalization, loss_weights)."""
@@ -218,6 +227,7 @@ class Trainer:
       self.ema.update()
     return loss
 
+  @_plain
   def micro_batches(self, batch) -> list:
     """`batch` cut back into its train.grad_accum_steps micro-batches, each
     of train.batch_size / replicas examples (static slices), as
@@ -232,6 +242,7 @@ class Trainer:
           weights, labels, self._class_weights)))
     return parts
 
+  @_plain
   def weight_total(self, weights: list):
     """The sum of an update's example weights over all its micro-batches
     and replicas (one scalar all-reduce per step), which
@@ -266,6 +277,7 @@ class Trainer:
       scaled = precision.scale_loss(self.optimizer, loss)
     return loss, tape.gradient(scaled, self.model.trainable_variables), logits
 
+  @_plain
   def transform_gradients(self, grads):
     """This replica's gradients before the update; the optimizer then sums
     them over replicas. Looper's: dense gradients under data.bucket, the
@@ -287,6 +299,7 @@ class Trainer:
                    if precision.loss_scaled(self.optimizer) else None))
     return grads
 
+  @_plain
   def apply_gradients(self, grads) -> None:
     """The optimizer update: it sums `grads` over replicas first, unless
     optimizer.clip_global_norm already did (one all-reduce per step)."""
@@ -564,6 +577,7 @@ class Trainer:
     return items
 
 
+@_plain
 def _float32(outputs):
   """The model's outputs (a tensor or a dict of them) as float32: losses
   and metrics run in float32 under any precision policy."""

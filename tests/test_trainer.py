@@ -131,3 +131,21 @@ def test_an_overridden_train_step_is_called_under_accumulation():
   for a, b in zip(whole.model.weights, default.model.weights):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
   assert whole.data_position == default.data_position == 6 * 32
+
+
+class BranchingTrainer(trainer_lib.Trainer):
+  """Branches on a tensor in a seam, as AutoGraph allows: looper's own
+  helpers skip conversion (trainer._plain), the seams must not."""
+
+  def compute_loss(self, labels, logits):
+    values = super().compute_loss(labels, logits)
+    if tf.reduce_sum(values) < 0:  # never true; a graph-time tensor `if`
+      values = -values
+    return values
+
+
+def test_a_seam_may_branch_on_a_tensor():
+  c = tiny.get_config()
+  want, _ = trainer_lib.Trainer(c, tf.distribute.get_strategy()).train(3)
+  got, _ = BranchingTrainer(c, tf.distribute.get_strategy()).train(3)
+  np.testing.assert_array_equal(got, want)

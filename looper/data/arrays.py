@@ -122,6 +122,7 @@ def _per_replica_starts(steps: tf.data.Dataset,
       lambda l: k * global_batch_size + (first + l) * per_replica))
 
 
+@tf.autograph.experimental.do_not_convert  # an explicit loop: no rewrite
 def _permuted(j, n: int, seed: int):
   """perm_e(j mod n) for e = j // n: a fresh full permutation per epoch.
 
@@ -129,10 +130,13 @@ def _permuted(j, n: int, seed: int):
   epochs a batch spans are looped over.
   """
   epoch, i = j // n, j % n
-  out = tf.zeros_like(j)
-  for e in tf.range(epoch[0], epoch[-1] + 1):
+  seed = tf.constant(seed % _SEED_MOD, tf.int64)
+
+  def one_epoch(e, out):
     perm = tf.random.experimental.index_shuffle(
-        i, tf.stack([tf.constant(seed % _SEED_MOD, tf.int64), e]),
-        tf.constant(n - 1, tf.int64))
-    out = tf.where(epoch == e, perm, out)
+        i, tf.stack([seed, e]), tf.constant(n - 1, tf.int64))
+    return e + 1, tf.where(epoch == e, perm, out)
+
+  _, out = tf.while_loop(lambda e, _: e <= epoch[-1], one_epoch,
+                         (epoch[0], tf.zeros_like(j)))
   return out
