@@ -253,11 +253,15 @@ def broadcast(weights, values) -> tf.Tensor:
 def values_per_weight(weights, values) -> int:
   """Loss values one weight covers: 1 for weights shaped like the losses,
   the tokens of an example for per-example weights on per-token losses."""
-  shape = tf.convert_to_tensor(weights).shape
-  rank = shape.rank
-  while rank > values.shape.rank and shape[rank - 1] == 1:
-    rank -= 1
-  return math.prod(values.shape[rank:])
+  return math.prod(values.shape[1:]) // math.prod(
+      broadcast(weights, values).shape[1:])
+
+
+def combined(per_output: dict, loss_weights) -> tf.Tensor:
+  """The model's loss from its outputs': sum of loss_weights[k] * loss_k
+  (a missing factor is 1)."""
+  return tf.add_n([(loss_weights or {}).get(k, 1.0) * loss
+                   for k, loss in per_output.items()])
 
 
 @_plain
@@ -284,11 +288,10 @@ def average(values, weights=None, weight_total=None, *, loss_weights=None,
   if isinstance(values, dict):
     weights = output_weights(weights, values)
     totals = output_weights(weight_total, values)
-    return tf.add_n([
-        (loss_weights or {}).get(k, 1.0) * average(
-            v, weights[k], totals[k], normalization=normalization,
-            global_batch_size=global_batch_size)
-        for k, v in values.items()])
+    return combined({k: average(v, weights[k], totals[k],
+                                normalization=normalization,
+                                global_batch_size=global_batch_size)
+                     for k, v in values.items()}, loss_weights)
   weighted = values if weights is None else values * broadcast(weights,
                                                                values)
   count = global_batch_size * math.prod(values.shape[1:])

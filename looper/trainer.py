@@ -552,10 +552,9 @@ class Trainer:
       self.strategy.run(self.eval_step, args=(next(iterator),))
     results = {m.name: m.result() for m in self._eval_losses.values()}
     if None not in self._eval_losses:  # outputs: weighted as in training
-      factors = self.config.loss_weights or {}
-      results = {"loss": tf.add_n([
-          factors.get(k, 1.0) * m.result()
-          for k, m in self._eval_losses.items()]), **results}
+      results = {"loss": objectives.combined(
+          {k: m.result() for k, m in self._eval_losses.items()},
+          self.config.loss_weights), **results}
     return {**results, "examples": self._eval_examples.result(),
             **self.eval_metrics.results()}
 
