@@ -45,10 +45,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from looper import conversion
 from looper.errors import ConfigError
 
-# Pure tensor helpers: nothing for AutoGraph to convert (see trainer._plain).
-_plain = tf.autograph.experimental.do_not_convert
 
 # Per-example losses on logits, by `config.loss` name.
 LOSSES = {
@@ -172,12 +171,10 @@ class Metrics:
             labels[output], logits[output],
             sample_weight=output_weights(weights, logits)[output])
 
-  @_plain
   def reset(self) -> None:
     for _, metric in self.by_name.values():
       metric.reset_state()
 
-  @_plain
   def results(self) -> dict:
     return {name: metric.result()
             for name, (_, metric) in self.by_name.items()}
@@ -212,8 +209,14 @@ def losses(value: Any):
   """config.loss as functions: one fn(labels, logits), or a dict of them by
   output name (a model returning a dict of outputs)."""
   if isinstance(value, dict):
-    return {k: lookup(v, LOSSES, f"loss['{k}']") for k, v in value.items()}
-  return lookup(value, LOSSES, "loss")
+    return {k: _loss_fn(v, f"loss['{k}']") for k, v in value.items()}
+  return _loss_fn(value, "loss")
+
+
+def _loss_fn(value, field: str):
+  # A function of the user's may branch on tensors: AutoGraph converts it.
+  return (conversion.user(value) if callable(value)
+          else lookup(value, LOSSES, field))
 
 
 def apply(loss_fns, labels, logits):
@@ -237,7 +240,6 @@ def output_weights(weights, values):
   return weights
 
 
-@_plain
 def broadcast(weights, values) -> tf.Tensor:
   """`weights` (shape [batch] or a prefix of the loss's shape) expanded to
   broadcast against `values`; a trailing size-1 axis beyond it is dropped
@@ -264,7 +266,6 @@ def combined(per_output: dict, loss_weights) -> tf.Tensor:
                    for k, loss in per_output.items()])
 
 
-@_plain
 def average(values, weights=None, weight_total=None, *, loss_weights=None,
             normalization: str = "batch_size", global_batch_size: int):
   """This batch's share of the global batch's loss (see the module doc).
@@ -302,7 +303,6 @@ def average(values, weights=None, weight_total=None, *, loss_weights=None,
                                tf.cast(denominator, tf.float32))
 
 
-@_plain
 def masked(weights, mask):
   """Eval weights: the examples' weights (None: 1) times the padding mask
   [batch], per output if the weights are a dict."""
@@ -323,7 +323,6 @@ def class_weight_table(value) -> tf.Tensor | None:
   return tf.constant([float(v) for v in value], tf.float32)
 
 
-@_plain
 def class_weighted(weights, labels, table):
   """`weights` (None: 1) times the class weight of each label."""
   if table is None:

@@ -102,8 +102,6 @@ def wrap(optimizer: keras.optimizers.Optimizer,
   return optimizer
 
 
-# Pure helpers: nothing for AutoGraph to convert (see trainer._plain).
-@tf.autograph.experimental.do_not_convert
 def loss_scaled(optimizer) -> bool:
   return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
@@ -113,13 +111,11 @@ def inner(optimizer) -> keras.optimizers.Optimizer:
   return optimizer.inner_optimizer if loss_scaled(optimizer) else optimizer
 
 
-@tf.autograph.experimental.do_not_convert
 def scale_loss(optimizer, loss: tf.Tensor) -> tf.Tensor:
   """The loss to differentiate: times the loss scale under mixed_float16."""
   return optimizer.scale_loss(loss) if loss_scaled(optimizer) else loss
 
 
-@tf.autograph.experimental.do_not_convert
 def skip_unless_finite_everywhere(optimizer, grads):
   """Under loss scaling: all gradients NaN on every replica if any replica
   has a non-finite one, so the optimizer skips the step everywhere."""

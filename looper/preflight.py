@@ -35,6 +35,7 @@ checked on the traced graph, not by compiling.
 import os
 import re
 import sys
+import traceback
 
 import tensorflow as tf
 
@@ -215,7 +216,7 @@ def _compile_problem(fn, args) -> str | None:
     graph = tf.function(fn).get_concrete_function(*specs).graph
   except tf.errors.OperatorNotAllowedInGraphError as e:
     return (f"a Python if/while/bool() reads a tensor's value at"
-            f" {_user_frame(str(e))}; a TPU program is fixed when traced:"
+            f" {_user_frame(e)}; a TPU program is fixed when traced:"
             f" use tf.cond, tf.where or keras.ops.cond")
   dynamic = _dynamic_op(graph)
   if dynamic:
@@ -268,13 +269,17 @@ def _folds(tensor, memo: dict) -> bool:
   return memo[op.name]
 
 
-def _user_frame(message: str) -> str:
+def _user_frame(error: Exception) -> str:
   """file:line of the innermost frame outside TensorFlow, Keras and looper
-  in a traced function's error ("in user code: File ..., line N")."""
+  where a traced function failed: from the message where AutoGraph wrote
+  one ("in user code: File ..., line N"), else from the traceback (looper's
+  loop is not converted: a model's call fails in plain Python)."""
   skip = tuple(os.path.dirname(m.__file__) for m in
                (tf, sys.modules.get("keras", tf), sys.modules["looper"]))
-  frames = [(path, line) for path, line in
-            re.findall(r'File "([^"]+)", line (\d+)', message)
+  frames = re.findall(r'File "([^"]+)", line (\d+)', str(error)) or [
+      (frame.filename, frame.lineno)
+      for frame in traceback.extract_tb(error.__traceback__)]
+  frames = [(path, line) for path, line in frames
             if not path.startswith(skip) and "site-packages" not in path]
   if not frames:
     return "an unknown place"

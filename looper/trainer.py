@@ -40,6 +40,9 @@ A subclass (`config.trainer`) overrides one small method and inherits the
 loop, distribution and bookkeeping: `build_model`, `build_optimizer`,
 `build_metrics`, `compute_loss`, the three seams, `train_step`,
 `eval_step`, `update_metrics`, `serve`, `on_loop_end`, `checkpoint_items`.
+The traced methods are plain TensorFlow (no AutoGraph rewrite, as in Keras
+3's fit); a subclass's override of one is converted by AutoGraph, so it
+may branch on tensors (`conversion`).
 Side concerns have modules of their own: the weight average (`ema`), the
 stop request and vote (`stopping`), the input check before a run (`probe`).
 """
@@ -53,6 +56,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from looper import conversion
 from looper import ema as ema_lib
 from looper import errors
 from looper import objectives
@@ -70,17 +74,18 @@ from looper.data import splits
 # loop's own ops as the ones outside it).
 REPLICA_STEP = "replica_step"
 
-# Helpers without Python control flow on tensors, which call no user code:
-# AutoGraph would rewrite each one's source when the loop is traced (~20-80
-# ms apiece, most of the first trace: BUILD.md "first loop"). The seams
-# that call user code (train_step, compute_gradients, compute_loss,
-# update_metrics, ...) are still converted, so a subclass may branch on
-# tensors there.
-_plain = tf.autograph.experimental.do_not_convert
+# What the traced loops run: never rewritten by AutoGraph (20-200 ms per
+# function, most of the first trace: BUILD.md "first loop"); a subclass's
+# override of one is (see __init_subclass__).
+_traced = conversion.plain
 
 
 class Trainer:
   """Builds the training state in `strategy.scope()` and runs the loops."""
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    conversion.convert_overrides(cls, Trainer)
 
   def __init__(self, config: ml_collections.ConfigDict,
                strategy: tf.distribute.Strategy):
@@ -187,13 +192,14 @@ class Trainer:
     called once for train and once for eval."""
     return objectives.Metrics(self.config.metrics)
 
+  @_traced
   def compute_loss(self, labels, logits):
     """Per-example (or per-token) losses, shape [batch, ...]; a dict of them
     by output if config.loss is a dict. Weighted and averaged by the
     caller (`average_loss`)."""
     return objectives.apply(self._loss_fn, labels, logits)
 
-  @_plain
+  @_traced
   def average_loss(self, values, weights=None, weight_total=None):
     """This replica's share of the global batch's loss from the losses
     `compute_loss` returned (config.loss_normalization, loss_weights)."""
@@ -202,6 +208,7 @@ class Trainer:
         normalization=self.config.loss_normalization,
         global_batch_size=self.global_batch_size)
 
+  @_traced
   def train_step(self, batch) -> tf.Tensor:
     """One replica's update; returns its share of the global mean loss.
 
@@ -227,7 +234,7 @@ class Trainer:
       self.ema.update()
     return loss
 
-  @_plain
+  @_traced
   def micro_batches(self, batch) -> list:
     """`batch` cut back into its train.grad_accum_steps micro-batches, each
     of train.batch_size / replicas examples (static slices), as
@@ -242,7 +249,7 @@ class Trainer:
           weights, labels, self._class_weights)))
     return parts
 
-  @_plain
+  @_traced
   def weight_total(self, weights: list):
     """The sum of an update's example weights over all its micro-batches
     and replicas (one scalar all-reduce per step), which
@@ -254,6 +261,7 @@ class Trainer:
     return tf.distribute.get_replica_context().all_reduce(
         tf.distribute.ReduceOp.SUM, local)
 
+  @_traced
   def compute_gradients(self, inputs, labels, weights=None,
                         weight_total=None):
     """One replica's (loss, gradients, float32 logits).
@@ -277,7 +285,7 @@ class Trainer:
       scaled = precision.scale_loss(self.optimizer, loss)
     return loss, tape.gradient(scaled, self.model.trainable_variables), logits
 
-  @_plain
+  @_traced
   def transform_gradients(self, grads):
     """This replica's gradients before the update; the optimizer then sums
     them over replicas. Looper's: dense gradients under data.bucket, the
@@ -299,12 +307,13 @@ class Trainer:
                    if precision.loss_scaled(self.optimizer) else None))
     return grads
 
-  @_plain
+  @_traced
   def apply_gradients(self, grads) -> None:
     """The optimizer update: it sums `grads` over replicas first, unless
     optimizer.clip_global_norm already did (one all-reduce per step)."""
     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
+  @_traced
   def eval_step(self, batch) -> None:
     """One replica's eval step; padding examples have mask 0. The examples'
     own weights count (data.class_weights, a train-time rebalancing, does
@@ -323,10 +332,12 @@ class Trainer:
     self.update_metrics(self.eval_metrics, labels, logits,
                         objectives.masked(weights, mask))
 
+  @_traced
   def update_metrics(self, metrics, labels, logits, sample_weight=None):
     """Updates `metrics` (an objectives.Metrics) with a batch."""
     metrics.update(labels, logits, sample_weight)
 
+  @_traced
   def serve(self, inputs) -> dict[str, tf.Tensor]:
     """What an export computes for a batch of `inputs` (see looper.export):
     {"logits": ...}, or every output of a model with a dict of them.
@@ -444,8 +455,9 @@ class Trainer:
     """Stops a running (or the next) train loop; safe from any thread."""
     self._stop.request()
 
+  @_traced
   def _train_loop(self, iterator, steps):
-    """`steps` (an int32 tensor) steps in a tf.range loop; steps=None: one
+    """`steps` (an int32 tensor) steps in a tf.while_loop; steps=None: one
     step and no loop, which the profiler can see as a step (a while loop
     hides it: BUILD.md "TensorBoard"), for one-step calls.
 
@@ -457,16 +469,17 @@ class Trainer:
     """
     self.train_metrics.reset()
     waited = tf.constant(0.0, tf.float64)  # seconds spent in get_next
-    ran = tf.constant(0, tf.int32)
     if steps is None:
-      waited = self._loop_step(iterator, 0, waited)
-      ran += 1
+      waited, ran = self._loop_step(iterator, 0, waited), 1
     else:
-      for i in tf.range(steps):
-        if self._stop.cuts_loops and self._stop.flag.read_value():
-          break
-        waited = self._loop_step(iterator, i, waited)
-        ran += 1
+      def more(i, _):  # the stop flag is read before each step
+        if not self._stop.cuts_loops:
+          return i < steps
+        return tf.logical_and(i < steps,
+                              tf.logical_not(self._stop.flag.read_value()))
+      ran, waited = tf.while_loop(
+          more, lambda i, w: (i + 1, self._loop_step(iterator, i, w)),
+          (tf.constant(0), waited))
     self.step.assign_add(tf.cast(ran, tf.int64))
     self.position.assign_add(tf.cast(ran, tf.int64) * self.global_batch_size)
     # A finite loss does not prove finite weights (the last step's gradient
@@ -476,6 +489,7 @@ class Trainer:
     return (self._step_losses.read_value()[:ran], finite, waited,
             self.train_metrics.results())
 
+  @_traced
   def _loop_step(self, iterator, i, waited):
     """Step i of a train call: next batch, the replica step.
 
@@ -495,6 +509,7 @@ class Trainer:
     self.strategy.run(self._train_step, args=(i, *batches))
     return waited
 
+  @_traced
   def _train_step(self, i, *batches):
     """The replica function: the micro-batches of one update as one batch;
     this replica's share of the loss goes to its slot i of the buffer."""
@@ -543,13 +558,16 @@ class Trainer:
     (eval, export); no-op without optimizer.ema_decay."""
     return self.ema.swapped() if self.ema else contextlib.nullcontext()
 
+  @_traced
   def _eval_loop(self, iterator, steps):
     bookkeeping = [*self._eval_losses.values(), self._eval_examples]
     for metric in bookkeeping:
       metric.reset_state()
     self.eval_metrics.reset()
-    for _ in tf.range(steps):
+    def one_batch(i):
       self.strategy.run(self.eval_step, args=(next(iterator),))
+      return i + 1
+    tf.while_loop(lambda i: i < steps, one_batch, (tf.constant(0),))
     results = {m.name: m.result() for m in self._eval_losses.values()}
     if None not in self._eval_losses:  # outputs: weighted as in training
       results = {"loss": objectives.combined(
@@ -576,7 +594,7 @@ class Trainer:
     return items
 
 
-@_plain
+@_traced
 def _float32(outputs):
   """The model's outputs (a tensor or a dict of them) as float32: losses
   and metrics run in float32 under any precision policy."""

@@ -5,8 +5,8 @@ Traced in a process of its own (2 logical CPUs), the loop is read as the
 GPU/TPU would run it: inside the while body and outside the replica step
 (the `REPLICA_STEP` name scope) there may be no read of a model or optimizer
 variable, no collective, and nothing may flow out of the replica step (a
-per-step loss reduced or fetched); the only variable read is the stop flag,
-a host variable. With optimizer.clip_global_norm the replica step holds ONE
+per-step loss reduced or fetched); the only variable the loop reads is the
+stop flag, a host variable, in its condition. With optimizer.clip_global_norm the replica step holds ONE
 all-reduce, as without it.
 
     python -m tests.test_loop_graph      # prints what the test asserts on
@@ -74,6 +74,9 @@ def loop_facts(fields: dict) -> dict:
               for external, internal in graph.captures}
   arg_label = {arg.name: captured.get(id(loop.inputs[i]), "loop value")
                for i, arg in enumerate(body.signature.input_arg)}
+  cond = library[loop.get_attr("cond").name]
+  cond_label = {arg.name: captured.get(id(loop.inputs[i]), "loop value")
+                for i, arg in enumerate(cond.signature.input_arg)}
   nodes = []
   _walk(body, library, nodes)
   step = trainer_lib.REPLICA_STEP
@@ -83,7 +86,10 @@ def loop_facts(fields: dict) -> dict:
 
   step_nodes = {(id(f), n.name) for f, n in nodes if in_step(n.name)}
   facts = {"reads": [], "collectives_outside": [], "out_of_step": [],
-           "collectives_per_replica": {}}
+           "collectives_per_replica": {},
+           "cond_reads": [cond_label.get(n.input[0].split(":")[0], "nested")
+                          for n in cond.node_def
+                          if n.op == "ReadVariableOp"]}
   for fdef, node in nodes:
     if "Collective" in node.op or "AllReduce" in node.op:
       if in_step(node.name):
@@ -121,7 +127,8 @@ def test_the_loop_body_is_next_and_the_replica_step_only():
   assert proc.returncode == 0, proc.stderr[-3000:]
   facts = json.loads(proc.stdout.splitlines()[-1])
   for case, got in facts.items():
-    assert got["reads"] == ["stop flag"], case
+    assert got["reads"] == [], case
+    assert got["cond_reads"] == ["stop flag"], case
     assert got["collectives_outside"] == [], case
     assert got["out_of_step"] == [], case
     # The gradient all-reduce (clipping's included) once per replica.

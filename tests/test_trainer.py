@@ -133,19 +133,68 @@ def test_an_overridden_train_step_is_called_under_accumulation():
   assert whole.data_position == default.data_position == 6 * 32
 
 
+def _unflip(values):
+  """A helper of the user's: AutoGraph converts it with its caller."""
+  if tf.reduce_sum(values) < 0:  # never true; a graph-time tensor `if`
+    values = -values
+  return values
+
+
 class BranchingTrainer(trainer_lib.Trainer):
-  """Branches on a tensor in a seam, as AutoGraph allows: looper's own
-  helpers skip conversion (trainer._plain), the seams must not."""
+  """Branches on tensors in its overrides, as AutoGraph allows in any
+  tf.function: looper's traced code is not converted, a subclass's is."""
 
   def compute_loss(self, labels, logits):
     values = super().compute_loss(labels, logits)
-    if tf.reduce_sum(values) < 0:  # never true; a graph-time tensor `if`
+    if tf.reduce_sum(values) < 0:
       values = -values
     return values
 
+  def eval_step(self, batch):
+    if tf.shape(batch[-1])[0] > 0:  # always: the mask of a batch
+      super().eval_step(batch)
 
-def test_a_seam_may_branch_on_a_tensor():
+
+class DeeperTrainer(BranchingTrainer):
+
+  def train_step(self, batch):
+    return _unflip(super().train_step(batch))
+
+
+def branching_loss(labels, logits):
+  return _unflip(tf.keras.losses.sparse_categorical_crossentropy(
+      labels, logits, from_logits=True))
+
+
+@pytest.fixture
+def conversions(monkeypatch):
+  """The functions AutoGraph converts (by qualified name)."""
+  from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
+  seen, convert = [], api._convert_actual  # pylint: disable=protected-access
+
+  def recording(entity, program_ctx):
+    seen.append(entity.__qualname__)
+    return convert(entity, program_ctx)
+  monkeypatch.setattr(api, "_convert_actual", recording)
+  return seen
+
+
+def test_autograph_converts_the_users_code_only(conversions):
   c = tiny.get_config()
-  want, _ = trainer_lib.Trainer(c, tf.distribute.get_strategy()).train(3)
-  got, _ = BranchingTrainer(c, tf.distribute.get_strategy()).train(3)
+  strategy = tf.distribute.get_strategy()
+  base = trainer_lib.Trainer(c, strategy)
+  want, _ = base.train(3)
+  want_eval = base.evaluate()
+  assert not conversions  # looper's loops, seams and helpers: plain
+  subclass = DeeperTrainer(c, strategy)
+  got, _ = subclass.train(3)
   np.testing.assert_array_equal(got, want)
+  assert subclass.evaluate() == want_eval
+  assert sorted(set(conversions)) == [
+      "BranchingTrainer.compute_loss", "BranchingTrainer.eval_step",
+      "DeeperTrainer.train_step", "_unflip"]
+  conversions.clear()
+  c.loss = branching_loss
+  got, _ = trainer_lib.Trainer(c, strategy).train(3)
+  np.testing.assert_array_equal(got, want)
+  assert sorted(set(conversions)) == ["_unflip", "branching_loss"]

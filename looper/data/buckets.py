@@ -17,6 +17,7 @@ programs). Exact on any topology and on resume, like element mode.
 import numpy as np
 import tensorflow as tf
 
+from looper import conversion
 from looper.data import elements
 from looper.errors import ConfigError
 
@@ -37,9 +38,11 @@ def train_dataset(examples: tf.data.Dataset,
   keep their block of each global batch (exact on any topology).
   """
   elements.check_start(examples, ctx, position, split)
-  key = lambda x, *_: tf.maximum((_length(x) + bucket - 1) // bucket, 1)
+  key = conversion.plain(
+      lambda x, *_: tf.maximum((_length(x) + bucket - 1) // bucket, 1))
   ids = examples.map(key).batch(4096).reduce(
-      tf.zeros([0], tf.int64), lambda a, b: tf.concat([a, b], 0)).numpy()
+      tf.zeros([0], tf.int64),
+      conversion.plain(lambda a, b: tf.concat([a, b], 0))).numpy()
   per_epoch = int(sum(n // global_batch_size
                       for n in np.bincount(ids) if n))
   if not per_epoch:
@@ -51,14 +54,15 @@ def train_dataset(examples: tf.data.Dataset,
   size = len(ids)
   buffer = min(shuffle_buffer, size)
 
+  @conversion.plain
   def epoch(e):
     shuffled = elements.seeded_shuffle(examples, buffer, seed, e,
                                        enabled=buffer > 0)
     return shuffled.group_by_window(
         key_func=key, window_size=global_batch_size,
-        reduce_func=lambda k, window: window.padded_batch(
+        reduce_func=conversion.plain(lambda k, window: window.padded_batch(
             global_batch_size, drop_remainder=True,
-            padded_shapes=_bucket_shapes(window.element_spec, k * bucket)))
+            padded_shapes=_bucket_shapes(window.element_spec, k * bucket))))
 
   batches = tf.data.Dataset.range(
       start_epoch, elements.INFINITE_EPOCHS).flat_map(epoch).skip(offset)
@@ -73,8 +77,8 @@ def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
   `bucket`."""
   batches = elements.masked(examples, count, steps * global_batch_size
                             ).padded_batch(global_batch_size).map(
-                                lambda x, *rest: (_pad_to_multiple(x, bucket),
-                                                  *rest))
+                                conversion.plain(lambda x, *rest: (
+                                    _pad_to_multiple(x, bucket), *rest)))
   return elements.blocks(batches, ctx, global_batch_size)
 
 

@@ -13,6 +13,7 @@ and the fix, before any training step runs.
 
 import tensorflow as tf
 
+from looper import conversion
 from looper.errors import ConfigError
 
 _INFINITE = tf.data.INFINITE_CARDINALITY
@@ -87,7 +88,7 @@ def num_examples(dataset: tf.data.Dataset, split: str,
         f"config.dataset_fn returned an endless dataset for split {split!r};"
         " return one pass over the data (looper repeats the train split)")
   if n == _UNKNOWN:
-    n = int(dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+    n = int(dataset.reduce(tf.constant(0, tf.int64), count))
   if not n:
     raise empty_split(split, field)
   return n
@@ -173,3 +174,7 @@ def check_divisible(global_batch_size: int, replicas: int, field: str):
     raise ConfigError(
         f"config.{field}={global_batch_size} is not divisible by the"
         f" {replicas} replicas; set --config.{field}={fit}")
+
+
+# A Dataset.reduce that counts elements.
+count = conversion.plain(lambda c, _: c + 1)

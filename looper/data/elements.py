@@ -36,6 +36,7 @@ import math
 
 import tensorflow as tf
 
+from looper import conversion
 from looper.data import checks
 
 INFINITE_EPOCHS = 2**62  # Dataset.range needs an end; this never comes.
@@ -66,8 +67,8 @@ def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
   start_epoch, offset = divmod(position, size) if size > 0 else (0, position)
   buffer = min(shuffle_buffer, size) if size > 0 else shuffle_buffer
 
-  epoch = lambda e: seeded_shuffle(examples, buffer, seed, e,
-                                   enabled=buffer > 0)
+  epoch = conversion.plain(lambda e: seeded_shuffle(
+      examples, buffer, seed, e, enabled=buffer > 0))
   stream = tf.data.Dataset.range(start_epoch, INFINITE_EPOCHS).flat_map(epoch)
   return per_replica_batches(stream.skip(offset), ctx, global_batch_size)
 
@@ -111,9 +112,10 @@ def masked(examples: tf.data.Dataset, count: int, total: int
   """`(inputs, label[, weight], mask)`: the first `count` examples with
   mask 1, then zeros with mask 0 up to `total`, so eval shapes stay static
   and nothing is dropped."""
-  with_mask = lambda *example: (*example, tf.constant(1.0))
-  zero = lambda *example: (*tf.nest.map_structure(tf.zeros_like, example),
-                           tf.constant(0.0))
+  with_mask = conversion.plain(lambda *example: (*example,
+                                                  tf.constant(1.0)))
+  zero = conversion.plain(lambda *example: (
+      *tf.nest.map_structure(tf.zeros_like, example), tf.constant(0.0)))
   return examples.take(count).map(with_mask).concatenate(
       examples.take(1).map(zero).repeat(total - count))
 
@@ -142,8 +144,8 @@ def blocks(batches: tf.data.Dataset, ctx: tf.distribute.InputContext,
   """Global batches -> this pipeline's block, split among its replicas."""
   block = global_batch_size // ctx.num_input_pipelines
   start = ctx.input_pipeline_id * block
-  return (batches.map(lambda *b: tf.nest.map_structure(
-      lambda t: t[start:start + block], b))
+  return (batches.map(conversion.plain(lambda *b: tf.nest.map_structure(
+      lambda t: t[start:start + block], b)))
           .rebatch(ctx.get_per_replica_batch_size(global_batch_size),
                    drop_remainder=True)
           .prefetch(tf.data.AUTOTUNE))

@@ -39,6 +39,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from looper import conversion
 from looper import flag_errors
 from looper import refs
 from looper.data import arrays
@@ -99,6 +100,7 @@ def write(dataset: tf.data.Dataset, directory: str, *,
   return index
 
 
+@conversion.plain
 def _serialized_leaves(*example):
   # In a tf.data map (graph): each leaf's bytes, its dtype and shape kept.
   return tuple(tf.io.serialize_tensor(t) for t in tf.nest.flatten(example))
@@ -160,6 +162,7 @@ def _parser(spec) -> Callable[[tf.Tensor], tuple]:
   features = {str(i): tf.io.FixedLenFeature([], tf.string)
               for i in range(len(leaves))}
 
+  @conversion.plain
   def parse(record):
     raw = tf.io.parse_single_example(record, features)
     return tf.nest.pack_sequence_as(spec, [
@@ -171,7 +174,7 @@ def _parser(spec) -> Callable[[tf.Tensor], tuple]:
 def count_records(paths) -> list[int]:
   """Records in each TFRecord file (one read of each)."""
   return [int(tf.data.TFRecordDataset(p).reduce(
-      tf.constant(0, tf.int64), lambda c, _: c + 1)) for p in paths]
+      tf.constant(0, tf.int64), checks.count)) for p in paths]
 
 
 class Files:
@@ -255,6 +258,7 @@ class Files:
                          for g in range(first, first + mine)], tf.int64)
     consumed = position // v  # by every group: B/V per step
 
+    @conversion.plain
     def stream(i):
       """Group first+i's endless stream, `consumed` examples in."""
       paths, n = files[i], sizes[i]
@@ -262,6 +266,7 @@ class Files:
       cached = (tf.data.TFRecordDataset(paths).map(self.parse).cache()
                 if self.cache else None)
 
+      @conversion.plain
       def epoch(e):
         if cached is not None:  # file order fixed: the cache holds one pass
           records = cached

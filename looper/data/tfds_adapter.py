@@ -31,6 +31,7 @@ Scale or otherwise preprocess in the model (keras.layers.Rescaling(1 /
 import ml_collections
 import tensorflow as tf
 
+from looper import conversion
 from looper import errors
 from looper.data import splits
 
@@ -149,6 +150,7 @@ def _example_fn(input_keys: tuple, label_key: str, features: dict):
   to_int32 = (isinstance(spec, tf.TensorSpec) and spec.dtype.is_integer and
               spec.dtype != tf.int32)
 
+  @conversion.plain
   def example(feature_dict):
     label = feature_dict[label_key]
     if to_int32:

@@ -1,0 +1,72 @@
+"""AutoGraph for the user's code only: looper's traced code is plain TensorFlow.
+
+Synopsis::
+
+    @conversion.plain                  # looper's: traced as written
+    def train_step(self, batch): ...
+
+    conversion.convert_overrides(MyTrainer, Trainer)  # Trainer does this
+    loss_fn = conversion.user(config.loss)            # a user's function
+
+AutoGraph rewrites the source of every function a `tf.function` calls
+(20-200 ms each, most of the first trace: BUILD.md "first loop"). Keras 3's
+`fit` skips it for its own step functions, and so does looper: the train
+and eval loops are explicit `tf.while_loop`s and no looper function in
+them is converted. A user's code keeps what any `tf.function` gives it:
+a Trainer subclass's override of a traced method, and a loss function
+assigned in the config, are converted on their first call inside a graph,
+so they may branch on tensors (`if tf.reduce_sum(x) > 0:`). Keras objects
+(models, layers, metrics) are never converted, in fit or here.
+"""
+
+import functools
+import inspect
+
+from absl import logging
+import tensorflow as tf
+
+_PLAIN = "_looper_plain"  # marks a method as traced looper code
+# Never converted: AutoGraph's own rules skip keras and tensorflow.
+_LIBRARIES = ("keras", "tensorflow", "looper")
+
+
+def plain(fn):
+  """`fn`, never rewritten by AutoGraph (and marked as traced code)."""
+  wrapped = tf.autograph.experimental.do_not_convert(fn)
+  setattr(wrapped, _PLAIN, True)
+  return wrapped
+
+
+def user(fn):
+  """`fn` converted by AutoGraph on its first call inside a graph; called
+  as written outside one (eagerly), or if its source cannot be read (as
+  AutoGraph does: a warning, then the function as written)."""
+  if (not inspect.isfunction(fn) or getattr(fn, _PLAIN, False) or
+      (fn.__module__ or "").split(".")[0] in _LIBRARIES):
+    return fn  # a Keras object, a library's function: left as AutoGraph
+    # leaves it
+  converted = []
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    if not tf.inside_function():
+      return fn(*args, **kwargs)
+    if not converted:
+      try:
+        converted.append(tf.autograph.to_graph(fn))
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("AutoGraph could not convert %s (%s); it runs as"
+                        " written: branch on tensors with tf.cond there",
+                        fn.__qualname__, e)
+        converted.append(fn)
+    return converted[0](*args, **kwargs)
+  return wrapper
+
+
+def convert_overrides(cls, base) -> None:
+  """Converts (`user`) each method `cls` defines that overrides one `base`
+  marks `plain`: a subclass's code in the traced loops."""
+  for name, fn in list(vars(cls).items()):
+    if inspect.isfunction(fn) and getattr(getattr(base, name, None),
+                                          _PLAIN, False):
+      setattr(cls, name, user(fn))
