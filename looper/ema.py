@@ -45,7 +45,7 @@ class WeightAverage:
     finally:
       self._swap()
 
-  @tf.function
+  @tf.function(autograph=False)
   def _swap(self):
     for average, v in zip(self.averages, self.variables):
       trained = tf.identity(v.value)

@@ -31,8 +31,8 @@ class StopFlag:
       self.flag = tf.Variable(False, trainable=False, name="stop")
     self.cuts_loops = not isinstance(
         strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    self._any_worker_fn = (None if self.cuts_loops else
-                           tf.function(self._any_worker))
+    self._any_worker_fn = (None if self.cuts_loops else tf.function(
+        self._any_worker, autograph=False))
     self._agreed = False
 
   def request(self) -> None:

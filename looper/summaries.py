@@ -77,19 +77,23 @@ class _GraphWriter:
   def __init__(self, writer):
     self._writer = writer
 
-  # Any loop length, one trace: clamped loops vary in length.
+  # Any loop length, one trace: clamped loops vary in length. No AutoGraph
+  # (an explicit loop): its rewrite would be most of the first write's time.
   @tf.function(input_signature=[tf.TensorSpec([None], tf.float32),
-                                tf.TensorSpec([], tf.int64)])
+                                tf.TensorSpec([], tf.int64)],
+               autograph=False)
   def series(self, values, first_step):
     """values[i] as 'loss' at step first_step + i."""
+    def write(i):
+      # Inside a while loop TF prefixes tags with 'while/'; "" resets that.
+      with tf.name_scope(""):
+        tf.summary.scalar("loss", values[i],
+                          step=first_step + tf.cast(i, tf.int64))
+      return i + 1
     with self._writer.as_default():
-      for i in tf.range(tf.size(values)):
-        # Inside tf.range TF prefixes tags with 'while/'; "" resets that.
-        with tf.name_scope(""):
-          tf.summary.scalar("loss", values[i],
-                            step=first_step + tf.cast(i, tf.int64))
+      tf.while_loop(lambda i: i < tf.size(values), write, (tf.constant(0),))
 
-  @tf.function  # traced once per set of names, i.e. once per run
+  @tf.function(autograph=False)  # traced once per set of names: once a run
   def scalars(self, values, step):
     with self._writer.as_default():
       for name, value in values.items():
@@ -122,6 +126,7 @@ class Summaries:
                             self._table and hparams.RUN)]
     self._log = jsonl.MetricsLog(workdir) if training else None
     self._best = None  # the best value of table.best so far
+    self._fresh = False  # start_run ran and no loop was written since
     self._open()
 
   @property
@@ -164,6 +169,7 @@ class Summaries:
       self._hparams.flush()
     if self._log is not None:
       self._log.start()
+    self._fresh = True
 
   def purge_after(self, step: int) -> None:
     """Removes events of steps after `step` (a resume or a roll-back).
@@ -172,8 +178,8 @@ class Summaries:
     file), so no reader can show a replayed step twice; new events then go
     to new files.
     """
-    if not self._chief:
-      return
+    if not self._chief or self._fresh:
+      return  # a run start_run began has nothing past its first step yet
     if self._log is not None:
       self._log.truncate_after(step)
       if self._table is not None:
@@ -195,6 +201,7 @@ class Summaries:
   def train(self, first_step: int, losses: np.ndarray,
             logs: dict[str, float]) -> None:
     """One loop: the loss of each step from `first_step`, then loop scalars."""
+    self._fresh = False
     last = first_step + len(losses) - 1
     if len(losses) == 1:
       # No while loop in a one-step loop's writes: the profiler would take
