@@ -128,12 +128,11 @@ def _per_replica_starts(steps: tf.data.Dataset,
   per_replica = ctx.get_per_replica_batch_size(global_batch_size)
   local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
   first = ctx.input_pipeline_id * local
-  @conversion.plain
-  def replicas_of(k):
-    return tf.data.Dataset.range(local).map(conversion.plain(
-        lambda l: k * global_batch_size + (first + l) * per_replica))
-
-  return steps.flat_map(replicas_of)
+  offsets = (first + tf.range(local, dtype=tf.int64)) * per_replica
+  # map + unbatch: a flat_map would build a dataset per global batch (3-5%
+  # of an MLP step's throughput on 2 cores, measured).
+  return steps.map(conversion.plain(
+      lambda k: k * global_batch_size + offsets)).unbatch()
 
 
 @conversion.plain  # an explicit loop: no AutoGraph rewrite
