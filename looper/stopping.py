@@ -5,8 +5,8 @@ Synopsis::
     stop = stopping.StopFlag(strategy)
     stop.request()                 # any thread, e.g. on SIGTERM
     if stop.before_loop(): ...     # multi-worker: all agreed to stop here
-    # inside the tf.range loop, where loops may be cut short:
-    if stop.cuts_loops and stop.flag.read_value(): break
+    # the train loop's condition, where loops may be cut short:
+    more = i < steps and not (stop.cuts_loops and stop.flag.read_value())
     stop.requested                 # whether training stops
     stop.agree(flag)               # True if `flag` is true on any worker
 

@@ -13,8 +13,9 @@ the data position. One `train` call, all inside one tf.function (no host
 sync per step)::
 
     reset train metrics
-    for i in tf.range(steps):                  # steps: an int32 tensor
-      if stop requested: break                 # request_stop(), any thread
+    for i in range(steps):                     # a tf.while_loop; steps: an
+      if stop requested: break                 # int32 tensor; the stop:
+                                               # request_stop(), any thread
       batch = next(iterator)                   # train.grad_accum_steps
                                                # batches, concatenated
       strategy.run(train_step, batch)          # each replica writes its
@@ -295,7 +296,7 @@ class Trainer:
     if self.config.data.bucket:
       # Sparse gradients (an Embedding's IndexedSlices, a row per token)
       # change size with the batch's length; several replicas all-gather
-      # them inside the tf.range loop, and TensorFlow aborts when
+      # them inside the train loop, and TensorFlow aborts when
       # successive gathers differ ("Shape mismatch in the collective
       # instance"). Dense ones have their variable's shape in every step.
       grads = [tf.convert_to_tensor(g) for g in grads]
@@ -417,7 +418,7 @@ class Trainer:
       self._iterator = iter(self.train_data())
     start = time.perf_counter()
     # A one-step call (the profiler window's) is marked as a step for the
-    # Profile tab; a K-step call's tf.range loop hides steps from it anyway,
+    # Profile tab; a K-step call's while loop hides steps from it anyway,
     # so it skips the marker and the read of `step` it needs.
     with (tf.profiler.experimental.Trace(
         "train", step_num=self.global_step + 1, _r=1) if steps == 1

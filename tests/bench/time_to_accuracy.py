@@ -23,9 +23,12 @@ so imports, TensorFlow's start-up, tracing and every evaluation count:
   fit     `model.fit(steps_per_epoch=K, steps_per_execution=K,
           validation_data=..., validation_freq=1)`, a callback stopping at
           the target.
-Both read the same files through experiments/mnist.py, shuffle with their
-own seeded pipeline (so steps-to-target differ per seed: the spread is
-reported), and are alternated per seed.
+Both read the same files through experiments/mnist.py and are alternated
+per seed. --order=same (default): fit trains on looper's own batches
+(array mode's seeded order), so both need about the same steps and the
+time measures the framework; --order=own: fit shuffles with a 10,000-
+example buffer, so steps-to-target differ per seed by the shuffle's luck
+(the spread is reported).
 """
 
 import argparse
@@ -50,6 +53,7 @@ TASKS = {
                     train="train", eval="test", model={"arch": "tutorial"}),
 }
 TASK = TASKS["mnist"]  # the child's, set by --one
+ORDER = "same"  # the child's, set by --one
 TARGET, EVERY, MAX_STEPS = TASK["target"], TASK["every"], TASK["max_steps"]
 
 
@@ -107,6 +111,7 @@ def run_fit(seed: int, precision: str) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from experiments import mnist  # pylint: disable=g-import-not-at-top
   from looper import precision as precision_lib  # pylint: disable=g-import-not-at-top
+  from looper.data import arrays  # pylint: disable=g-import-not-at-top
   reached = {"imported": time.time()}
   config = _config(seed, precision)
   keras.utils.set_random_seed(seed)
@@ -117,9 +122,15 @@ def run_fit(seed: int, precision: str) -> dict:
                 metrics=["accuracy"], steps_per_execution=EVERY)
   examples = lambda split: tf.data.Dataset.from_tensor_slices(
       mnist.dataset_fn(config, split))  # the arrays looper gets
-  train = (examples(config.data.train_split)
-           .shuffle(10_000, seed=seed).repeat().batch(BATCH, drop_remainder=True)
-           .prefetch(tf.data.AUTOTUNE))
+  if ORDER == "same":  # looper's batches, in looper's order
+    train = arrays.Arrays(mnist.dataset_fn(config, config.data.train_split),
+                          "train").train(
+        tf.distribute.InputContext(), global_batch_size=BATCH, seed=seed,
+        shuffle_buffer=config.data.shuffle_buffer, position=0)
+  else:
+    train = (examples(config.data.train_split)
+             .shuffle(10_000, seed=seed).repeat()
+             .batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
   evals = examples(config.data.eval_split).batch(
       config.eval.batch_size).cache()
   eval_times = []
@@ -143,13 +154,14 @@ def run_fit(seed: int, precision: str) -> dict:
   return reached
 
 
-def _child(task: str, contender: str, seed: int,
-           precision: str) -> dict | None:
+def _child(task: str, contender: str, seed: int, precision: str,
+           order: str) -> dict | None:
   env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
   start = time.time()
   proc = subprocess.run(
       [sys.executable, "-m", "tests.bench.time_to_accuracy",
-       f"--one={task},{contender},{seed},{precision}"], cwd=ROOT, env=env,
+       f"--one={task},{contender},{seed},{precision},{order}"], cwd=ROOT,
+      env=env,
       timeout=1800, capture_output=True, text=True, check=False)
   if proc.returncode:
     print(f"{contender} seed {seed} {precision}: failed\n"
@@ -170,10 +182,16 @@ def main():
   parser.add_argument("--task", default="mnist", choices=list(TASKS))
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--precisions", default="float32,mixed_bfloat16")
+  parser.add_argument(
+      "--order", default="same", choices=["same", "own"],
+      help="same: fit trains on looper's batches in looper's order (steps"
+      " to target match: the time is the framework's); own: each shuffles"
+      " with its own pipeline (fit: a 10,000-example buffer)")
   parser.add_argument("--one", help=argparse.SUPPRESS)  # child processes
   args = parser.parse_args()
   if args.one:
-    task, contender, seed, precision = args.one.split(",")
+    global ORDER
+    task, contender, seed, precision, ORDER = args.one.split(",")
     _set_task(task)
     fn = run_looper if contender == "looper" else run_fit
     print(json.dumps(fn(int(seed), precision)))
@@ -188,7 +206,7 @@ def main():
     for seed in args.seeds.split(","):
       for contender in runs:
         runs[contender].append(_child(args.task, contender, int(seed),
-                                      precision))
+                                      precision, args.order))
     for contender, results in runs.items():
       secs = [r["secs"] for r in results if r and r["secs"] is not None]
       steps = [f"{r['step']} in {r['secs']:.1f}s" if r and r["secs"]
