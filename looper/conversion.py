@@ -41,10 +41,10 @@ def user(fn):
   """`fn` converted by AutoGraph on its first call inside a graph; called
   as written outside one (eagerly), or if its source cannot be read (as
   AutoGraph does: a warning, then the function as written)."""
+  # A Keras object or a library's function: left as AutoGraph leaves it.
   if (not inspect.isfunction(fn) or getattr(fn, _PLAIN, False) or
       (fn.__module__ or "").split(".")[0] in _LIBRARIES):
-    return fn  # a Keras object, a library's function: left as AutoGraph
-    # leaves it
+    return fn
   converted = []
 
   @functools.wraps(fn)
