@@ -26,6 +26,7 @@ from absl import logging
 import tensorflow as tf
 
 _PLAIN = "_looper_plain"  # marks a method as traced looper code
+_USER = "_looper_user"  # marks a function `user` wraps
 # Never converted: AutoGraph's own rules skip keras and tensorflow.
 _LIBRARIES = ("keras", "tensorflow", "looper")
 
@@ -38,11 +39,15 @@ def plain(fn):
 
 
 def user(fn):
-  """`fn` converted by AutoGraph on its first call inside a graph; called
-  as written outside one (eagerly), or if its source cannot be read (as
-  AutoGraph does: a warning, then the function as written)."""
+  """`fn` (a function, or a functools.partial of one) converted by
+  AutoGraph on its first call inside a graph; called as written outside
+  one (eagerly), or if its source cannot be read (as AutoGraph does: a
+  warning, then the function as written)."""
+  if isinstance(fn, functools.partial):
+    return functools.partial(user(fn.func), *fn.args, **fn.keywords)
   # A Keras object or a library's function: left as AutoGraph leaves it.
   if (not inspect.isfunction(fn) or getattr(fn, _PLAIN, False) or
+      getattr(fn, _USER, False) or
       (fn.__module__ or "").split(".")[0] in _LIBRARIES):
     return fn
   converted = []
@@ -60,13 +65,16 @@ def user(fn):
                         fn.__qualname__, e)
         converted.append(fn)
     return converted[0](*args, **kwargs)
+  setattr(wrapper, _USER, True)
   return wrapper
 
 
 def convert_overrides(cls, base) -> None:
-  """Converts (`user`) each method `cls` defines that overrides one `base`
-  marks `plain`: a subclass's code in the traced loops."""
-  for name, fn in list(vars(cls).items()):
-    if inspect.isfunction(fn) and getattr(getattr(base, name, None),
-                                          _PLAIN, False):
-      setattr(cls, name, user(fn))
+  """Converts (`user`) each method `cls` uses in place of one `base` marks
+  `plain`, whether `cls` defines it or inherits it (a mixin): the user's
+  code in the traced loops."""
+  for name, traced in vars(base).items():
+    if getattr(traced, _PLAIN, False):
+      fn = inspect.getattr_static(cls, name)
+      if fn is not traced and inspect.isfunction(fn):
+        setattr(cls, name, user(fn))

@@ -1,5 +1,6 @@
 """Subclassing the Trainer, and loops clamped to eval/checkpoint steps."""
 
+import functools
 import re
 
 import numpy as np
@@ -161,9 +162,27 @@ class DeeperTrainer(BranchingTrainer):
     return _unflip(super().train_step(batch))
 
 
+class BranchingMixin:
+  """An override a Trainer subclass inherits rather than defines."""
+
+  def compute_loss(self, labels, logits):
+    values = super().compute_loss(labels, logits)
+    if tf.reduce_sum(values) < 0:
+      values = -values
+    return values
+
+
+class MixedTrainer(BranchingMixin, trainer_lib.Trainer):
+  pass
+
+
 def branching_loss(labels, logits):
   return _unflip(tf.keras.losses.sparse_categorical_crossentropy(
       labels, logits, from_logits=True))
+
+
+def scaled_loss(labels, logits, scale):
+  return scale * branching_loss(labels, logits)
 
 
 @pytest.fixture
@@ -194,7 +213,14 @@ def test_autograph_converts_the_users_code_only(conversions):
       "BranchingTrainer.compute_loss", "BranchingTrainer.eval_step",
       "DeeperTrainer.train_step", "_unflip"]
   conversions.clear()
-  c.loss = branching_loss
-  got, _ = trainer_lib.Trainer(c, strategy).train(3)
+  got, _ = MixedTrainer(c, strategy).train(3)
   np.testing.assert_array_equal(got, want)
-  assert sorted(set(conversions)) == ["_unflip", "branching_loss"]
+  assert sorted(set(conversions)) == ["BranchingMixin.compute_loss"]
+  for loss, names in ((branching_loss, ["_unflip", "branching_loss"]),
+                      (functools.partial(scaled_loss, scale=1.0),
+                       ["_unflip", "branching_loss", "scaled_loss"])):
+    conversions.clear()
+    c.loss = loss
+    got, _ = trainer_lib.Trainer(c, strategy).train(3)
+    np.testing.assert_array_equal(got, want)
+    assert sorted(set(conversions)) == names

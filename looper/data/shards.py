@@ -258,7 +258,8 @@ class Files:
                          for g in range(first, first + mine)], tf.int64)
     consumed = position // v  # by every group: B/V per step
 
-    @conversion.plain
+    # Converted by AutoGraph (no `conversion.plain`): `self.parse` may be
+    # the user's, and a map made where AutoGraph is off never converts it.
     def stream(i):
       """Group first+i's endless stream, `consumed` examples in."""
       paths, n = files[i], sizes[i]
@@ -266,7 +267,6 @@ class Files:
       cached = (tf.data.TFRecordDataset(paths).map(self.parse).cache()
                 if self.cache else None)
 
-      @conversion.plain
       def epoch(e):
         if cached is not None:  # file order fixed: the cache holds one pass
           records = cached
