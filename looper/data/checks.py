@@ -20,7 +20,6 @@ _INFINITE = tf.data.INFINITE_CARDINALITY
 _UNKNOWN = tf.data.UNKNOWN_CARDINALITY
 
 
-@tf.autograph.experimental.do_not_convert  # no tensor control flow
 def parts(example) -> tuple:
   """(inputs, label, sample_weight or None) of an example or a batch."""
   inputs, label, *weight = example
