@@ -13,21 +13,28 @@ AutoGraph rewrites the source of every function a `tf.function` calls
 `fit` skips it for its own step functions, and so does looper: the train
 and eval loops are explicit `tf.while_loop`s and no looper function in
 them is converted. A user's code keeps what any `tf.function` gives it:
-a Trainer subclass's override of a traced method, and a loss function
-assigned in the config, are converted on their first call inside a graph,
-so they may branch on tensors (`if tf.reduce_sum(x) > 0:`). Keras objects
-(models, layers, metrics) are never converted, in fit or here.
+a Trainer subclass's override of a traced method (defined or inherited
+when the class is made), and a loss in the config (a function, a bound
+method, a callable object or a functools.partial of one), are converted on
+their first call inside a graph, so they may branch on tensors
+(`if tf.reduce_sum(x) > 0:`), as may every function they call. Keras
+objects (models, layers, metrics) are never converted, in fit or here.
+The one looper function still converted is file mode's per-file stream
+(`looper.data.shards`), which calls the user's parse.
 """
 
 import functools
 import inspect
+import types
 
 from absl import logging
 import tensorflow as tf
 
 _PLAIN = "_looper_plain"  # marks a method as traced looper code
-_USER = "_looper_user"  # marks a function `user` wraps
-# Never converted: AutoGraph's own rules skip keras and tensorflow.
+_USER = "_looper_user"  # marks the wrapper `user` returns
+# Whose functions `user` leaves as they are (to_graph itself would convert
+# any): Keras' and TensorFlow's, as AutoGraph's own rules skip them, and
+# looper's, which are plain.
 _LIBRARIES = ("keras", "tensorflow", "looper")
 
 
@@ -38,32 +45,50 @@ def plain(fn):
   return wrapped
 
 
-def user(fn):
-  """`fn` (a function, or a functools.partial of one) converted by
-  AutoGraph on its first call inside a graph; called as written outside
-  one (eagerly), or if its source cannot be read (as AutoGraph does: a
-  warning, then the function as written)."""
+def user(fn, where: str = "config.loss"):
+  """`fn` (a function, a bound method, a callable object, or a
+  functools.partial of one) converted by AutoGraph on its first call inside
+  a graph; called as written outside one (eagerly), or if its source cannot
+  be read (as AutoGraph does: a warning naming `where`, then `fn` as
+  written)."""
   if isinstance(fn, functools.partial):
-    return functools.partial(user(fn.func), *fn.args, **fn.keywords)
-  # A Keras object or a library's function: left as AutoGraph leaves it.
-  if (not inspect.isfunction(fn) or getattr(fn, _PLAIN, False) or
-      getattr(fn, _USER, False) or
-      (fn.__module__ or "").split(".")[0] in _LIBRARIES):
+    return functools.partial(user(fn.func, where), *fn.args, **fn.keywords)
+  if inspect.isfunction(fn) or inspect.ismethod(fn):
+    target, module = fn, fn.__module__
+  elif callable(fn) and not inspect.isclass(fn):
+    target, module = fn.__call__, type(fn).__module__
+  else:
+    return fn
+  # A Keras object, a library's function, a builtin (no Python source),
+  # or one already marked: left as AutoGraph (and fit) leaves it.
+  if (not (inspect.isfunction(target) or inspect.ismethod(target)) or
+      getattr(fn, _PLAIN, False) or getattr(fn, _USER, False) or
+      (module or "").split(".")[0] in _LIBRARIES):
     return fn
   converted = []
 
-  @functools.wraps(fn)
+  def convert():
+    try:
+      if inspect.ismethod(target):  # to_graph drops the binding: bind again
+        return types.MethodType(tf.autograph.to_graph(target.__func__),
+                                target.__self__)
+      return tf.autograph.to_graph(target)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("AutoGraph could not convert %s (%s) from %s; it runs"
+                      " as written: branch on tensors with tf.cond there",
+                      target.__qualname__, e, where)
+      return target
+
+  # do_not_convert: a tf.function around it (preflight's, jit_compile's)
+  # does not convert this wrapper; the converted function turns AutoGraph
+  # back on inside itself.
+  @tf.autograph.experimental.do_not_convert
+  @functools.wraps(target)
   def wrapper(*args, **kwargs):
     if not tf.inside_function():
-      return fn(*args, **kwargs)
+      return target(*args, **kwargs)
     if not converted:
-      try:
-        converted.append(tf.autograph.to_graph(fn))
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning("AutoGraph could not convert %s (%s); it runs as"
-                        " written: branch on tensors with tf.cond there",
-                        fn.__qualname__, e)
-        converted.append(fn)
+      converted.append(convert())
     return converted[0](*args, **kwargs)
   setattr(wrapper, _USER, True)
   return wrapper
@@ -77,4 +102,6 @@ def convert_overrides(cls, base) -> None:
     if getattr(traced, _PLAIN, False):
       fn = inspect.getattr_static(cls, name)
       if fn is not traced and inspect.isfunction(fn):
-        setattr(cls, name, user(fn))
+        wrapped = user(fn, f"{cls.__qualname__}.{name}")
+        if wrapped is not fn:  # not one a parent class converted already
+          setattr(cls, name, wrapped)

@@ -19,6 +19,8 @@ Synopsis::
                               normalization=config.loss_normalization,
                               global_batch_size=256)
     metrics = objectives.Metrics(config.metrics)  # logs 'digit/accuracy'...
+    eval_loss = objectives.EvalLoss(config.loss, config.loss_normalization,
+                                    config.loss_weights)  # a whole split's
 
 Losses are per example (shape [batch]) or per token (any [batch, ...]) on
 the model's float32 logits: looper averages over the global batch itself,
@@ -122,8 +124,7 @@ class LossMean(keras.metrics.Metric):
   def update_state(self, values, weights, mask):
     """values [batch, ...]; weights None or a prefix shape; mask [batch]
     (0 for eval padding)."""
-    weighted_mask = mask if weights is None else (
-        broadcast(mask, weights) * tf.cast(weights, tf.float32))
+    weighted_mask = masked(weights, mask)
     ones = tf.ones_like(values)
     self.total.assign_add(tf.reduce_sum(
         values * broadcast(weighted_mask, values)))
@@ -135,6 +136,54 @@ class LossMean(keras.metrics.Metric):
 
   def result(self):
     return tf.math.divide_no_nan(self.total, self.denominator)
+
+
+class EvalLoss:
+  """The loss over a whole eval split, averaged as training averages a
+  global batch: each output's LossMean (logged 'loss', or 'output/loss' and
+  their loss_weights total 'loss') and the real examples counted
+  ('examples'). Built in strategy scope; updated in the replica step.
+
+  Args:
+    loss: config.loss (a dict of them by output: one mean each).
+    normalization: config.loss_normalization.
+    loss_weights: config.loss_weights (outputs' factors in the total).
+  """
+
+  def __init__(self, loss, normalization: str, loss_weights=None):
+    outputs = list(loss) if isinstance(loss, dict) else [None]
+    # output name (None: the model's one output) -> its mean
+    self._means = {k: LossMean(normalization,
+                               "loss" if k is None else f"{k}/loss")
+                   for k in outputs}
+    self._loss_weights = loss_weights
+    # float64 counts stay exact far beyond float32's 2**24 examples.
+    self._examples = keras.metrics.Sum("examples", dtype="float64")
+
+  @property
+  def output_names(self) -> list[str]:
+    """'output/loss' for each output of a dict; [] for one output."""
+    return [m.name for k, m in self._means.items() if k is not None]
+
+  def update(self, values, weights, mask) -> None:
+    """values: what compute_loss returned; weights: the examples' (None or
+    a prefix shape); mask [batch]: 0 for eval padding."""
+    for output, mean in self._means.items():
+      mean.update_state(*of_output(output, weights, values), mask)
+    self._examples.update_state(mask)
+
+  def reset(self) -> None:
+    for metric in [*self._means.values(), self._examples]:
+      metric.reset_state()
+
+  def results(self) -> dict:
+    """'loss', each 'output/loss' (a dict of outputs) and 'examples'."""
+    losses = {k: m.result() for k, m in self._means.items()}
+    if None in losses:
+      return {"loss": losses[None], "examples": self._examples.result()}
+    return {"loss": combined(losses, self._loss_weights),  # as in training
+            **{self._means[k].name: v for k, v in losses.items()},
+            "examples": self._examples.result()}
 
 
 class Metrics:
@@ -164,12 +213,8 @@ class Metrics:
 
   def update(self, labels, logits, weights=None) -> None:
     for output, metric in self.by_name.values():
-      if output is None:
-        metric.update_state(labels, logits, sample_weight=weights)
-      else:
-        metric.update_state(
-            labels[output], logits[output],
-            sample_weight=output_weights(weights, logits)[output])
+      *parts, sample_weight = of_output(output, weights, labels, logits)
+      metric.update_state(*parts, sample_weight=sample_weight)
 
   def reset(self) -> None:
     for _, metric in self.by_name.values():
@@ -229,6 +274,15 @@ def apply(loss_fns, labels, logits):
 
 def _loss(fn, labels, logits):
   return tf.cast(fn(labels, logits), tf.float32)
+
+
+def of_output(output, weights, *trees) -> tuple:
+  """`output`'s part of each tree (a tensor, or a dict by output) and of
+  the weights, last; output None (one output): the trees as they are."""
+  if output is None:
+    return (*trees, weights)
+  return (*(t[output] for t in trees),
+          output_weights(weights, trees[-1])[output])
 
 
 def output_weights(weights, values):

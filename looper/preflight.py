@@ -276,11 +276,12 @@ def _user_frame(error: Exception) -> str:
   loop is not converted: a model's call fails in plain Python)."""
   skip = tuple(os.path.dirname(m.__file__) for m in
                (tf, sys.modules.get("keras", tf), sys.modules["looper"]))
-  frames = re.findall(r'File "([^"]+)", line (\d+)', str(error)) or [
-      (frame.filename, frame.lineno)
-      for frame in traceback.extract_tb(error.__traceback__)]
-  frames = [(path, line) for path, line in frames
+  def users(frames):
+    return [(path, line) for path, line in frames
             if not path.startswith(skip) and "site-packages" not in path]
+  frames = users(re.findall(r'File "([^"]+)", line (\d+)', str(error))) or (
+      users((frame.filename, frame.lineno)
+            for frame in traceback.extract_tb(error.__traceback__)))
   if not frames:
     return "an unknown place"
   path, line = frames[-1]

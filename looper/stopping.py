@@ -6,7 +6,8 @@ Synopsis::
     stop.request()                 # any thread, e.g. on SIGTERM
     if stop.before_loop(): ...     # multi-worker: all agreed to stop here
     # the train loop's condition, where loops may be cut short:
-    more = i < steps and not (stop.cuts_loops and stop.flag.read_value())
+    more = (tf.logical_and(i < steps, tf.logical_not(stop.flag.read_value()))
+            if stop.cuts_loops else i < steps)
     stop.requested                 # whether training stops
     stop.agree(flag)               # True if `flag` is true on any worker
 

@@ -75,15 +75,13 @@ from looper.data import splits
 # loop's own ops as the ones outside it).
 REPLICA_STEP = "replica_step"
 
-# What the traced loops run: never rewritten by AutoGraph (20-200 ms per
-# function, most of the first trace: BUILD.md "first loop"); a subclass's
-# override of one is (see __init_subclass__).
-_traced = conversion.plain
-
 
 class Trainer:
   """Builds the training state in `strategy.scope()` and runs the loops."""
 
+  # The methods the traced loops run are `conversion.plain`: never
+  # rewritten by AutoGraph (20-200 ms per function, most of the first
+  # trace: BUILD.md "first loop"); a subclass's override of one is.
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     conversion.convert_overrides(cls, Trainer)
@@ -132,16 +130,8 @@ class Trainer:
                   if config.optimizer.ema_decay else None)
       self.train_metrics = self.build_metrics()
       self.eval_metrics = self.build_metrics()
-      # The eval loss of each output (config.loss a dict) or of the model.
-      # output name (None: the model's one output) -> its loss, logged as
-      # 'loss' or 'output/loss'.
-      self._eval_losses = {
-          k: objectives.LossMean(config.loss_normalization,
-                                 "loss" if k is None else f"{k}/loss")
-          for k in (config.loss if isinstance(config.loss, dict)
-                    else [None])}
-      # float64 counts stay exact far beyond float32's 2**24 examples.
-      self._eval_examples = keras.metrics.Sum("examples", dtype="float64")
+      self.eval_loss = objectives.EvalLoss(
+          config.loss, config.loss_normalization, config.loss_weights)
       counter = dict(dtype=tf.int64, trainable=False,
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       self.step = tf.Variable(0, name="step", **counter)
@@ -193,14 +183,14 @@ class Trainer:
     called once for train and once for eval."""
     return objectives.Metrics(self.config.metrics)
 
-  @_traced
+  @conversion.plain
   def compute_loss(self, labels, logits):
     """Per-example (or per-token) losses, shape [batch, ...]; a dict of them
     by output if config.loss is a dict. Weighted and averaged by the
     caller (`average_loss`)."""
     return objectives.apply(self._loss_fn, labels, logits)
 
-  @_traced
+  @conversion.plain
   def average_loss(self, values, weights=None, weight_total=None):
     """This replica's share of the global batch's loss from the losses
     `compute_loss` returned (config.loss_normalization, loss_weights)."""
@@ -209,7 +199,7 @@ class Trainer:
         normalization=self.config.loss_normalization,
         global_batch_size=self.global_batch_size)
 
-  @_traced
+  @conversion.plain
   def train_step(self, batch) -> tf.Tensor:
     """One replica's update; returns its share of the global mean loss.
 
@@ -235,7 +225,7 @@ class Trainer:
       self.ema.update()
     return loss
 
-  @_traced
+  @conversion.plain
   def micro_batches(self, batch) -> list:
     """`batch` cut back into its train.grad_accum_steps micro-batches, each
     of train.batch_size / replicas examples (static slices), as
@@ -250,7 +240,7 @@ class Trainer:
           weights, labels, self._class_weights)))
     return parts
 
-  @_traced
+  @conversion.plain
   def weight_total(self, weights: list):
     """The sum of an update's example weights over all its micro-batches
     and replicas (one scalar all-reduce per step), which
@@ -262,7 +252,7 @@ class Trainer:
     return tf.distribute.get_replica_context().all_reduce(
         tf.distribute.ReduceOp.SUM, local)
 
-  @_traced
+  @conversion.plain
   def compute_gradients(self, inputs, labels, weights=None,
                         weight_total=None):
     """One replica's (loss, gradients, float32 logits).
@@ -286,7 +276,7 @@ class Trainer:
       scaled = precision.scale_loss(self.optimizer, loss)
     return loss, tape.gradient(scaled, self.model.trainable_variables), logits
 
-  @_traced
+  @conversion.plain
   def transform_gradients(self, grads):
     """This replica's gradients before the update; the optimizer then sums
     them over replicas. Looper's: dense gradients under data.bucket, the
@@ -308,37 +298,31 @@ class Trainer:
                    if precision.loss_scaled(self.optimizer) else None))
     return grads
 
-  @_traced
+  @conversion.plain
   def apply_gradients(self, grads) -> None:
     """The optimizer update: it sums `grads` over replicas first, unless
     optimizer.clip_global_norm already did (one all-reduce per step)."""
     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
-  @_traced
+  @conversion.plain
   def eval_step(self, batch) -> None:
     """One replica's eval step; padding examples have mask 0. The examples'
     own weights count (data.class_weights, a train-time rebalancing, does
-    not, as in Keras)."""
+    not, as in Keras). An override feeds `self.eval_loss` (what `evaluate`
+    reports as the loss and the example count) and the eval metrics."""
     *example, mask = batch
     inputs, labels, weights = checks.parts(example)
     logits = _float32(self.model(inputs, training=False))
-    values = self.compute_loss(labels, logits)
-    for output, loss in self._eval_losses.items():
-      if output is None:
-        loss.update_state(values, weights, mask)
-      else:
-        loss.update_state(values[output], objectives.output_weights(
-            weights, values)[output], mask)
-    self._eval_examples.update_state(mask)
+    self.eval_loss.update(self.compute_loss(labels, logits), weights, mask)
     self.update_metrics(self.eval_metrics, labels, logits,
                         objectives.masked(weights, mask))
 
-  @_traced
+  @conversion.plain
   def update_metrics(self, metrics, labels, logits, sample_weight=None):
     """Updates `metrics` (an objectives.Metrics) with a batch."""
     metrics.update(labels, logits, sample_weight)
 
-  @_traced
+  @conversion.plain
   def serve(self, inputs) -> dict[str, tf.Tensor]:
     """What an export computes for a batch of `inputs` (see looper.export):
     {"logits": ...}, or every output of a model with a dict of them.
@@ -456,7 +440,7 @@ class Trainer:
     """Stops a running (or the next) train loop; safe from any thread."""
     self._stop.request()
 
-  @_traced
+  @conversion.plain
   def _train_loop(self, iterator, steps):
     """`steps` (an int32 tensor) steps in a tf.while_loop; steps=None: one
     step and no loop, which the profiler can see as a step (a while loop
@@ -490,7 +474,7 @@ class Trainer:
     return (self._step_losses.read_value()[:ran], finite, waited,
             self.train_metrics.results())
 
-  @_traced
+  @conversion.plain
   def _loop_step(self, iterator, i, waited):
     """Step i of a train call: next batch, the replica step.
 
@@ -510,7 +494,7 @@ class Trainer:
     self.strategy.run(self._train_step, args=(i, *batches))
     return waited
 
-  @_traced
+  @conversion.plain
   def _train_step(self, i, *batches):
     """The replica function: the micro-batches of one update as one batch;
     this replica's share of the loss goes to its slot i of the buffer."""
@@ -551,31 +535,22 @@ class Trainer:
   def eval_metric_names(self) -> list[str]:
     """What `evaluate` reports besides 'loss' and 'examples': each output's
     loss (a dict of outputs) and each metric, by log name."""
-    outputs = [m.name for k, m in self._eval_losses.items() if k is not None]
-    return outputs + self.eval_metrics.names
+    return self.eval_loss.output_names + self.eval_metrics.names
 
   def averaged_weights(self):
     """A context in which the model holds the moving average of its weights
     (eval, export); no-op without optimizer.ema_decay."""
     return self.ema.swapped() if self.ema else contextlib.nullcontext()
 
-  @_traced
+  @conversion.plain
   def _eval_loop(self, iterator, steps):
-    bookkeeping = [*self._eval_losses.values(), self._eval_examples]
-    for metric in bookkeeping:
-      metric.reset_state()
+    self.eval_loss.reset()
     self.eval_metrics.reset()
     def one_batch(i):
       self.strategy.run(self.eval_step, args=(next(iterator),))
       return i + 1
     tf.while_loop(lambda i: i < steps, one_batch, (tf.constant(0),))
-    results = {m.name: m.result() for m in self._eval_losses.values()}
-    if None not in self._eval_losses:  # outputs: weighted as in training
-      results = {"loss": objectives.combined(
-          {k: m.result() for k, m in self._eval_losses.items()},
-          self.config.loss_weights), **results}
-    return {**results, "examples": self._eval_examples.result(),
-            **self.eval_metrics.results()}
+    return {**self.eval_loss.results(), **self.eval_metrics.results()}
 
   # --- State ------------------------------------------------------------------
 
@@ -595,7 +570,7 @@ class Trainer:
     return items
 
 
-@_traced
+@conversion.plain
 def _float32(outputs):
   """The model's outputs (a tensor or a dict of them) as float32: losses
   and metrics run in float32 under any precision policy."""

@@ -6,8 +6,9 @@ GPU/TPU would run it: inside the while body and outside the replica step
 (the `REPLICA_STEP` name scope) there may be no read of a model or optimizer
 variable, no collective, and nothing may flow out of the replica step (a
 per-step loss reduced or fetched); the only variable the loop reads is the
-stop flag, a host variable, in its condition. With optimizer.clip_global_norm the replica step holds ONE
-all-reduce, as without it.
+stop flag, a host variable, in its condition. With
+optimizer.clip_global_norm the replica step holds ONE all-reduce, as
+without it.
 
     python -m tests.test_loop_graph      # prints what the test asserts on
 """

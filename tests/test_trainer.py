@@ -185,6 +185,16 @@ def scaled_loss(labels, logits, scale):
   return scale * branching_loss(labels, logits)
 
 
+class BranchingLoss:
+  """A loss as a callable object, and as a bound method."""
+
+  def __call__(self, labels, logits):
+    return branching_loss(labels, logits)
+
+  def method(self, labels, logits):
+    return branching_loss(labels, logits)
+
+
 @pytest.fixture
 def conversions(monkeypatch):
   """The functions AutoGraph converts (by qualified name)."""
@@ -218,7 +228,11 @@ def test_autograph_converts_the_users_code_only(conversions):
   assert sorted(set(conversions)) == ["BranchingMixin.compute_loss"]
   for loss, names in ((branching_loss, ["_unflip", "branching_loss"]),
                       (functools.partial(scaled_loss, scale=1.0),
-                       ["_unflip", "branching_loss", "scaled_loss"])):
+                       ["_unflip", "branching_loss", "scaled_loss"]),
+                      (BranchingLoss(), ["BranchingLoss.__call__", "_unflip",
+                                         "branching_loss"]),
+                      (BranchingLoss().method, ["BranchingLoss.method",
+                                                "_unflip", "branching_loss"])):
     conversions.clear()
     c.loss = loss
     got, _ = trainer_lib.Trainer(c, strategy).train(3)

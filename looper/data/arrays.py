@@ -57,7 +57,7 @@ class Arrays:
           " label) arrays with one row per example")
     self.arrays = arrays
     self.size = sizes.pop()
-    self._converted = None
+    self._tensor_cache = None
 
   def examples(self) -> tf.data.Dataset:
     """One pass in the arrays' order (probes, specs, a shard writer)."""
@@ -106,11 +106,12 @@ class Arrays:
     # Fashion-MNIST) and captured by every pipeline's map function by
     # reference (a constant inside the function would copy the arrays into
     # every graph). On the host: the pipelines run there.
-    if self._converted is None:
-      with tf.device("CPU:0"):
-        self._converted = tf.nest.map_structure(tf.convert_to_tensor,
+    if self._tensor_cache is None:
+      # init_scope: eager tensors even if first asked for while tracing.
+      with tf.init_scope(), tf.device("CPU:0"):
+        self._tensor_cache = tf.nest.map_structure(tf.convert_to_tensor,
                                                 self.arrays)
-    return self._converted
+    return self._tensor_cache
 
 
 def _gather(tensors, indices):

@@ -18,6 +18,9 @@ from looper.errors import ConfigError
 
 _INFINITE = tf.data.INFINITE_CARDINALITY
 _UNKNOWN = tf.data.UNKNOWN_CARDINALITY
+# Counts a dataset whose cardinality tf.data cannot tell (Dataset.reduce);
+# plain: AutoGraph would rewrite even this lambda on every count.
+count = conversion.plain(lambda c, _: c + 1)
 
 
 def parts(example) -> tuple:
@@ -173,7 +176,3 @@ def check_divisible(global_batch_size: int, replicas: int, field: str):
     raise ConfigError(
         f"config.{field}={global_batch_size} is not divisible by the"
         f" {replicas} replicas; set --config.{field}={fit}")
-
-
-# A Dataset.reduce that counts elements.
-count = conversion.plain(lambda c, _: c + 1)

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    python -m tests.stress.kill9 --trials 20          # by hand, ~10 minutes
+    python -m tests.stress.kill9 --trials 20          # by hand, ~15 minutes
     python -m tests.stress.kill9 --trials 3 --kinds save,loop,eval
 
 One uninterrupted reference run, then per trial: start the same command in
@@ -61,6 +61,11 @@ def run_and_kill(workdir: pathlib.Path, kind: str, rng: random.Random,
         step = int(line.split("train step ")[1].split("/")[0])
         if step % 20 == 0:
           eval_line.set()
+    # The run ended (finished, or resumed a finished run): stop waiting for
+    # a line that will not come; the poll below says it exited.
+    proc.wait()
+    progress.set()
+    eval_line.set()
 
   reader = threading.Thread(target=read, daemon=True)
   reader.start()
@@ -69,7 +74,7 @@ def run_and_kill(workdir: pathlib.Path, kind: str, rng: random.Random,
   try:
     if kind == "loop":
       if progress.wait(timeout):
-        time.sleep(rng.uniform(0.0, 1.5))
+        time.sleep(rng.uniform(0.0, 1.0))  # training lasts ~1 s
         what = "killed in training"
     elif kind == "eval":
       if eval_line.wait(timeout):
