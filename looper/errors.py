@@ -31,8 +31,9 @@ class CheckpointMissing(CheckpointError):
 
 
 class DataError(ValueError):
-  """An example deep in a split broke a train or eval loop; one line naming
-  the split, the steps and the fix. Nothing was saved after it."""
+  """An example deep in a split broke a train or eval loop, or the eval
+  split changed under the run; one line naming the split, the steps and
+  the fix. Nothing was saved after it."""
 
 
 class WorkdirError(ValueError):

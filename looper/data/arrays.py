@@ -110,7 +110,7 @@ class Arrays:
       # init_scope: eager tensors even if first asked for while tracing.
       with tf.init_scope(), tf.device("CPU:0"):
         self._tensor_cache = tf.nest.map_structure(tf.convert_to_tensor,
-                                                self.arrays)
+                                                   self.arrays)
     return self._tensor_cache
 
 
