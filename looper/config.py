@@ -88,8 +88,8 @@ def default_config() -> ml_collections.ConfigDict:
   # Stop after this many evaluations without improving
   # checkpoint.best_metric (needs it set); 0: never stop early.
   c.train.early_stop_patience = 0
-  # float32 | mixed_bfloat16 (CPU with AMX, TPU) | mixed_float16 (GPU, with
-  # loss scaling): see looper/precision.py.
+  # float32 | mixed_bfloat16 (TPU, CPU with AMX or AVX-512 BF16) |
+  # mixed_float16 (GPU, with loss scaling): see looper/precision.py.
   c.train.precision = "float32"
   # XLA-compile each replica's forward and backward pass (not the loop).
   c.train.jit_compile = False

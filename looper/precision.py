@@ -12,8 +12,8 @@ Synopsis::
   float32         everything float32.
   mixed_bfloat16  compute in bfloat16, variables float32; no loss scaling
                   (bfloat16 has float32's range). 1.6-1.9x faster for the
-                  MNIST CNN on a CPU with AMX, ~0.7x on one without; the
-                  usual choice on TPU.
+                  MNIST CNN on a CPU with AMX, 1.4x with AVX-512 BF16,
+                  ~0.7x on one with neither; the usual choice on TPU.
   mixed_float16   compute in float16 with Keras' dynamic LossScaleOptimizer
                   (GPUs). About 170x slower on this CPU: for GPUs only.
 
@@ -50,6 +50,10 @@ PRECISIONS = {
 }
 
 
+# CPU flags of the bfloat16 instructions oneDNN's kernels use.
+_BF16_INSTRUCTIONS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
 def cpu_flags() -> set[str] | None:
   """This CPU's feature flags (Linux's /proc/cpuinfo); None if unknown."""
   try:
@@ -67,9 +71,10 @@ def slower_here(name: str, *, accelerated: bool,
   """Why `train.precision=name` runs slower than float32 on this machine
   (a run on the CPU only: `accelerated` is False), or None.
 
-  Measured on this project's CPUs (BUILD.md): bfloat16 matrix units (AMX,
-  flag amx_bf16) make mixed_bfloat16 1.6-1.9x faster; without them it is
-  ~0.7x, float16 ~170x slower (no float16 arithmetic in the CPU kernels).
+  Measured on this project's CPUs (BUILD.md): bfloat16 instructions make
+  mixed_bfloat16 faster, AMX (flag amx_bf16) 1.6-1.9x, AVX-512 BF16 (flag
+  avx512_bf16, an AMD EPYC without AMX) 1.3-1.5x; without either it is
+  ~0.7x; float16 ~170x slower (no float16 arithmetic in the CPU kernels).
   """
   if accelerated or name == "float32":
     return None
@@ -77,9 +82,11 @@ def slower_here(name: str, *, accelerated: bool,
   if name == "mixed_float16":
     return f"for GPUs: ~170x slower than float32 on a CPU; {fix}"
   flags = cpu_flags() if flags is None else flags
-  if name == "mixed_bfloat16" and flags is not None and "amx_bf16" not in flags:
-    return (f"~0.7x float32 on a CPU without AMX (this one has no amx_bf16;"
-            f" bfloat16 pays on TPUs and AMX CPUs); {fix}")
+  if (name == "mixed_bfloat16" and flags is not None and
+      not flags & _BF16_INSTRUCTIONS):
+    return (f"~0.7x float32 on a CPU without bfloat16 instructions (this one"
+            f" has neither amx_bf16 nor avx512_bf16; bfloat16 pays on TPUs"
+            f" and CPUs with either); {fix}")
   return None
 
 

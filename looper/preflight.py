@@ -24,7 +24,8 @@ a rule of the TPU guides ("XLA rules"):
   6. no float64 tensor and no int64 label (TPUs emulate both slowly);
   7. no mixed_float16 (a TPU computes in bfloat16: mixed_bfloat16).
 A precision slower than float32 on the machine running the check (e.g.
-mixed_bfloat16 on a CPU without AMX) is noted under the verdict.
+mixed_bfloat16 on a CPU without bfloat16 instructions) is noted under
+the verdict.
 Everything runs on the host's CPU with the default strategy, whatever
 `distribution.strategy` says: no TPU is needed, none is contacted.
 

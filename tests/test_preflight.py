@@ -140,7 +140,7 @@ def test_the_tiny_experiment_is_ready():
 
 
 @pytest.mark.parametrize("flags,noted", [(set(), True), ({"amx_bf16"}, False)],
-                         ids=["cpu-without-amx", "cpu-with-amx"])
+                         ids=["cpu-without-bf16", "cpu-with-amx"])
 def test_a_precision_slower_on_this_machine_is_noted(monkeypatch, flags,
                                                      noted):
   from looper import precision  # pylint: disable=g-import-not-at-top
@@ -150,8 +150,9 @@ def test_a_precision_slower_on_this_machine_is_noted(monkeypatch, flags,
   assert lines[0].startswith("ready: ")
   assert lines[1:] == ([
       "note: train.precision=mixed_bfloat16 on this machine: ~0.7x float32"
-      " on a CPU without AMX (this one has no amx_bf16; bfloat16 pays on"
-      " TPUs and AMX CPUs); set --config.train.precision=float32"]
+      " on a CPU without bfloat16 instructions (this one has neither"
+      " amx_bf16 nor avx512_bf16; bfloat16 pays on TPUs and CPUs with"
+      " either); set --config.train.precision=float32"]
                        if noted else [])
 
 
@@ -205,11 +206,12 @@ def test_describe_names_the_modes_sizes_and_specs_in_process():
 
 @pytest.mark.parametrize("name,accelerated,flags,want", [
     ("float32", False, set(), None),
-    ("mixed_bfloat16", False, {"avx512_bf16"}, (
-        "~0.7x float32 on a CPU without AMX (this one has no amx_bf16;"
-        " bfloat16 pays on TPUs and AMX CPUs); set"
-        " --config.train.precision=float32")),
+    ("mixed_bfloat16", False, {"avx512f", "avx512_vnni"}, (
+        "~0.7x float32 on a CPU without bfloat16 instructions (this one has"
+        " neither amx_bf16 nor avx512_bf16; bfloat16 pays on TPUs and CPUs"
+        " with either); set --config.train.precision=float32")),
     ("mixed_bfloat16", False, {"amx_bf16", "amx_tile"}, None),
+    ("mixed_bfloat16", False, {"avx512f", "avx512_bf16"}, None),
     ("mixed_bfloat16", True, set(), None),  # a GPU or TPU run
     ("mixed_float16", False, {"amx_bf16"}, (
         "for GPUs: ~170x slower than float32 on a CPU; set"
