@@ -6,7 +6,7 @@ Synopsis::
     def train_step(self, batch): ...
 
     conversion.convert_overrides(MyTrainer, Trainer)  # Trainer does this
-    loss_fn = conversion.user(config.loss)            # a user's function
+    loss_fn = conversion.user(config.loss, "config.loss")  # a user's fn
 
 AutoGraph rewrites the source of every function a `tf.function` calls
 (20-200 ms each, most of the first trace: BUILD.md "first loop"). Keras 3's
@@ -45,7 +45,7 @@ def plain(fn):
   return wrapped
 
 
-def user(fn, where: str = "config.loss"):
+def user(fn, where: str):
   """`fn` (a function, a bound method, a callable object, or a
   functools.partial of one) converted by AutoGraph on its first call inside
   a graph; called as written outside one (eagerly), or if its source cannot

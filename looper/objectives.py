@@ -260,7 +260,7 @@ def losses(value: Any):
 
 def _loss_fn(value, field: str):
   # A function of the user's may branch on tensors: AutoGraph converts it.
-  return (conversion.user(value) if callable(value)
+  return (conversion.user(value, f"config.{field}") if callable(value)
           else lookup(value, LOSSES, field))
 
 
