@@ -16,12 +16,11 @@ rule of large-batch and TPU training, meant with warmup).
 
 The names `optimizer.name` and `optimizer.schedule` accept are the keys of
 OPTIMIZERS and SCHEDULES (`config.validate` reads them).
-`clip_by_global_norm_of_sum` is `optimizer.clip_global_norm`; `sum_once`
-makes an optimizer skip its all-reduce of gradients the clip summed.
+`clip_after_sum` is `optimizer.clip_global_norm`: the optimizer clips the
+global batch's gradient after its all-reduce.
 """
 
 import math
-import threading
 
 import keras
 import ml_collections
@@ -106,54 +105,53 @@ def build(opt: ml_collections.ConfigDict, total_steps: int,
   return OPTIMIZERS[opt.name](lr, opt)
 
 
-# Per replica thread (MirroredStrategy traces each replica in its own):
-# `summed` - the gradients this replica holds are already the sum over
-# replicas (clip_by_global_norm_of_sum made them so), until the
-# optimizer's all-reduce sees it and skips.
-_STATE = threading.local()
-
-
-def clip_by_global_norm_of_sum(grads, clip_norm: float, unscale=None):
-  """The SUM over replicas of `grads`, scaled to a global norm of at most
-  `clip_norm` (one all-reduce; an optimizer under `sum_once` then skips
-  its own).
+def clip_after_sum(optimizer: keras.optimizers.Optimizer,
+                   clip_norm: float) -> None:
+  """Makes `optimizer` clip the SUM over replicas of the gradients to a
+  global norm of at most `clip_norm` (`optimizer.clip_global_norm`), right
+  after its own all-reduce. Call once, after building it.
 
   Keras' clipnorm/global_clipnorm clip each replica's gradients before the
   sum, which changes the update with the replica count; this clips the
-  gradient of the global batch, the same on any number of replicas. The
-  norm needs the summed gradients, so they are summed here once, and the
-  update uses them as they are: a second, full-size all-reduce in the
-  optimizer would double the step's communication.
+  gradient of the global batch, the same on any number of replicas, and
+  costs no all-reduce of its own (the norm needs the sum: summing in the
+  step and again in the optimizer doubled the step's communication).
 
-  Args:
-    grads: this replica's gradients (in replica context).
-    clip_norm: the largest global norm of the summed gradients.
-    unscale: the loss scale the gradients carry (mixed_float16), or None.
-  """
-  total = tf.distribute.get_replica_context().all_reduce("SUM", grads)
-  norm = tf.linalg.global_norm([tf.cast(g, tf.float32) for g in total])
-  if unscale is not None:
-    norm /= tf.cast(unscale, tf.float32)
-  factor = tf.minimum(1.0, clip_norm / tf.maximum(norm, 1e-12))
-  _STATE.summed = True
-  return [g * tf.cast(factor, g.dtype) for g in total]
-
-
-def sum_once(optimizer: keras.optimizers.Optimizer) -> None:
-  """Makes `optimizer` skip its all-reduce (SUM) of gradients that
-  clip_by_global_norm_of_sum already summed, in the same replica thread;
-  any other gradients it sums as before. Call once, after building it.
-
-  Keras' TensorFlow optimizer always all-reduces in replica context, in
-  `_all_reduce_sum_gradients`, which has no switch: it is wrapped here (on
-  the optimizer that owns the slots, inside a LossScaleOptimizer).
+  The clip runs wherever the optimizer sums, whichever thread that is:
+  Keras' LossScaleOptimizer applies its inner optimizer through
+  `call_for_each_replica` (new threads under MirroredStrategy), with the
+  gradients already unscaled and known finite. Keras' TensorFlow optimizer
+  sums in `_all_reduce_sum_gradients`, which has no public hook: it is
+  wrapped here, on the optimizer that owns the slots.
   """
   target = getattr(optimizer, "inner_optimizer", optimizer)
-  original = target._all_reduce_sum_gradients  # pylint: disable=protected-access
+  all_reduce = target._all_reduce_sum_gradients  # pylint: disable=protected-access
 
-  def all_reduce_unless_summed(grads_and_vars):
-    if getattr(_STATE, "summed", False):
-      _STATE.summed = False
-      return list(grads_and_vars)
-    return original(grads_and_vars)
-  target._all_reduce_sum_gradients = all_reduce_unless_summed  # pylint: disable=protected-access
+  def all_reduce_then_clip(grads_and_vars):
+    grads, variables = zip(*all_reduce(grads_and_vars))
+    norm = tf.sqrt(tf.add_n([_squared_norm(g) for g in grads
+                             if g is not None]))
+    factor = clip_norm / tf.maximum(norm, clip_norm)
+    return [(_times(g, factor), v) for g, v in zip(grads, variables)]
+  target._all_reduce_sum_gradients = all_reduce_then_clip  # pylint: disable=protected-access
+
+
+def _squared_norm(grad) -> tf.Tensor:
+  """|grad|^2 in float32. An Embedding's gradient (IndexedSlices) may hold
+  a row several times (a token seen twice; the replicas' rows after the
+  sum, which gathers them): the rows add up first, as they do in the
+  update (TensorFlow's clip_by_global_norm squares them apart, so its norm
+  would change with the replica count)."""
+  if isinstance(grad, tf.IndexedSlices):
+    rows, where = tf.unique(grad.indices)
+    grad = tf.math.unsorted_segment_sum(grad.values, where, tf.size(rows))
+  return tf.reduce_sum(tf.square(tf.cast(grad, tf.float32)))
+
+
+def _times(grad, factor):
+  if grad is None:
+    return None
+  if isinstance(grad, tf.IndexedSlices):
+    return tf.IndexedSlices(grad.values * tf.cast(factor, grad.dtype),
+                            grad.indices, grad.dense_shape)
+  return grad * tf.cast(factor, grad.dtype)

@@ -33,9 +33,10 @@ One replica's step (`train_step`, which the loop calls) is three seams::
     for inputs, labels, weights in micro:
       loss, grads, logits = compute_gradients(inputs, labels, weights,
                                               total)            # summed
-    grads = transform_gradients(grads)   # e.g. clipping (which sums them)
+    grads = transform_gradients(grads)   # e.g. the finiteness vote
     apply_gradients(grads)               # the optimizer sums over replicas
-                                         # (unless the clip did)
+                                         # (then optimizer.clip_global_norm
+                                         # clips the sum)
 
 A subclass (`config.trainer`) overrides one small method and inherits the
 loop, distribution and bookkeeping: `build_model`, `build_optimizer`,
@@ -119,8 +120,9 @@ class Trainer:
         self.model = self.build_model()
       self.optimizer = precision.wrap(self.build_optimizer(),
                                       config.train.precision)
-      # One all-reduce per step with optimizer.clip_global_norm.
-      optimizers.sum_once(self.optimizer)
+      if config.optimizer.clip_global_norm:  # after the replicas' sum
+        optimizers.clip_after_sum(self.optimizer,
+                                  config.optimizer.clip_global_norm)
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here.
       self.optimizer.build(self.model.trainable_variables)
@@ -219,7 +221,7 @@ class Trainer:
       self.update_metrics(self.train_metrics, labels, logits, weights)
       loss += part
       grads = part_grads if grads is None else [
-          g + h for g, h in zip(grads, part_grads)]
+          _add(g, h) for g, h in zip(grads, part_grads)]
     self.apply_gradients(self.transform_gradients(grads))
     if self.ema:
       self.ema.update()
@@ -279,10 +281,9 @@ class Trainer:
   @conversion.plain
   def transform_gradients(self, grads):
     """This replica's gradients before the update; the optimizer then sums
-    them over replicas. Looper's: dense gradients under data.bucket, the
-    all-replica finiteness vote under loss scaling, and
-    optimizer.clip_global_norm (which returns the clipped sum: the update
-    then skips its own all-reduce, see optimizers.sum_once)."""
+    them over replicas (and clips the sum: optimizer.clip_global_norm).
+    Looper's: dense gradients under data.bucket and the all-replica
+    finiteness vote under loss scaling."""
     if self.config.data.bucket:
       # Sparse gradients (an Embedding's IndexedSlices, a row per token)
       # change size with the batch's length; several replicas all-gather
@@ -290,18 +291,12 @@ class Trainer:
       # successive gathers differ ("Shape mismatch in the collective
       # instance"). Dense ones have their variable's shape in every step.
       grads = [tf.convert_to_tensor(g) for g in grads]
-    grads = precision.skip_unless_finite_everywhere(self.optimizer, grads)
-    if self.config.optimizer.clip_global_norm:
-      grads = optimizers.clip_by_global_norm_of_sum(
-          grads, self.config.optimizer.clip_global_norm,
-          unscale=(self.optimizer.scale_loss(1.0)
-                   if precision.loss_scaled(self.optimizer) else None))
-    return grads
+    return precision.skip_unless_finite_everywhere(self.optimizer, grads)
 
   @conversion.plain
   def apply_gradients(self, grads) -> None:
-    """The optimizer update: it sums `grads` over replicas first, unless
-    optimizer.clip_global_norm already did (one all-reduce per step)."""
+    """The optimizer update: it sums `grads` over replicas first (one
+    all-reduce per step) and clips the sum (optimizer.clip_global_norm)."""
     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
   @conversion.plain
@@ -589,3 +584,16 @@ def _float32(outputs):
   """The model's outputs (a tensor or a dict of them) as float32: losses
   and metrics run in float32 under any precision policy."""
   return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+
+
+@conversion.plain
+def _add(a, b):
+  """The sum of two gradients of one variable. An Embedding's are
+  IndexedSlices (rows of the batch's tokens), which `+` cannot add: their
+  sum is both sets of rows (repeated rows add up wherever they are
+  applied), still sparse."""
+  if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+    return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                            tf.concat([a.indices, b.indices], 0),
+                            a.dense_shape)
+  return a + b

@@ -66,15 +66,24 @@ def test_dropout_masks_differ_between_examples_and_steps():
   np.testing.assert_array_equal(layer(ones, training=False), ones)
 
 
-def test_clipping_uses_the_norm_of_the_summed_gradient():
-  grads = [tf.constant([3.0]), tf.constant([4.0])]
-  clipped = optimizers.clip_by_global_norm_of_sum(grads, 1.0)
-  np.testing.assert_allclose([g.numpy() for g in clipped], [[0.6], [0.8]])
-  # Loss-scaled gradients: the norm is taken after unscaling.
-  scaled = optimizers.clip_by_global_norm_of_sum(
-      [g * 1024 for g in grads], 1.0, unscale=1024.0)
-  np.testing.assert_allclose([g.numpy() for g in scaled],
-                             [[0.6 * 1024], [0.8 * 1024]])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_the_optimizer_clips_the_unscaled_gradient_after_its_sum(scaled):
+  with tf.distribute.get_strategy().scope():
+    variables = [tf.Variable([0.0]), tf.Variable(tf.zeros([3, 1]))]
+    sgd = keras.optimizers.SGD(1.0)
+    opt = keras.optimizers.LossScaleOptimizer(sgd) if scaled else sgd
+    opt.build(variables)
+  optimizers.clip_after_sum(opt, 1.0)
+  scale = float(opt.dynamic_scale.numpy()) if scaled else 1.0
+  # An Embedding-like sparse gradient (rows 2 and 2 again: 4 in all) and a
+  # dense one: global norm 5, clipped to 1.
+  grads = [tf.constant([3.0 * scale]),
+           tf.IndexedSlices(tf.constant([[1.0], [3.0]]) * scale,
+                            tf.constant([2, 2]), tf.constant([3, 1]))]
+  opt.apply_gradients(zip(grads, variables))
+  np.testing.assert_allclose(variables[0].numpy(), [-0.6], rtol=1e-6)
+  np.testing.assert_allclose(variables[1].numpy()[:, 0], [0, 0, -0.8],
+                             rtol=1e-6)
 
 
 def _trainer(**fields):
@@ -194,9 +203,11 @@ def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
   assert result["scale_after"] < result["scale_before"]
 
 
-def test_gradient_accumulation_equals_one_larger_batch():
-  big = _trainer(train__batch_size=64)
-  small = _trainer(train__batch_size=16, train__grad_accum_steps=4)
+@pytest.mark.parametrize("embed", [0, 8])  # 8: an Embedding's sparse grads
+def test_gradient_accumulation_equals_one_larger_batch(embed):
+  big = _trainer(train__batch_size=64, model__embed=embed)
+  small = _trainer(train__batch_size=16, train__grad_accum_steps=4,
+                   model__embed=embed)
   np.testing.assert_allclose(small.train(12)[0], big.train(12)[0], rtol=1e-5)
   for a, b in zip(small.model.weights, big.model.weights):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)

@@ -5,7 +5,10 @@ Synopsis::
     python -m looper.main --config=tests/tiny.py --workdir=/tmp/tiny
 
 Four classes of 8-feature points; the label is a linear function of the
-features, so a small MLP learns it. `data.dir` is unused.
+features, so a small MLP learns it. `data.dir` is unused. With
+`model.embed=N` each feature comes as a token (its bin of BINS, one
+vocabulary per feature) and the model looks them up in an Embedding of
+width N: the sparse gradients of every text model.
 """
 
 import keras
@@ -17,6 +20,7 @@ from looper import layers
 
 NUM_CLASSES = 4
 FEATURES = 8
+BINS = 10  # tokens per feature under model.embed
 
 
 def make_data(num: int, seed: int):
@@ -28,12 +32,21 @@ def make_data(num: int, seed: int):
   return x, y
 
 
+def tokens(x: np.ndarray) -> np.ndarray:
+  """Feature j of `x` as token j * BINS + its bin (int32)."""
+  bins = np.clip(np.floor((x + 2.5) * BINS / 5), 0, BINS - 1).astype(np.int32)
+  return bins + BINS * np.arange(FEATURES, dtype=np.int32)
+
+
 def model_fn(config):
   regularizer = keras.regularizers.L2(config.model.l2) if config.model.l2 else None
   dropout = ([layers.Dropout(config.model.dropout, seed=7)]
              if config.model.dropout else [])
+  embed = ([keras.layers.Embedding(FEATURES * BINS, config.model.embed),
+            keras.layers.Flatten()] if config.model.embed else [])
   return keras.Sequential([
-      keras.Input((FEATURES,)),
+      keras.Input((FEATURES,), dtype="int32" if embed else "float32"),
+      *embed,
       keras.layers.Dense(config.model.width, activation="relu",
                          kernel_regularizer=regularizer),
       *dropout,
@@ -45,6 +58,8 @@ def dataset_fn(config, split):
   field = lc.split_field(config, split)
   name, selected = lc.split_slice(split, config.model.num_examples, field)
   x, y = make_data(config.model.num_examples, seed={"train": 0, "test": 1}[name])
+  if config.model.embed:
+    x = tokens(x)
   if config.data.as_arrays:  # array mode
     return x[selected], y[selected]
   return tf.data.Dataset.from_tensor_slices((x[selected], y[selected]))
@@ -67,5 +82,6 @@ def get_config():
   c.model.width = 16
   c.model.l2 = 1e-3
   c.model.dropout = 0.0  # > 0: looper's replica-invariant Dropout
+  c.model.embed = 0  # > 0: token inputs and an Embedding of this width
   c.model.num_examples = 1001  # not a multiple of any batch size
   return c
