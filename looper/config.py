@@ -16,8 +16,8 @@ Synopsis (an experiment file)::
 
 `validate` checks every field looper reads. The names an option accepts
 are not listed here: each comes from the table of the module that builds
-it (`distribute.STRATEGIES`, `optimizers.OPTIMIZERS` and `SCHEDULES`,
-`precision.PRECISIONS`, `objectives.LOSSES` and `METRICS`,
+it (`distribute.STRATEGIES` and `ALL_REDUCES`, `optimizers.OPTIMIZERS` and
+`SCHEDULES`, `precision.PRECISIONS`, `objectives.LOSSES` and `METRICS`,
 `evaluation.BEST_MODES`), so a new option is added in one place. Every error
 is one line naming the field, the value and the fix ("did you mean" for a
 misspelt name), so a bad `--config.*` override fails before TensorFlow
@@ -93,6 +93,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.precision = "float32"
   # XLA-compile each replica's forward and backward pass (not the loop).
   c.train.jit_compile = False
+  # Op determinism and no TF32 (GPU matmuls at float32, not 10-bit inputs):
+  # the exact contracts on GPUs, at some speed; no input-wait timing.
+  # Process-wide, set by each run (precision.set_deterministic).
+  c.train.deterministic = False
   # Micro-batches of train.batch_size per optimizer update: the update is
   # that of one batch grad_accum_steps times larger (train.steps counts
   # updates; the data position advances by the larger batch).
@@ -160,6 +164,10 @@ def default_config() -> ml_collections.ConfigDict:
   # how long one may stay unreachable later (missed heartbeats: a cut link,
   # a lost VM), before the others fail with one line naming it.
   c.distribution.worker_timeout_secs = 300.0
+  # multi_worker: how the workers sum gradients (distribute.ALL_REDUCES):
+  # auto (NCCL between GPUs, else ring) | nccl | ring. Workers sharing a GPU
+  # need ring: NCCL refuses them (`looper launch` sets it when they share).
+  c.distribution.all_reduce = "auto"
 
   c.data = ml_collections.ConfigDict()
   c.data.dir = ""  # where the experiment's dataset_fn reads its files
@@ -224,8 +232,8 @@ _KINDS = (
      lambda v: _whole(v) and v >= 0, "must be a whole number >= 0"),
     (("checkpoint.every_secs", "eval.timeout_secs"),
      lambda v: _seconds(v) and v >= 0, "must be a number of seconds >= 0"),
-    (("data.cache", "train.jit_compile", "optimizer.scale_lr_with_batch",
-      "export.at_end"),
+    (("data.cache", "train.jit_compile", "train.deterministic",
+      "optimizer.scale_lr_with_batch", "export.at_end"),
      lambda v: isinstance(v, bool), "must be True or False"),
 )
 
@@ -339,6 +347,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 optimizers.SCHEDULES)
   _check_choice(c.distribution.strategy, "distribution.strategy",
                 ("auto", *distribute.STRATEGIES))
+  _check_choice(c.distribution.all_reduce, "distribution.all_reduce",
+                distribute.ALL_REDUCES)
   if c.distribution.strategy == "tpu":
     _check(bool(c.distribution.tpu), "distribution.tpu", c.distribution.tpu,
            "strategy 'tpu' needs the TPU name or address (use 'local' on a"

@@ -14,12 +14,18 @@ Synopsis::
   one_device    OneDeviceStrategy on the first GPU, else the CPU.
   mirrored      MirroredStrategy over all GPUs, else over `num_cpu_devices`
                 logical CPUs (how multi-replica code runs on a laptop).
-  multi_worker  MultiWorkerMirroredStrategy from TF_CONFIG.
+  multi_worker  MultiWorkerMirroredStrategy from TF_CONFIG; its all-reduce
+                is `distribution.all_reduce` (`communication`): auto is
+                NCCL when the workers have GPUs, else ring.
   tpu           TPUClusterResolver(tpu=...), connect, initialize, TPUStrategy.
+
+Every GPU's memory grows as needed (`grow_gpu_memory`) rather than being
+taken whole at start, so several looper processes can share a GPU.
 
 tf.distribute is the only engine: this module only chooses and builds.
 STRATEGIES (name -> builder) is the list `config.validate` checks
-`distribution.strategy` against, with 'auto'.
+`distribution.strategy` against, with 'auto'; ALL_REDUCES the names of
+`distribution.all_reduce`.
 """
 
 import json
@@ -101,14 +107,38 @@ def _mirrored(dist: ml_collections.ConfigDict, gpus: list):
   return tf.distribute.MirroredStrategy(devices)
 
 
+# `distribution.all_reduce`: how multi_worker sums across the workers.
+ALL_REDUCES = ("auto", "nccl", "ring")
+
+
+def communication(all_reduce: str, gpus: list
+                  ) -> tf.distribute.experimental.CommunicationOptions:
+  """The all-reduce `distribution.all_reduce` names; auto: NCCL between
+  GPUs, TensorFlow's AUTO (ring) on CPUs.
+
+  TensorFlow's AUTO would be ring on GPUs too: TensorFlow 2.21 picks NCCL
+  only when asked (CollectiveParamResolverLocal::AssignCollectiveType), and
+  NCCL is the fast path between GPUs (NVLink within a host). NCCL refuses
+  two workers on one GPU ("Duplicate GPU detected"): those need ring.
+  """
+  kind = tf.distribute.experimental.CommunicationImplementation
+  if all_reduce == "auto":
+    implementation = kind.NCCL if gpus else kind.AUTO
+  else:
+    implementation = kind[all_reduce.upper()]
+  return tf.distribute.experimental.CommunicationOptions(
+      implementation=implementation)
+
+
 def _multi_worker(dist: ml_collections.ConfigDict, gpus: list):
-  del gpus  # every local GPU is used
   if _cluster_size() == 0:
     raise ConfigError(
         "config.distribution.strategy='multi_worker' needs TF_CONFIG"
         " naming the cluster and this task; set it, or use 'mirrored'")
   _bound_cluster_waits(dist.worker_timeout_secs)
-  return tf.distribute.MultiWorkerMirroredStrategy()
+  # On every local GPU; `gpus` only picks the all-reduce.
+  return tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=communication(dist.all_reduce, gpus))
 
 
 # `distribution.strategy` -> fn(config.distribution, physical GPUs).
@@ -122,12 +152,36 @@ STRATEGIES = {
 }
 
 
+def grow_gpu_memory(gpus: list) -> None:
+  """Lets each GPU's memory grow as needed instead of being taken at start.
+
+  By default the first TensorFlow process to use a GPU takes nearly all its
+  memory, so a second looper process on the host (a continuous_eval
+  evaluator beside training, `looper launch` workers sharing GPUs) finds
+  none. Must run before TensorFlow initializes the GPUs (before any op);
+  again in the same process it changes nothing.
+  """
+  for gpu in gpus:
+    try:
+      tf.config.experimental.set_memory_growth(gpu, True)
+    except ValueError:  # the user gave it logical devices: their own limits
+      continue
+    except RuntimeError:  # an op ran before the run: too late, it still runs
+      logging.warning(
+          "GPU memory growth not set: TensorFlow started on the GPUs before"
+          " the run, so this process keeps the memory it took and another"
+          " looper process on them may find none; run no TensorFlow op"
+          " before looper's run in this process")
+      return
+
+
 def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
   """Builds the strategy `config.distribution` asks for (see module doc)."""
   dist = config.distribution
+  gpus = tf.config.list_physical_devices("GPU")
+  grow_gpu_memory(gpus)
   if dist.num_cpu_devices > 1:
     split_cpu(dist.num_cpu_devices)
-  gpus = tf.config.list_physical_devices("GPU")
   name = choose(dist, len(gpus))
   logging.debug("distribution.strategy=%r resolved to %r", dist.strategy,
                 name)  # the run's header names the strategy

@@ -9,9 +9,12 @@ Synopsis::
       evaluate()
     checkpoint_items["ema"] = average.averages
 
-The averages are float32 variables like the weights, aggregated
-ONLY_FIRST_REPLICA (every replica computes the same update, as for the
-weights), and checkpointed so a resumed run averages on from where it was.
+The averages are float32 variables like the weights, checkpointed so a
+resumed run averages on from where it was. Each replica updates its own
+copy (aggregation NONE, as Keras' own EMA slots): the weights are the same
+on every replica after the update, so the averages stay the same with no
+communication. ONLY_FIRST_REPLICA would make every assign a merge call
+and a broadcast per variable per step.
 """
 
 import contextlib
@@ -28,7 +31,7 @@ class WeightAverage:
     self.variables = list(variables)
     self.averages = [tf.Variable(
         v.value, trainable=False, name="ema",
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        aggregation=tf.VariableAggregation.NONE)
                      for v in self.variables]
 
   def update(self) -> None:

@@ -6,6 +6,7 @@ Synopsis::
     raise errors.ConfigError("config.train.steps=0: must be >= 1; set ...")
     errors.first_line(keras_error)        # its informative first line
     errors.xla_op(e)                      # 'AsString' from XLA's error text
+    errors.compile_error(e, jit_compile=False)  # XLA's, or None (data)
     errors.cluster_error(e, timeout)      # one line for a lost worker
 
 looper's promise 4: a bad config, a bad dataset or a lost worker ends with
@@ -113,16 +114,30 @@ def xla_op(e: Exception) -> str | None:
   return found.group(1) if found else None
 
 
-def jit_compile_error(e: Exception) -> Exception:
-  """`train.jit_compile`: one line naming the op XLA cannot compile; any
-  other error is returned unchanged."""
+# How XLA (the CPU/GPU JIT and the TPU compiler alike) says a graph did not
+# compile: an InvalidArgumentError like a bad label's, but the model's.
+_COMPILE_FAILED = re.compile(
+    r"compile graph .* on XLA_\w+|Compilation failure|TPU compilation"
+    r" failed|XLA compilation requires")
+
+
+def compile_error(e: Exception, *, jit_compile: bool) -> Exception | None:
+  """One line for a train or eval step that XLA could not compile (under
+  `train.jit_compile`, or any step on a TPU), naming the op if XLA did;
+  None if `e` is not a compile failure (then the data may be at fault)."""
+  if not _COMPILE_FAILED.search(str(e)):
+    return None
   op = xla_op(e)
-  if op is None:
-    return e
+  what = f"op {op} is not supported" if op else op_message(e)
+  if jit_compile:
+    return ConfigError(
+        f"config.train.jit_compile=True: the train step does not compile"
+        f" with XLA ({what}); set --config.train.jit_compile=False, or"
+        " replace that op in the model")
   return ConfigError(
-      f"config.train.jit_compile=True: the train step does not compile with"
-      f" XLA (op {op} is not supported); set"
-      " --config.train.jit_compile=False, or replace that op in the model")
+      f"the step does not compile with XLA for this accelerator ({what});"
+      " replace that op in the model (`looper check --config=...` lists"
+      " every such op, on any machine)")
 
 
 _TASK = r"/job:\w+/replica:\d+/task:\d+"

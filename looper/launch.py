@@ -14,12 +14,21 @@ others (by PID), says which failed first, and returns that worker's code.
 SIGINT/SIGTERM to the launcher are passed to every worker (they stop after
 the step, save and exit 0); a second one kills them at once.
 
+The host's GPUs (`visible_gpus`) are dealt out (`gpu_shares`): with W
+workers and G GPUs, W dividing G, worker i gets the i-th G/W of them as its
+CUDA_VISIBLE_DEVICES; otherwise every worker uses all of them (memory
+growth, ring all-reduce) and a `[launch]` line says so.
+
 For real clusters set TF_CONFIG per machine yourself (see BUILD.md): this
 launcher only ever uses loopback addresses.
 """
 
+import dataclasses
+import itertools
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,6 +63,59 @@ def tf_configs(num_workers: int) -> list[str]:
           for i in range(num_workers)]
 
 
+def visible_gpus() -> list[str]:
+  """The host's GPUs as CUDA_VISIBLE_DEVICES names them: its own entries if
+  it is set (up to the first negative one, as CUDA reads it: '' or '-1' is
+  none), else `nvidia-smi -L`'s indices, else none.
+
+  Neither TensorFlow nor CUDA: the launcher stays a light parent that holds
+  no GPU context. nvidia-smi numbers GPUs by PCI bus and CUDA fastest
+  first, but both number 0..G-1, so the shares are still disjoint.
+  """
+  listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+  if listed is not None:
+    return list(itertools.takewhile(
+        lambda d: d and not d.startswith("-"),
+        (d.strip() for d in listed.split(","))))
+  smi = shutil.which("nvidia-smi")
+  if smi is None:
+    return []
+  try:
+    listing = subprocess.run([smi, "-L"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+  except (OSError, subprocess.SubprocessError):
+    return []  # no driver answers: TensorFlow would find no GPU either
+  return re.findall(r"^GPU (\d+):", listing, re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuShares:
+  envs: list[dict[str, str]]  # what each worker's environment adds
+  args: list[str]  # flags every worker gets after the user's
+  note: str | None  # the launcher's line about it
+
+
+def gpu_shares(num_workers: int, gpus: list[str]) -> GpuShares:
+  """How `num_workers` workers use the GPUs `gpus` (see module doc).
+
+  Shared GPUs work because each worker's memory grows as needed
+  (distribute.grow_gpu_memory); their all-reduce must be ring, since NCCL
+  refuses two workers on one GPU.
+  """
+  share, rest = divmod(len(gpus), num_workers)
+  if not rest:
+    return GpuShares(
+        [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * share:(i + 1) * share])}
+         if share else {} for i in range(num_workers)], [], None)
+  return GpuShares(
+      [{}] * num_workers, ["--config.distribution.all_reduce=ring"],
+      f"[launch] {len(gpus)} GPU{'s' * (len(gpus) > 1)} ({','.join(gpus)})"
+      f" over {num_workers} workers is not an even split: every worker uses"
+      f" all of them (memory grows as needed; ring all-reduce, as NCCL"
+      f" refuses two workers on one GPU); for one share each, give a"
+      f" --workers that divides {len(gpus)}")
+
+
 def _exit_name(code: int) -> str:
   if code < 0:
     return f"killed by {signal.Signals(-code).name}"
@@ -68,13 +130,18 @@ class Launcher:
     self._lock = threading.Lock()
     self._procs = []
     self._signals = 0
+    shares = gpu_shares(num_workers, visible_gpus())
+    if shares.note:
+      self._say(shares.note)
     for index, tf_config in enumerate(tf_configs(num_workers)):
-      env = dict(os.environ, TF_CONFIG=tf_config)
+      env = dict(os.environ, TF_CONFIG=tf_config, **shares.envs[index])
       proc = subprocess.Popen(
-          [sys.executable, "-m", "looper.main", *args], env=env,
+          [sys.executable, "-m", "looper.main", *args, *shares.args], env=env,
           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       self._procs.append(proc)
-      self._say(f"[launch] worker {index}: pid {proc.pid}")
+      gpus = shares.envs[index].get("CUDA_VISIBLE_DEVICES")
+      self._say(f"[launch] worker {index}: pid {proc.pid}" +
+                (f", CUDA_VISIBLE_DEVICES={gpus}" if gpus else ""))
       threading.Thread(target=self._relay, args=(index, proc),
                        daemon=True).start()
 

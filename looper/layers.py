@@ -12,12 +12,14 @@ replicas drop the same units of different examples, and the loss curve
 changes with the replica count. Here an example's draw is a function of
 (seed, how many times the layer has run, the example's position in the
 GLOBAL batch): every replica draws the noise of the whole global batch from
-the same seed and keeps its own rows. The cost is drawing R times the
-noise on R replicas, small next to the layer's matmul. Looper's input
+the same seed and keeps its own rows. Looper's input
 modes all give an example the same global position on any topology, so
 the loss curve is the same on 1, 2, 4 replicas or several workers. The
 random state is in the checkpoint, so a resumed run draws what it would
-have drawn.
+have drawn. Each replica draws the whole global batch's noise (R times its
+own on R replicas): cheap next to the layer's matmul on a few replicas; a
+known cost on a large TPU slice (a counter-based draw per example would
+avoid it).
 """
 
 import keras
@@ -42,18 +44,31 @@ class _GlobalBatchNoise(keras.layers.Layer):
     # Advances once per call on every replica alike: a function of the step.
     seed = tf.cast(self.seed_generator.next(), tf.int64)
     context = tf.distribute.get_replica_context()
-    replicas = context.num_replicas_in_sync
-    replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
-    rows = shape[0]
-    noise = tf.random.stateless_uniform(
-        tf.concat([[rows * replicas], shape[1:]], axis=0), seed)
-    return noise[replica * rows:(replica + 1) * rows]
+    return rows_of_global_draw(seed, shape, context.replica_id_in_sync_group,
+                               context.num_replicas_in_sync)
 
   def compute_output_shape(self, input_shape):
     return input_shape
 
   def get_config(self):
     return {**super().get_config(), "seed": self.seed}
+
+
+def rows_of_global_draw(seed, shape, replica, replicas: int) -> tf.Tensor:
+  """Rows [replica * n, (replica + 1) * n) of one uniform draw of shape
+  [n * replicas, ...] from `seed`, where `shape` is [n, ...].
+
+  `replica` may be a runtime tensor (it is on a TPU): the slice has a
+  static size, which XLA compiles to a dynamic slice (tested under
+  jit_compile). TensorFlow's XLA and CPU kernels draw different numbers
+  from one seed (measured), so the noise is the same on any replica count
+  of one platform, not across platforms.
+  """
+  rows = shape[0]
+  noise = tf.random.stateless_uniform(
+      tf.concat([[rows * replicas], shape[1:]], axis=0), seed)
+  replica = tf.cast(replica, tf.int32)
+  return noise[replica * rows:(replica + 1) * rows]
 
 
 @keras.saving.register_keras_serializable(package="looper")

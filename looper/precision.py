@@ -1,4 +1,4 @@
-"""Mixed precision: the Keras dtype policy, loss scaling, an all-replica check.
+"""Mixed precision (dtype policy, loss scaling, all-replica check); determinism.
 
 Synopsis::
 
@@ -7,6 +7,7 @@ Synopsis::
     optimizer = precision.wrap(optimizer, "mixed_float16")  # loss scaling
     scaled = precision.scale_loss(optimizer, loss)  # inside the tape
     grads = precision.skip_unless_finite_everywhere(optimizer, grads)
+    precision.set_deterministic(config.train.deterministic)  # before any op
 
 `train.precision` (the table PRECISIONS, which `config.validate` reads):
   float32         everything float32.
@@ -24,6 +25,9 @@ tf.distribute: an inf on replica 1 would reach the weights. Here every
 replica votes (one scalar all-reduce) and a non-finite gradient anywhere
 makes all replicas skip the update and lower the scale.
 
+`train.deterministic` (`set_deterministic`, process-wide): op determinism
+and no TensorFloat-32, for the exact contracts on GPUs.
+
 `slower_here` says when the chosen precision is slower than float32 on the
 machine at hand (the run's header and `looper describe` show it).
 """
@@ -34,6 +38,8 @@ import dataclasses
 import keras
 import numpy as np
 import tensorflow as tf
+# Turning op determinism off has no public API (see set_deterministic).
+from tensorflow.python.framework import config as tf_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,3 +139,27 @@ def skip_unless_finite_everywhere(optimizer, grads):
       "SUM", tf.cast(tf.logical_not(finite), tf.float32))
   poison = tf.where(bad > 0, np.float32(np.nan), np.float32(1.0))
   return [g * tf.cast(poison, g.dtype) for g in grads]
+
+
+def set_deterministic(on: bool) -> None:
+  """`train.deterministic`: op determinism and no TensorFloat-32 (on), or
+  TensorFlow's defaults (off). Process-wide; call before the run's first op.
+
+  On a GPU many kernels sum in whatever order their threads finish (atomic
+  adds), so two runs of one command differ in the last bits and drift
+  apart; op determinism picks kernels that sum in a fixed order (an op
+  without one raises UnimplementedError) and runs tf.data's stateful maps
+  in order. TF32, on by default on Ampere and later GPUs, rounds a
+  float32 matmul's or convolution's inputs to 10 mantissa bits; off, they
+  keep float32's 23 (on a TPU too: its float32 matmuls get slower).
+
+  Off turns both back to TensorFlow's defaults rather than leaving them, so
+  a run after a deterministic one in the same process (a notebook, a test)
+  is not deterministic by accident: the trainer then times its input with
+  tf.timestamp, which op determinism refuses.
+  """
+  if on:
+    tf.config.experimental.enable_op_determinism()
+  else:
+    tf_config.disable_op_determinism()
+  tf.config.experimental.enable_tensor_float_32_execution(not on)

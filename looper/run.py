@@ -42,6 +42,7 @@ from looper import evaluation
 from looper import export
 from looper import hparams
 from looper import lease
+from looper import precision
 from looper import preemption
 from looper import probe
 from looper import profiler
@@ -102,6 +103,8 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         " --config.init.checkpoint instead")
   started = time.monotonic()
   config_lib.validate(config)
+  # Process-wide settings the kernels read: before anything runs an op.
+  precision.set_deterministic(config.train.deterministic)
   strategy = distribute.strategy_for(config)
   trainer = refs.resolve(config.trainer, "trainer")(config, strategy)
   chief = distribute.is_chief(strategy)

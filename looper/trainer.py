@@ -111,6 +111,8 @@ class Trainer:
     self._sources = {}  # split -> its input source, made once
     self._iterator = None  # opened by train() at the data position
     self._stop = stopping.StopFlag(strategy)
+    # The input wait is timed unless op determinism forbids timestamps.
+    self._timed = not config.train.deterministic
     self.weights_finite = True  # after the last train loop
 
     # Same seed, same initial weights: whatever the replica count.
@@ -354,9 +356,22 @@ class Trainer:
                  "train.batch_size")
     position = int(self.position.numpy())
     return self.strategy.distribute_datasets_from_function(
-        lambda ctx: source.train(
+        lambda ctx: self._endless(source.train(
             ctx, global_batch_size=c.train.batch_size, seed=c.seed,
-            shuffle_buffer=c.data.shuffle_buffer, position=position))
+            shuffle_buffer=c.data.shuffle_buffer, position=position)))
+
+  def _endless(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset`, which never ends, declared so where it matters: with
+    several workers (or TPU hosts), tf.distribute asks every worker on
+    each get_next whether it still has data (an all-reduce across them,
+    its get_next_as_optional) for any stream whose end tf.data cannot see
+    (flat_map, rebatch: all of looper's). Not in one process, where it
+    costs nothing: there an endless stream made each discarded iterator
+    stall up to 20 s at exit (measured, several Trainers in one process)."""
+    if not self.strategy.extended._in_multi_worker_mode():  # pylint: disable=protected-access
+      return dataset
+    return dataset.apply(tf.data.experimental.assert_cardinality(
+        tf.data.INFINITE_CARDINALITY))
 
   def seek(self, position: int) -> None:
     """Reopens the train stream at `position` global examples."""
@@ -407,16 +422,19 @@ class Trainer:
             self._iterator,
             None if steps == 1 else tf.constant(steps, tf.int32))
       except tf.errors.InvalidArgumentError as e:  # XLA, or the data
-        if self.config.train.jit_compile and errors.xla_op(e):
-          raise errors.jit_compile_error(e) from None
+        compiled = errors.compile_error(
+            e, jit_compile=self.config.train.jit_compile)
+        if compiled:
+          raise compiled from None
         first = self.global_step + 1  # where the run is: saved up to before
         raise errors.data_error(
             e, field="data.train_split", split=self.config.data.train_split,
             where=f"of train steps {first}-{first + steps - 1}") from None
       losses = losses.numpy()  # waits for the call to finish
     logs = {k: float(v) for k, v in results.items()}
-    logs["input_wait_fraction"] = float(waited) / max(
-        time.perf_counter() - start, 1e-9)
+    if self._timed:
+      logs["input_wait_fraction"] = float(waited) / max(
+          time.perf_counter() - start, 1e-9)
     self.weights_finite = bool(finite)
     return losses, logs
 
@@ -463,11 +481,21 @@ class Trainer:
     self.step.assign_add(tf.cast(ran, tf.int64))
     self.position.assign_add(tf.cast(ran, tf.int64) * self.global_batch_size)
     # A finite loss does not prove finite weights (the last step's gradient
-    # may not be): checked here so no NaN state is ever saved.
-    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
-                            for v in self.model.trainable_variables])
+    # may not be): checked here so no NaN state is ever saved. Each replica
+    # checks its own copy where it lives: read here, on the host, every
+    # weight would cross from an accelerator once per loop.
+    finite = self.strategy.reduce(
+        tf.distribute.ReduceOp.SUM, self.strategy.run(self._weights_bad),
+        axis=None) == 0
     return (self._step_losses.read_value()[:ran], finite, waited,
             self.train_metrics.results())
+
+  @conversion.plain
+  def _weights_bad(self):
+    """1 if this replica's weights hold a NaN or inf, else 0."""
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
+                            for v in self.model.trainable_variables])
+    return tf.cast(tf.logical_not(finite), tf.int32)
 
   @conversion.plain
   def _loop_step(self, iterator, i, waited):
@@ -478,14 +506,16 @@ class Trainer:
     one's ops have run (TensorFlow's own ordering of stateful ops), which on
     a CPU means its update is done and on a GPU or TPU that its kernels are
     queued; so the figure is the host's wait for the input pipeline, the
-    share an input-bound run loses.
+    share an input-bound run loses. Not under train.deterministic:
+    TensorFlow's op determinism refuses tf.timestamp.
     """
-    before = tf.timestamp()
-    with tf.control_dependencies([before]):
+    before = [tf.timestamp()] if self._timed else []
+    with tf.control_dependencies(before):
       batches = [next(iterator) for _ in range(self.grad_accum_steps)]
-    with tf.control_dependencies(tf.nest.flatten(batches,
-                                                 expand_composites=True)):
-      waited += tf.timestamp() - before
+    if self._timed:
+      with tf.control_dependencies(tf.nest.flatten(batches,
+                                                   expand_composites=True)):
+        waited += tf.timestamp() - before[0]
     self.strategy.run(self._train_step, args=(i, *batches))
     return waited
 
@@ -497,7 +527,11 @@ class Trainer:
       loss = self.train_step(batches[0] if len(batches) == 1 else
                              tf.nest.map_structure(
                                  lambda *t: tf.concat(t, 0), *batches))
-      self._step_losses[i].assign(tf.cast(loss, tf.float32))
+      # The whole buffer is written back: a slot of a TPU variable is a
+      # tensor (TPU variables read their value as the operand), which has
+      # no assign.
+      self._step_losses.assign(tf.tensor_scatter_nd_update(
+          self._step_losses, [[i]], [tf.cast(loss, tf.float32)]))
 
   def evaluate(self) -> dict[str, float]:
     """Evaluates the whole eval split (or `eval.steps` batches) exactly once.
@@ -517,9 +551,9 @@ class Trainer:
       # of them at half speed on this CPU (Keras fit's too; BUILD.md).
       self._eval_plan = count, steps, iter(
           self.strategy.distribute_datasets_from_function(
-              lambda ctx: source.eval(
+              lambda ctx: self._endless(source.eval(
                   ctx, global_batch_size=c.eval.batch_size, count=count,
-                  steps=steps).repeat()))
+                  steps=steps).repeat())))
     count, steps, iterator = self._eval_plan
     where = f"of the evaluation at step {self.global_step}"
     # Until a whole pass is taken, the next evaluation starts afresh.
@@ -528,8 +562,10 @@ class Trainer:
       try:
         results = self._eval_fn(iterator, tf.constant(steps, tf.int32))
       except tf.errors.InvalidArgumentError as e:
-        raise errors.data_error(e, field="data.eval_split",
-                                split=c.data.eval_split, where=where) from None
+        raise (errors.compile_error(e, jit_compile=False) or
+               errors.data_error(e, field="data.eval_split",
+                                 split=c.data.eval_split,
+                                 where=where)) from None
       results = {k: float(v) for k, v in results.items()}
     if results["examples"] != count:  # the split changed under the run
       raise errors.DataError(
@@ -597,3 +633,4 @@ def _add(a, b):
                             tf.concat([a.indices, b.indices], 0),
                             a.dense_shape)
   return a + b
+

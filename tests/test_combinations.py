@@ -13,6 +13,7 @@ the per-step losses and the eval loss must agree.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -61,25 +62,32 @@ def _config(row):
 def results(strategy) -> list:
   """Each row's 6 per-step losses and eval loss under `strategy`."""
   from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  out = []
+  out, trainers = [], []
   for row in COMBINATIONS:
-    trainer = trainer_lib.Trainer(_config(row), strategy)
-    losses = trainer.train(6)[0].tolist()
-    out.append({"losses": losses, "eval": trainer.evaluate()["loss"]})
+    trainers.append(trainer_lib.Trainer(_config(row), strategy))
+    losses = trainers[-1].train(6)[0].tolist()
+    out.append({"losses": losses, "eval": trainers[-1].evaluate()["loss"]})
+  # Kept to the end: a Mirrored Trainer's iterators, freed while others
+  # run, stalled the process for 20 s to minutes at a time here
+  # (TensorFlow's multi-device iterators; before looper's changes too).
   return out
 
 
 @pytest.mark.slow  # a process with 2 logical CPUs
 def test_every_combination_is_the_same_on_1_and_2_replicas():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  proc = subprocess.run(
+  # The 2-replica process runs while this one computes 1 replica's.
+  proc = subprocess.Popen(
       [sys.executable, "-m", "tests.test_combinations", "2"], cwd=ROOT,
-      env={**__import__("os").environ, "PYTHONPATH": str(ROOT),
-           **LOOPBACK_ENV},
-      capture_output=True, text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  two = json.loads(proc.stdout.splitlines()[-1])
-  one = results(tf.distribute.get_strategy())
+      env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV},
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    one = results(tf.distribute.get_strategy())
+    out, err = proc.communicate(timeout=600)
+  finally:
+    proc.kill()
+  assert proc.returncode == 0, err[-3000:]
+  two = json.loads(out.splitlines()[-1])
   for row, a, b in zip(COMBINATIONS, one, two):
     rtol = RTOL[row[0]]
     np.testing.assert_allclose(b["losses"], a["losses"], rtol=rtol,
@@ -94,4 +102,6 @@ if __name__ == "__main__":
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper import distribute  # pylint: disable=g-import-not-at-top
   devices = distribute.split_cpu(int(sys.argv[1]))
-  print(json.dumps(results(tf.distribute.MirroredStrategy(devices))))
+  print(json.dumps(results(tf.distribute.MirroredStrategy(devices))),
+        flush=True)
+  os._exit(0)  # pylint: disable=protected-access  (the same at exit)

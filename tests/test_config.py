@@ -31,6 +31,9 @@ from tests import tiny
      " --config.distribution.strategy"),
     ("distribution.strategy", "tpu", "config.distribution.tpu='': strategy"
      " 'tpu' needs the TPU name or address (use 'local' on a TPU VM)"),
+    ("distribution.all_reduce", "ncl", "config.distribution.all_reduce="
+     "'ncl' is not one of auto, nccl, ring; did you mean 'nccl'? set"
+     " --config.distribution.all_reduce"),
     ("data.train_split", "train[:x]", "config.data.train_split='train[:x]' is"
      " not a split; write 'train', 'test[:8000]', 'test[8000:]' or"
      " 'train[:90%]'"),
@@ -60,6 +63,7 @@ def test_defaults_validate_and_have_the_documented_names():
                 "optimizer.schedule", "checkpoint.every_steps",
                 "checkpoint.keep", "distribution.strategy",
                 "distribution.num_cpu_devices", "distribution.tpu",
+                "distribution.all_reduce", "train.deterministic",
                 "data.dir", "data.train_split", "data.eval_split"):
     section, _, name = field.rpartition(".")
     assert name in (c[section] if section else c), field

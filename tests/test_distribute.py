@@ -163,3 +163,62 @@ def test_a_worker_that_lost_the_chief_names_it():
           " unreachable or gone); this worker stopped too. Restart all workers"
           " with the same command to resume from the last checkpoint")
   assert errors.cluster_error(e, 8, leader=None) is None  # not multi-worker
+
+
+FAKE_GPUS = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU")
+             for i in range(2)]
+
+
+def test_every_gpu_grows_its_memory_before_the_strategy():
+  c = lc.default_config()
+  c.distribution.strategy = "default"
+  with mock.patch.object(tf.config, "list_physical_devices",
+                         lambda kind: FAKE_GPUS if kind == "GPU" else []), \
+       mock.patch.object(tf.config.experimental, "set_memory_growth") as grow:
+    distribute.strategy_for(c)
+  assert grow.call_args_list == [mock.call(gpu, True) for gpu in FAKE_GPUS]
+
+
+@pytest.mark.parametrize("refusal,tries,warnings", [
+    # An op ran before the run: one line (not one per GPU); the run goes on.
+    (RuntimeError("Physical devices cannot be modified after being"
+                  " initialized"), 1,
+     ["GPU memory growth not set: TensorFlow started on the GPUs before the"
+      " run, so this process keeps the memory it took and another looper"
+      " process on them may find none; run no TensorFlow op before looper's"
+      " run in this process"]),
+    # The user split the GPUs into logical devices: their own memory limits.
+    (ValueError("Cannot set memory growth on device when virtual devices"
+                " configured"), 2, []),
+])
+def test_a_refused_memory_growth_does_not_stop_the_run(caplog, refusal, tries,
+                                                        warnings):
+  with mock.patch.object(tf.config.experimental, "set_memory_growth",
+                         side_effect=refusal) as grow, \
+       caplog.at_level("WARNING"):
+    distribute.grow_gpu_memory(FAKE_GPUS)
+  assert grow.call_count == tries
+  assert [r.getMessage() for r in caplog.records] == warnings
+
+
+KIND = tf.distribute.experimental.CommunicationImplementation
+
+
+@pytest.mark.parametrize("all_reduce,gpus,want", [
+    ("auto", [], KIND.AUTO),  # ring on CPUs
+    ("auto", FAKE_GPUS, KIND.NCCL),  # TensorFlow's AUTO would be ring
+    ("ring", FAKE_GPUS, KIND.RING),  # workers sharing a GPU
+    ("nccl", FAKE_GPUS, KIND.NCCL),
+])
+def test_the_all_reduce_is_nccl_between_gpus(all_reduce, gpus, want):
+  assert distribute.communication(all_reduce, gpus).implementation == want
+
+
+def test_multi_worker_is_built_with_the_all_reduce(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", TWO_WORKERS)
+  with mock.patch.object(distribute, "_bound_cluster_waits"), \
+       mock.patch.object(tf.distribute,
+                         "MultiWorkerMirroredStrategy") as strategy:
+    distribute._multi_worker(dist(), FAKE_GPUS)  # pylint: disable=protected-access
+  options = strategy.call_args.kwargs["communication_options"]
+  assert options.implementation == KIND.NCCL

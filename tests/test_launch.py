@@ -1,5 +1,7 @@
-"""`python -m looper.launch`: N workers on loopback, all-or-nothing."""
+"""`python -m looper.launch`: N workers on loopback, all-or-nothing, and
+their shares of the host's GPUs."""
 
+import json
 import os
 import shutil
 import signal
@@ -10,16 +12,14 @@ import time
 import numpy as np
 import pytest
 
+from looper import launch as launch_lib
 from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok
-
-# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
-pytestmark = pytest.mark.slow
 
 TINY = ("--config=tests/tiny.py", "--config.train.steps_per_loop=10")
 
 
-def launch(*args, workers=2):
-  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
+def launch(*args, workers=2, **env_vars):
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV, **env_vars)
   env.pop("TF_CONFIG", None)
   return subprocess.Popen(
       [sys.executable, "-m", "looper.launch", f"--workers={workers}", "--",
@@ -47,16 +47,22 @@ def alive(pid: int) -> bool:
 
 
 def pids(lines):
-  return [int(l.split("pid ")[1]) for l in lines if "[launch] worker" in l
-          and ": pid " in l]
+  return [int(l.split("pid ")[1].split(",")[0]) for l in lines
+          if "[launch] worker" in l and ": pid " in l]
 
 
+@pytest.mark.slow  # workers
 def test_two_workers_train_like_two_replicas(tmp_path):
+  # Two GPUs named the user's way: one each (a CPU-only TensorFlow ignores
+  # the variable).
   proc = launch(*TINY, "--config.train.steps=20",
-                f"--workdir={tmp_path}/launched")
+                f"--workdir={tmp_path}/launched", CUDA_VISIBLE_DEVICES="3,5")
   out = proc.communicate(timeout=300)[0]
   assert proc.returncode == 0, out[-3000:]
   assert "[worker 0] " in out and "[worker 1] " in out
+  first, second = pids(out.splitlines())
+  assert f"[launch] worker 0: pid {first}, CUDA_VISIBLE_DEVICES=3\n" in out
+  assert f"[launch] worker 1: pid {second}, CUDA_VISIBLE_DEVICES=5\n" in out
   assert "train step 20/20" in out
   run_ok(*TINY, "--config.train.steps=20",
          "--config.distribution.num_cpu_devices=2",
@@ -69,13 +75,13 @@ def test_two_workers_train_like_two_replicas(tmp_path):
       "train"]  # the chief's only
 
 
-def launch_then(tmp_path, act):
+def launch_then(tmp_path, act, **env_vars):
   """A long 2-worker launch; `act(proc, pids)` once training runs.
 
   Returns (the launcher process, all its output, the worker pids).
   """
   proc = launch(*TINY, "--config.train.steps=100000",
-                f"--workdir={tmp_path}/run")
+                f"--workdir={tmp_path}/run", **env_vars)
   lines = []
   try:
     read_until(proc, "train step ", lines)
@@ -86,6 +92,7 @@ def launch_then(tmp_path, act):
   return proc, out, pids(lines)
 
 
+@pytest.mark.slow  # workers
 def test_a_failing_worker_ends_all_and_is_named(tmp_path):
   proc, out, workers = launch_then(
       tmp_path, lambda proc, pids: os.kill(pids[1], signal.SIGKILL))
@@ -96,16 +103,24 @@ def test_a_failing_worker_ends_all_and_is_named(tmp_path):
   assert not any(alive(pid) for pid in workers)  # no orphans
 
 
+@pytest.mark.slow  # workers
 def test_sigterm_to_the_launcher_stops_every_worker_saved(tmp_path):
+  # One GPU for two workers: they share it, and train over ring all-reduce.
   proc, out, workers = launch_then(
-      tmp_path, lambda proc, pids: proc.send_signal(signal.SIGTERM))
+      tmp_path, lambda proc, pids: proc.send_signal(signal.SIGTERM),
+      CUDA_VISIBLE_DEVICES="4")
   assert proc.returncode == 0, out[-3000:]
+  assert out.startswith("[launch] 1 GPU (4) over 2 workers is not an even"
+                        " split: every worker uses all of them")
+  config = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert config["distribution"]["all_reduce"] == "ring"
   stopped = [l for l in out.splitlines() if "Stopped by SIGTERM" in l]
   assert len(stopped) == 2, out[-3000:]  # both workers, at one step
   assert len({l.split(" at step ")[1].split(";")[0] for l in stopped}) == 1
   assert not any(alive(pid) for pid in workers)
 
 
+@pytest.mark.slow  # a worker
 def test_looper_launch_console_script(tmp_path):
   script = shutil.which("looper")
   assert script, "no `looper` console script: pip install -e '.[test]'"
@@ -117,3 +132,66 @@ def test_looper_launch_console_script(tmp_path):
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
   assert "[worker 0] " in proc.stdout and "train step 10/10" in proc.stdout
   assert len(curve(tmp_path / "train")) == 10
+
+
+GPUS = "CUDA_VISIBLE_DEVICES"
+
+
+@pytest.mark.parametrize("workers,gpus,envs", [
+    (2, [str(i) for i in range(8)], [{GPUS: "0,1,2,3"}, {GPUS: "4,5,6,7"}]),
+    (4, ["3", "5", "6", "7"], [{GPUS: "3"}, {GPUS: "5"}, {GPUS: "6"},
+                               {GPUS: "7"}]),
+    (2, ["GPU-a1", "GPU-b2"], [{GPUS: "GPU-a1"}, {GPUS: "GPU-b2"}]),
+    (1, ["0", "1"], [{GPUS: "0,1"}]),
+    (2, [], [{}, {}]),  # no GPU: the environment as it is
+])
+def test_each_worker_gets_its_own_share_of_the_gpus(workers, gpus, envs):
+  assert launch_lib.gpu_shares(workers, gpus) == launch_lib.GpuShares(
+      envs, [], None)
+
+
+@pytest.mark.parametrize("workers,gpus,note", [
+    (2, ["0", "1", "2"], "[launch] 3 GPUs (0,1,2) over 2 workers is not an"
+     " even split: every worker uses all of them (memory grows as needed;"
+     " ring all-reduce, as NCCL refuses two workers on one GPU); for one"
+     " share each, give a --workers that divides 3"),
+    (4, ["7"], "[launch] 1 GPU (7) over 4 workers is not an even split: every"
+     " worker uses all of them (memory grows as needed; ring all-reduce, as"
+     " NCCL refuses two workers on one GPU); for one share each, give a"
+     " --workers that divides 1"),
+])
+def test_gpus_that_do_not_split_are_shared_over_ring(workers, gpus, note):
+  assert launch_lib.gpu_shares(workers, gpus) == launch_lib.GpuShares(
+      [{}] * workers, ["--config.distribution.all_reduce=ring"], note)
+
+
+@pytest.mark.parametrize("listed,gpus", [
+    ("2,5", ["2", "5"]),
+    (" GPU-a1, GPU-b2", ["GPU-a1", "GPU-b2"]),
+    ("0,1,-1,2", ["0", "1"]),  # CUDA stops at the first invalid entry
+    ("-1", []),
+    ("", []),
+])
+def test_the_users_cuda_visible_devices_are_the_gpus(monkeypatch, listed,
+                                                     gpus):
+  monkeypatch.setenv(GPUS, listed)
+  assert launch_lib.visible_gpus() == gpus
+
+
+@pytest.mark.parametrize("script,gpus", [
+    ("echo 'GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-a1)'\n"
+     "echo 'GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-b2)'\n"
+     "echo '  MIG 1g.5gb Device 0: (UUID: MIG-c3)'", ["0", "1"]),
+    ("echo 'NVIDIA-SMI has failed because it could not communicate with the"
+     " NVIDIA driver.'; exit 9", []),
+    (None, []),  # no nvidia-smi on PATH
+])
+def test_without_cuda_visible_devices_nvidia_smi_counts(monkeypatch, tmp_path,
+                                                        script, gpus):
+  if script is not None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] || exit 2\n{script}\n")
+    smi.chmod(0o755)
+  monkeypatch.delenv(GPUS, raising=False)
+  monkeypatch.setenv("PATH", str(tmp_path))
+  assert launch_lib.visible_gpus() == gpus

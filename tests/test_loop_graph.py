@@ -8,12 +8,18 @@ variable, no collective, and nothing may flow out of the replica step (a
 per-step loss reduced or fetched); the only variable the loop reads is the
 stop flag, a host variable, in its condition. With
 optimizer.clip_global_norm the replica step holds ONE all-reduce, as
-without it.
+without it. The replica step writes whole variables only (a slice of a TPU
+variable is a tensor, with no assign), and the weight average adds no
+merge call (a merge call and a broadcast per variable per step before).
+Under MultiWorkerMirroredStrategy (2 workers on 127.0.0.1) the body holds
+no collective outside the replica step either: tf.distribute's per-step
+"has every worker data?" all-reduce stays off (the streams are endless).
 
     python -m tests.test_loop_graph      # prints what the test asserts on
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -26,7 +32,10 @@ pytestmark = pytest.mark.slow
 
 CASES = {"plain": {}, "clipped": {"optimizer.clip_global_norm": 1.0},
          "accumulated": {"train.grad_accum_steps": 2,
-                         "optimizer.clip_global_norm": 1.0}}
+                         "optimizer.clip_global_norm": 1.0},
+         "averaged": {"optimizer.ema_decay": 0.9},
+         "float16": {"train.precision": "mixed_float16",
+                     "optimizer.clip_global_norm": 1.0}}
 
 
 def _functions_of(graph) -> dict:
@@ -52,11 +61,20 @@ def loop_facts(fields: dict) -> dict:
   from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from tests import tiny  # pylint: disable=g-import-not-at-top
   from tests.conftest import configured  # pylint: disable=g-import-not-at-top
-  config = configured(tiny.get_config(),
-                      {"distribution.num_cpu_devices": 2, **fields})
+  from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
+  config = configured(tiny.get_config(), fields)
   trainer = trainer_lib.Trainer(config, distribute.strategy_for(config))
-  function = trainer._train_fn.get_concrete_function(  # pylint: disable=protected-access
-      iter(trainer.train_data()), tf.TensorSpec([], tf.int32))
+  merge_calls = []
+  merge_call = distribute_lib.ReplicaContext.merge_call
+  def counted(context, *args, **kwargs):
+    merge_calls.append(1)
+    return merge_call(context, *args, **kwargs)
+  distribute_lib.ReplicaContext.merge_call = counted
+  try:
+    function = trainer._train_fn.get_concrete_function(  # pylint: disable=protected-access
+        iter(trainer.train_data()), tf.TensorSpec([], tf.int32))
+  finally:
+    distribute_lib.ReplicaContext.merge_call = merge_call
   graph = function.graph
   library = _functions_of(graph)
   (loop,) = [op for op in graph.get_operations() if op.type == "While"]
@@ -87,7 +105,9 @@ def loop_facts(fields: dict) -> dict:
 
   step_nodes = {(id(f), n.name) for f, n in nodes if in_step(n.name)}
   facts = {"reads": [], "collectives_outside": [], "out_of_step": [],
-           "collectives_per_replica": {},
+           "collectives_per_replica": {}, "merge_calls": len(merge_calls),
+           "sliced_assigns": [n.name for _, n in nodes
+                              if n.op == "ResourceStridedSliceAssign"],
            "cond_reads": [cond_label.get(n.input[0].split(":")[0], "nested")
                           for n in cond.node_def
                           if n.op == "ReadVariableOp"]}
@@ -119,23 +139,56 @@ def loop_facts(fields: dict) -> dict:
   return facts
 
 
+def _facts(*args, env=None):
+  return subprocess.Popen(
+      [sys.executable, "-m", "tests.test_loop_graph", *args], cwd=ROOT,
+      env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV,
+           **(env or {})},
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _read(proc) -> dict:
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  return json.loads(out.splitlines()[-1])
+
+
 def test_the_loop_body_is_next_and_the_replica_step_only():
-  proc = subprocess.run(
-      [sys.executable, "-m", "tests.test_loop_graph"], cwd=ROOT,
-      env={**__import__("os").environ, "PYTHONPATH": str(ROOT),
-           **LOOPBACK_ENV},
-      capture_output=True, text=True, timeout=300, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  facts = json.loads(proc.stdout.splitlines()[-1])
+  facts = _read(_facts())
   for case, got in facts.items():
     assert got["reads"] == [], case
     assert got["cond_reads"] == ["stop flag"], case
     assert got["collectives_outside"] == [], case
     assert got["out_of_step"] == [], case
-    # The gradient all-reduce (clipping's included) once per replica.
-    assert got["collectives_per_replica"] == {"0": 1, "1": 1}, case
+    assert got["sliced_assigns"] == [], case
+    # The gradient all-reduce (clipping's included) once per replica; the
+    # float16 case adds the finiteness vote (a scalar).
+    want = 2 if case == "float16" else 1
+    assert got["collectives_per_replica"] == {"0": want, "1": want}, case
+  # The weight average's per-replica assigns add no merge call.
+  assert facts["averaged"]["merge_calls"] == facts["plain"]["merge_calls"]
+
+
+def test_no_collective_between_workers_outside_the_replica_step():
+  from looper.launch import free_ports  # pylint: disable=g-import-not-at-top
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+  workers = [_facts("worker", env={"TF_CONFIG": json.dumps(
+      {"cluster": cluster, "task": {"type": "worker", "index": i}})})
+             for i in range(2)]
+  try:
+    for got in map(_read, workers):
+      assert got["collectives_outside"] == [], got
+      assert got["reads"] == [] and got["out_of_step"] == [], got
+      assert got["collectives_per_replica"] == {"0": 1}, got
+  finally:
+    for proc in workers:
+      proc.kill()
 
 
 if __name__ == "__main__":
-  print(json.dumps({case: loop_facts(fields)
-                    for case, fields in CASES.items()}))
+  if sys.argv[1:] == ["worker"]:  # one replica per worker process
+    print(json.dumps(loop_facts({"distribution.strategy": "multi_worker"})))
+  else:
+    print(json.dumps({case: loop_facts({"distribution.num_cpu_devices": 2,
+                                        **fields})
+                      for case, fields in CASES.items()}))

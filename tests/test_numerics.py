@@ -1,18 +1,22 @@
 """Numerics under distribution: dropout and clipping on 1/2/4 replicas,
-mixed precision (and its all-replica finiteness vote), XLA per step."""
+mixed precision (and its all-replica finiteness vote), XLA per step,
+train.deterministic."""
 
 import json
 import subprocess
 import sys
+from unittest import mock
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import config as lc
+from looper import distribute
 from looper import layers
 from looper import optimizers
+from looper import precision
+from looper import run
 from looper import trainer as trainer_lib
 from tests import tiny
 from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok, scalars
@@ -103,30 +107,6 @@ def test_jit_compile_matches_the_plain_step():
   np.testing.assert_allclose(xla.train(15)[0], plain.train(15)[0], rtol=1e-5)
 
 
-class _OnTheHost(keras.layers.Layer):
-  """Identity through numpy: an op (PyFunc) XLA cannot compile."""
-
-  def call(self, x):
-    return tf.ensure_shape(tf.numpy_function(lambda v: v, [x], tf.float32),
-                           x.shape)
-
-
-def _host_model(config):
-  del config
-  return keras.Sequential([keras.Input((tiny.FEATURES,)), _OnTheHost(),
-                           keras.layers.Dense(tiny.NUM_CLASSES)])
-
-
-def test_an_op_xla_cannot_compile_is_one_line():
-  t = _trainer(train__jit_compile=True, model_fn=_host_model)
-  with pytest.raises(lc.ConfigError) as e:
-    t.train(1)
-  assert str(e.value) == (
-      "config.train.jit_compile=True: the train step does not compile with"
-      " XLA (op PyFunc is not supported); set --config.train.jit_compile="
-      "False, or replace that op in the model")
-
-
 @pytest.mark.parametrize("name", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_trains_and_keeps_float32_weights(name):
   t = _trainer(train__precision=name)
@@ -190,14 +170,19 @@ print(json.dumps(dict(
 """
 
 
-@pytest.mark.slow  # a subprocess
-def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
+def _python(code: str) -> list[str]:
+  """The lines `code` prints, run in a fresh Python with looper."""
   env = dict(LOOPBACK_ENV, PYTHONPATH=str(ROOT), PATH="/usr/bin:/bin")
-  proc = subprocess.run([sys.executable, "-c", _INF_ON_REPLICA_ONE], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=300,
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300,
                         check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  return proc.stdout.strip().splitlines()
+
+
+@pytest.mark.slow  # a subprocess
+def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
+  result = json.loads(_python(_INF_ON_REPLICA_ONE)[-1])
   assert result["skipped"] and result["replicas_equal"] and result["finite"]
   assert result["moved_after"]  # training goes on after the skipped step
   assert result["scale_after"] < result["scale_before"]
@@ -266,3 +251,38 @@ def test_random_flip_mirrors_about_half_of_the_images_in_training_only():
     assert 15 < flipped.sum() < 45
   assert not np.array_equal(first, second)  # a new draw per call
   np.testing.assert_array_equal(flip(images, training=False), images)
+
+
+_DETERMINISTIC = """
+import tensorflow as tf
+from tensorflow.python.framework import config
+from looper import precision
+for on in (True, False):
+  precision.set_deterministic(on)
+  print(config.is_op_determinism_enabled(),
+        tf.config.experimental.tensor_float_32_execution_enabled())
+"""
+
+
+@pytest.mark.slow  # a subprocess: both settings are process-wide
+def test_deterministic_turns_op_determinism_on_and_tf32_off_and_back():
+  assert _python(_DETERMINISTIC) == ["True False", "False True"]
+
+
+def test_a_run_sets_determinism_before_it_builds_the_strategy(tmp_path):
+  calls = []
+
+  class Built(Exception):
+    pass
+
+  def strategy_for(config):
+    calls.append("strategy_for")
+    raise Built
+
+  c = tiny.get_config()
+  c.train.deterministic = True
+  with mock.patch.object(precision, "set_deterministic", calls.append), \
+       mock.patch.object(distribute, "strategy_for", strategy_for), \
+       pytest.raises(Built):
+    run.run(c, str(tmp_path), "train")
+  assert calls == [True, "strategy_for"]

@@ -4,6 +4,8 @@ Synopsis::
 
     python -m tests.stress.kill9 --trials 20          # by hand, ~15 minutes
     python -m tests.stress.kill9 --trials 3 --kinds save,loop,eval
+    python -m tests.stress.kill9 --flags="--config.train.precision=mixed_bfloat16
+        --config.train.grad_accum_steps=2 --config.model.dropout=0.3"
 
 One uninterrupted reference run, then per trial: start the same command in
 a fresh workdir, SIGKILL it at a chosen moment, rerun the same command, and
@@ -144,7 +146,11 @@ def main(argv=None) -> int:
   parser.add_argument("--kinds", default=",".join(KINDS))
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--dir", default="/tmp/looper-kill9")
+  parser.add_argument("--flags", default="",
+                      help="more looper flags for every run, space-separated")
   args = parser.parse_args(argv)
+  global ARGS  # every run of the trials, the reference's too
+  ARGS += tuple(args.flags.split())
   base = pathlib.Path(args.dir)
   shutil.rmtree(base, ignore_errors=True)
   base.mkdir(parents=True)
