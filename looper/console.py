@@ -8,6 +8,8 @@ Synopsis::
     logging.info("%s", console.header(config, strategy, workdir, mode,
                                       restored, model))
     logging.info("%s", console.summary(result, workdir, seconds, ...))
+    # looper/main.py, before its one error line:
+    console.expect_partial_restores(error)
 
 The first screen of a run is looper's: TensorFlow's C++ start-up lines
 (oneDNN, "Could not find cuda drivers", a cuInit error on a machine without
@@ -94,6 +96,34 @@ def short_log_lines() -> None:
   handler = logging.get_absl_handler()
   handler.setFormatter(_ShortFormatter())
   handler.addFilter(_not_library_info)
+
+
+def expect_partial_restores(error: BaseException) -> None:
+  """Marks the checkpoint restores `error` cut short as expected partial.
+
+  A restore that fails (a workdir holding a different model: a shape
+  mismatch) raises before it returns the status whose `expect_partial()`
+  would say so, and TensorFlow's record of it lives on in the frames of
+  the error's traceback. Deleted at exit, after looper's one line, it logs
+  "deleted with unrestored values" warnings; marked here, it does not.
+  """
+  # The record is TensorFlow's private class; status.expect_partial() sets
+  # this same property.
+  from tensorflow.python.checkpoint import checkpoint  # pylint: disable=g-import-not-at-top
+  coordinator = checkpoint._CheckpointRestoreCoordinator  # pylint: disable=protected-access
+  chain, seen = [error], set()
+  while chain:
+    e = chain.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    chain += [e.__cause__, e.__context__]
+    tb = e.__traceback__
+    while tb is not None:
+      for value in tb.tb_frame.f_locals.values():
+        if isinstance(value, coordinator):
+          value.expect_partial = True
+      tb = tb.tb_next
 
 
 def header(config, strategy, workdir: str | None, mode: str,

@@ -10,7 +10,9 @@ Synopsis::
 a config file whose own code fails raises inside absl's parser. Both reach
 the user here: a typo as one line with "did you mean", a bug in the file
 with the traceback from the file's first frame (absl's frames above it
-would only hide the user's line).
+would only hide the user's line). A --config path that is no file, a file
+that does not compile, one without get_config() and a get_config() that
+returns None are one line each: no frame of theirs would help.
 """
 
 import os
@@ -55,14 +57,16 @@ def _override_flag(exc: BaseException, argv):
 
 def parse_error(exc: BaseException, argv
                 ) -> tuple[str, types.TracebackType | None]:
-  """Explains a KeyError/AttributeError raised while the flags were parsed.
+  """Explains an error (not absl's own) raised while the flags were parsed.
 
-  Two different errors arrive as these types. ml_collections raises one for
-  a --config.* override that names no field: a typo, for which one line is
-  best. The --config file's own code raises one too, e.g. os.environ['X'] in
-  get_config(): a bug in the file, for which the traceback is what helps. It
-  is an override error only if no frame of the traceback runs the config
-  file and the key it names is in a --config.* flag.
+  A KeyError/AttributeError is one of two different errors. ml_collections
+  raises one for a --config.* override that names no field: a typo, for
+  which one line is best. The --config file's own code raises one too, e.g.
+  os.environ['X'] in get_config(): a bug in the file, for which the
+  traceback is what helps, as for any other error of the file (a NameError
+  at import). It is an override error only if no frame of the traceback
+  runs the config file and the key it names is in a --config.* flag. A file
+  without get_config() fails in config_flags' frame: one line, too.
 
   Args:
     exc: what `flags.FLAGS(argv)` raised.
@@ -79,10 +83,34 @@ def parse_error(exc: BaseException, argv
     in_file = in_file.tb_next
   if in_file is None and _override_flag(exc, argv)[2]:
     return override_error(exc, argv), None
+  # config_flags calls module.get_config(): the file itself lacks it.
+  if (in_file is None and isinstance(exc, AttributeError) and
+      exc.name == "get_config" and path is not None and
+      os.path.realpath(getattr(exc.obj, "__file__", None) or "") ==
+      os.path.realpath(path)):
+    return (f"--config={path}: the file defines no get_config(); define"
+            " get_config() returning the experiment's config, as"
+            " experiments/mnist.py does"), None
   # Printed from the config file's first frame on: absl's and
   # ml_collections' frames above it would only hide the user's line.
   return (f"--config={path}: loading the config file raised {exc!r}; see the"
           " traceback above", in_file or exc.__traceback__)
+
+
+def syntax_error(exc: SyntaxError, argv) -> str:
+  """One line for a config file, or a module it imports, that does not
+  compile: the file, the line and its code, where Python's own report is
+  a page of import frames."""
+  path = _config_file_arg(argv)
+  line = f"line {exc.lineno}"
+  fix = "fix the config file"
+  if exc.filename and os.path.realpath(exc.filename) != os.path.realpath(
+      path or ""):
+    line = f"line {exc.lineno} of {exc.filename}, which it imports"
+    fix = "fix that file"
+  code = (exc.text or "").strip()
+  code = f" ({code})" if code else ""
+  return f"--config={path}: {exc.msg} at {line}{code}; {fix}"
 
 
 def _config_file_arg(argv) -> str | None:
@@ -101,12 +129,18 @@ def _config_file_arg(argv) -> str | None:
 
 def parse_flags(argv):
   """absl's parser (`app.run(..., flags_parser=)`), config errors in one line."""
+  path = _config_file_arg(argv)
+  # config_flags would defer this error to the config's first use, then
+  # raise it as a page listing the paths it tried.
+  if path is not None and not os.path.isfile(path):
+    sys.exit(f"looper: --config={path}: no such file; give the path of an"
+             " experiment file, e.g. --config=experiments/mnist.py")
   try:
     return flags.FLAGS(argv)
   except ConfigError as e:
     sys.exit(f"looper: {e}")
-  except (AttributeError, KeyError) as e:  # an override, or the config file
-    _exit_with(e, argv)
+  except SyntaxError as e:  # the config file, or a module it imports
+    sys.exit(f"looper: {syntax_error(e, argv)}")
   except flags.Error as e:
     # ml_collections re-raises a TypeError/ValueError of the config file
     # (e.g. `c.train.steps = "100"`) as text; the original is its context.
@@ -114,7 +148,15 @@ def parse_flags(argv):
     if (wrapper is not None and wrapper.__context__ is not None and
         str(wrapper).startswith("Error whilst parsing config file")):
       _exit_with(wrapper.__context__, argv)
+    # absl's required-flag check, failing on what get_config() returned.
+    if path is not None and str(e).startswith("flag --config=None: "):
+      sys.exit(f"looper: --config={path}: get_config() returned None; end it"
+               " with `return` and the config")
     sys.exit(f"looper: {e}")
+  # An override (KeyError, AttributeError), or the config file's own code
+  # (NameError, ImportError, ... at import or in get_config()).
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    _exit_with(e, argv)
 
 
 def _exit_with(e: BaseException, argv):

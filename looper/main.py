@@ -18,7 +18,8 @@ Synopsis::
 This file is intentionally short: everything it does is `run.run(config,
 workdir, mode, checkpoint)`, callable from Python with a config from
 `get_config()`.
-Config errors end the program with one line naming the field and the fix.
+Config errors end the program with one line naming the field and the fix,
+the last line on stderr.
 """
 
 import os
@@ -88,14 +89,21 @@ def main(argv):
       run.run(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
   except (errors.ConfigError, errors.CheckpointError, errors.DataError,
           errors.WorkdirError, FloatingPointError) as e:
-    sys.exit(f"looper: {e}")
+    _exit(e, str(e))
   except tf.errors.OpError as e:  # a lost or missing worker: one line
     message = errors.cluster_error(
         e, _CONFIG.value.distribution.worker_timeout_secs,
         leader=distribute.coordination_leader())
     if message is None:
       raise
-    sys.exit(f"looper: {message}")
+    _exit(e, message)
+
+
+def _exit(error: BaseException, line: str) -> None:
+  """Ends with `line` as the last line on stderr: what TensorFlow logs when
+  the failed run's objects are deleted at exit would follow it."""
+  console.expect_partial_restores(error)
+  sys.exit(f"looper: {line}")
 
 
 USAGE = """\

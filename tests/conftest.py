@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The real MNIST test set, beside the repo (also in CI's clean clone).
-SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist"
+# The real MNIST test set, in the repository (experiments/data/mnist).
+MNIST_DIR = ROOT / "experiments" / "data" / "mnist"
 
 # Nothing may leave this machine: TPUClusterResolver and the preemption
 # handler probe the GCE metadata server, so point it at a dead loopback port.

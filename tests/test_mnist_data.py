@@ -4,7 +4,7 @@ Run::
 
     cd /work/main && PYTHONPATH=. python -m pytest -q tests/test_mnist_data.py
 
-The data is the real MNIST test set in ../shared/data/mnist; the reference
+The data is the real MNIST test set in experiments/data/mnist; the reference
 values are parsed here with gzip + struct, independently of the loader.
 Nothing leaves the machine: the only URLs are on 127.0.0.1.
 """
@@ -25,7 +25,7 @@ from looper import config as lc
 from tests.conftest import configured, loopback_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "mnist"
+SHARED = ROOT / "experiments" / "data" / "mnist"  # the bundled test set
 IMAGES_GZ = SHARED / "t10k-images-idx3-ubyte.gz"
 LABELS_GZ = SHARED / "t10k-labels-idx1-ubyte.gz"
 # Port 9 (discard) on loopback: nothing listens, so the connection is refused
@@ -253,3 +253,22 @@ def test_model_fn_rejects_bad_width():
   c.model.width = 1
   with pytest.raises(lc.ConfigError, match=r"config\.model\.width=1"):
     mnist.model_fn(c)
+
+
+def test_the_bundled_files_are_the_published_ones():
+  import hashlib  # pylint: disable=g-import-not-at-top
+  published = {"t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+               "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c"}
+  for name, md5 in published.items():
+    assert hashlib.md5((SHARED / name).read_bytes()).hexdigest() == md5, name
+  # Carried with its authors and licence.
+  readme = (SHARED / "README.md").read_text()
+  assert "Yann LeCun" in readme and "Attribution-Share Alike 3.0" in readme
+
+
+def test_an_unknown_preset_is_one_line():
+  with pytest.raises(lc.ConfigError) as e:
+    mnist.get_config("bundle")
+  assert str(e.value) == (
+      "--config=experiments/mnist.py:bundle: no such preset; use one of '',"
+      " 'bundled' (after the ':')")

@@ -1,26 +1,24 @@
 """MNIST end to end through looper.main on the real offline test set.
 
 Trains the TPU-guide CNN (narrowed to width 32) on the first 8000 real test
-images and evaluates on the other 2000: a real, non-synthetic accuracy check.
+images and evaluates on the other 2000 (the `:bundled` preset, the README's
+quickstart): a real, non-synthetic accuracy check.
 """
 
 import json
 
 import pytest
 
-from tests.conftest import SHARED_MNIST, curve, run_ok, scalars
+from tests.conftest import MNIST_DIR, curve, run_ok, scalars
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
 
 def test_mnist_reaches_97_percent_offline(tmp_path):
-  run_ok("--config=experiments/mnist.py", f"--workdir={tmp_path}",
-         f"--config.data.dir={SHARED_MNIST}",
-         "--config.data.train_split=test[:8000]",
-         "--config.data.eval_split=test[8000:]",
-         "--config.model.width=32", "--config.train.batch_size=64",
-         "--config.train.steps=1000", "--config.eval.every_steps=500",
+  # The README quickstart's preset: the bundled test set, 8000 / 2000.
+  run_ok("--config=experiments/mnist.py:bundled", f"--workdir={tmp_path}",
+         "--config.eval.every_steps=500",
          "--config.checkpoint.every_steps=500", timeout=600)
   accuracy = scalars(tmp_path / "eval", "accuracy")
   assert sorted(accuracy) == [500, 1000]
@@ -31,4 +29,5 @@ def test_mnist_reaches_97_percent_offline(tmp_path):
   assert (tmp_path / "checkpoints" / "ckpt-1000.index").exists()
   saved = json.loads((tmp_path / "config.json").read_text())
   assert saved["data"]["train_split"] == "test[:8000]"
+  assert saved["data"]["dir"] == str(MNIST_DIR)
   assert saved["model_fn"] == "experiments/mnist.py:model_fn"

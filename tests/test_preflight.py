@@ -185,7 +185,7 @@ def test_cli_exit_codes_and_lines():
 def test_mnist_is_ready():
   from experiments import mnist  # pylint: disable=g-import-not-at-top
   c = mnist.get_config()
-  c.data.dir = str(conftest.SHARED_MNIST)
+  c.data.dir = str(conftest.MNIST_DIR)
   c.data.train_split, c.data.eval_split = "test[:8000]", "test[8000:]"
   c.model.width = 8
   assert preflight.check(c, cores=8) == []

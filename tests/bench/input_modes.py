@@ -5,7 +5,7 @@ Synopsis::
     python -m tests.bench.input_modes               # ~5 minutes on 2 cores
     python -m tests.bench.input_modes --steps=600 --width=32
 
-Writes the shared MNIST test set (10,000 images) as 64 TFRecord shards, then
+Writes the bundled MNIST test set (10,000 images) as 64 TFRecord shards, then
 trains the MNIST CNN from them in `--mode=train` on 1 process and on 2
 workers (`looper.launch`), reading them two ways:
   element  dataset_fn returns the parsed TFRecordDataset (every pipeline
@@ -23,7 +23,7 @@ import tempfile
 
 import numpy as np
 
-from tests.conftest import LOOPBACK_ENV, ROOT, SHARED_MNIST, scalars
+from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR, scalars
 
 
 def get_config():
@@ -44,7 +44,7 @@ def write_records(directory: str) -> None:
   from experiments import mnist  # pylint: disable=g-import-not-at-top
   from looper import shards  # pylint: disable=g-import-not-at-top
   c = mnist.get_config()
-  c.data.dir = str(SHARED_MNIST)
+  c.data.dir = str(MNIST_DIR)
   for split in ("train", "test"):  # both from the 10k test images
     shards.write(shards.as_dataset(mnist.dataset_fn(c, "test"), "test"),
                  os.path.join(directory, split))

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import LOOPBACK_ENV, ROOT, SHARED_MNIST
+from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR
 
 BATCH, K = 128, 50
 
@@ -44,7 +44,7 @@ def _data():
   import ml_collections  # pylint: disable=g-import-not-at-top
   from experiments import mnist  # pylint: disable=g-import-not-at-top
   images, labels = mnist.load_mnist(
-      "test", ml_collections.ConfigDict({"dir": str(SHARED_MNIST)}))
+      "test", ml_collections.ConfigDict({"dir": str(MNIST_DIR)}))
   return (images.astype("float32")[..., None] / 255.0,
           labels.astype("int32"))
 

@@ -9,7 +9,7 @@ Synopsis::
 Tasks (TASKS), each through experiments/mnist.py, batch 128, Adam at a
 constant 1e-3, K steps per call and an evaluation of the whole eval split
 every K steps; a run stops at the first evaluation >= the target:
-  mnist    97% on the offline split of the shared MNIST test set (train
+  mnist    97% on the offline split of the bundled MNIST test set (train
            'test[:8000]', eval 'test[8000:]', 2000 images), the guide's CNN
            at width 32, K=50.
   fashion  0.916 (the dataset's table lists the TensorFlow layers
@@ -41,11 +41,11 @@ import time
 
 import numpy as np
 
-from tests.conftest import LOOPBACK_ENV, ROOT, SHARED_MNIST
+from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR
 
 BATCH = 128
 TASKS = {
-    "mnist": dict(target=0.97, every=50, max_steps=3000, data=SHARED_MNIST,
+    "mnist": dict(target=0.97, every=50, max_steps=3000, data=MNIST_DIR,
                   train="test[:8000]", eval="test[8000:]",
                   model={"width": 32}),
     "fashion": dict(target=0.916, every=250, max_steps=10_000,

@@ -6,7 +6,7 @@ Synopsis::
     python -m tests.tools.screenshots --out=/tmp/looper-shots
     # -> scalars.png, hparams.png, text.png, profile.png (1400 x 900)
 
-The sweep is the README quickstart shrunk (MNIST from ../shared/data/mnist,
+The sweep is the README quickstart shrunk (MNIST from experiments/data/mnist,
 CNN width 16, 300 steps, a profile window on steps 201-205), twice: at
 learning rates 1e-3 and 3e-3. TensorBoard serves it on 127.0.0.1 and
 Chromium, started as the machine notes say (no background networking: this
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-from tests.conftest import LOOPBACK_ENV, ROOT, SHARED_MNIST, fetch, \
+from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR, fetch, \
     tensorboard_server
 
 TABS = ("scalars", "hparams", "text", "profile")
@@ -35,7 +35,7 @@ def train(workdir: pathlib.Path, rate: str) -> None:
   subprocess.run(
       [sys.executable, "-m", "looper.main", "--mode=train_and_eval",
        "--config=experiments/mnist.py", f"--workdir={workdir}",
-       f"--config.data.dir={SHARED_MNIST}",
+       f"--config.data.dir={MNIST_DIR}",
        "--config.data.train_split=test[:8000]",
        "--config.data.eval_split=test[8000:]", "--config.model.width=16",
        "--config.train.batch_size=64", "--config.train.steps=300",
