@@ -4,7 +4,7 @@ Synopsis::
 
     strategy = distribute.strategy_for(config)   # call before any TF op
     with strategy.scope(): ...
-    if distribute.is_chief(strategy): write_files()
+    if strategy.extended.should_checkpoint: write_files()  # the chief
 
 `distribution.strategy`:
   auto          tpu if `distribution.tpu` is set; multi_worker if TF_CONFIG
@@ -28,7 +28,6 @@ STRATEGIES (name -> builder) is the list `config.validate` checks
 `distribution.all_reduce`.
 """
 
-import json
 import os
 
 from absl import logging
@@ -42,20 +41,27 @@ from tensorflow.python.eager import context
 from looper.errors import ConfigError
 
 
-def _cluster_size() -> int:
-  """How many tasks TF_CONFIG describes (0 when it is unset)."""
-  raw = os.environ.get("TF_CONFIG", "")
-  if not raw:
-    return 0
+def _cluster() -> dict:
+  """TF_CONFIG's training jobs, the chief's first: {job: its tasks}, as
+  TensorFlow's TFConfigClusterResolver reads them ({} when it is unset).
+  An evaluator (or parameter server) task does not make training
+  multi-worker."""
+  if not os.environ.get("TF_CONFIG"):  # set but empty is unset too
+    return {}
   try:
-    cluster = json.loads(raw).get("cluster", {})
-  except (ValueError, AttributeError):
+    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
+    ).cluster_spec().as_dict()
+  except (ValueError, AttributeError, TypeError):
     raise ConfigError(
-        f"TF_CONFIG={raw!r} is not a JSON object with 'cluster' and 'task';"
-        " fix or unset the TF_CONFIG environment variable") from None
-  # An evaluator (or parameter server) task does not make training
-  # multi-worker.
-  return sum(len(cluster.get(job, ())) for job in ("chief", "worker"))
+        f"TF_CONFIG={os.environ.get('TF_CONFIG')!r} is not a JSON object"
+        " with 'cluster' and 'task'; fix or unset the TF_CONFIG environment"
+        " variable") from None
+  return {job: spec[job] for job in ("chief", "worker") if spec.get(job)}
+
+
+def _cluster_size() -> int:
+  """How many training tasks TF_CONFIG describes (0 when it is unset)."""
+  return sum(len(tasks) for tasks in _cluster().values())
 
 
 def choose(dist: ml_collections.ConfigDict, num_gpus: int) -> str:
@@ -194,13 +200,7 @@ def coordination_leader() -> str | None:
   outside multi-worker."""
   if _cluster_size() == 0:
     return None
-  return f"/job:{_jobs()[0]}/replica:0/task:0"
-
-
-def _jobs() -> list[str]:
-  """TF_CONFIG's training jobs, the chief's first."""
-  cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-  return [job for job in ("chief", "worker") if cluster.get(job)]
+  return f"/job:{next(iter(_cluster()))}/replica:0/task:0"
 
 
 def _bound_cluster_waits(timeout_secs: float) -> None:
@@ -216,8 +216,7 @@ def _bound_cluster_waits(timeout_secs: float) -> None:
   TensorFlow's internal context can set them (no public API or environment
   variable exists), before the strategy is built.
   """
-  cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-  jobs = _jobs()
+  cluster = _cluster()
   ctx = context.context()
   ctx.configure_coordination_service(
       service_type="standalone", service_leader=coordination_leader(),
@@ -226,21 +225,9 @@ def _bound_cluster_waits(timeout_secs: float) -> None:
       # their timeout late (20 s for 8 s); half keeps a cut within it.
       heartbeat_timeout_in_ms=int(timeout_secs * 500),
       coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
-          name=job, num_tasks=len(cluster[job])) for job in jobs])
+          name=job, num_tasks=len(tasks)) for job, tasks in cluster.items()])
   # Without the barrier the leader waits regardless of the timeout.
   ctx._coordination_service_config.cluster_register_with_barrier = True  # pylint: disable=protected-access
-
-
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
-  """True on the one task that writes files (summaries, config, checkpoints)."""
-  resolver = getattr(strategy, "cluster_resolver", None)
-  task_type = getattr(resolver, "task_type", None)
-  if not task_type or isinstance(strategy, tf.distribute.TPUStrategy):
-    return True  # single process, or the TPU host program
-  if task_type == "chief":
-    return True
-  has_chief = "chief" in resolver.cluster_spec().as_dict()
-  return task_type == "worker" and resolver.task_id == 0 and not has_chief
 
 
 def task_id(strategy: tf.distribute.Strategy) -> int:

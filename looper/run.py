@@ -107,7 +107,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   precision.set_deterministic(config.train.deterministic)
   strategy = distribute.strategy_for(config)
   trainer = refs.resolve(config.trainer, "trainer")(config, strategy)
-  chief = distribute.is_chief(strategy)
+  # The one task that writes files (summaries, config, checkpoints):
+  # TensorFlow's chief rule (the chief task, else worker 0).
+  chief = strategy.extended.should_checkpoint
   training = MODES[mode].trains
   # Everything that can be checked is checked before a file is written:
   # nothing already saved in `workdir` is touched by a bad config, and a

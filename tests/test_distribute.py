@@ -78,20 +78,28 @@ def _strategy(cluster, task_type, task_id):
   return types.SimpleNamespace(cluster_resolver=resolver)
 
 
-@pytest.mark.parametrize("cluster,task_type,task_id,chief", [
-    ({"worker": ["a:1", "b:1"]}, "worker", 0, True),
-    ({"worker": ["a:1", "b:1"]}, "worker", 1, False),
-    ({"chief": ["c:1"], "worker": ["a:1"]}, "chief", 0, True),
-    ({"chief": ["c:1"], "worker": ["a:1"]}, "worker", 0, False),
+@pytest.mark.parametrize("cluster,task_type,task_id", [
+    ({"worker": ["a:1", "b:1"]}, "worker", 1),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, "chief", 0),
 ])
-def test_is_chief(cluster, task_type, task_id, chief):
-  s = _strategy(cluster, task_type, task_id)
-  assert distribute.is_chief(s) is chief
-  assert distribute.task_id(s) == task_id
+def test_task_id(cluster, task_type, task_id):
+  assert distribute.task_id(_strategy(cluster, task_type, task_id)) == task_id
+  assert distribute.task_id(tf.distribute.get_strategy()) == 0
 
 
-def test_single_process_is_chief():
-  assert distribute.is_chief(tf.distribute.get_strategy())
+@pytest.mark.parametrize("tf_config,size,leader", [
+    ("", 0, None),
+    ('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker",'
+     ' "index": 1}}', 2, "/job:worker/replica:0/task:0"),
+    ('{"cluster": {"chief": ["c:1"], "worker": ["a:1"], "evaluator":'
+     ' ["e:1"]}, "task": {"type": "worker", "index": 0}}', 2,
+     "/job:chief/replica:0/task:0"),
+])
+def test_the_cluster_is_tf_configs_training_jobs(monkeypatch, tf_config,
+                                                 size, leader):
+  monkeypatch.setenv("TF_CONFIG", tf_config)
+  assert distribute._cluster_size() == size  # pylint: disable=protected-access
+  assert distribute.coordination_leader() == leader
 
 
 @pytest.mark.parametrize("batch,cores,warning", [
