@@ -107,64 +107,6 @@ def stderr_lines(proc) -> list[str]:
   return [line for line in proc.stderr.splitlines() if line.strip()]
 
 
-def test_config_file_that_does_not_compile_is_one_line(tmp_path):
-  """Every mode that loads --config says so in one line (was 56 lines of
-  absl's and importlib's frames)."""
-  config = tmp_path / "bad.py"
-  config.write_text("from tests import tiny\n\n"
-                    "def get_config(:\n"
-                    "  return tiny.get_config()\n")
-  line = (f"looper: --config={config}: invalid syntax at line 3"
-          " (def get_config(:); fix the config file")
-  for mode in ("train", "describe", "check"):
-    proc = run_looper(f"--config={config}", f"--workdir={tmp_path}/run",
-                      f"--mode={mode}")
-    assert stderr_lines(proc) == [line], (mode, proc.stderr[-2000:])
-  assert not (tmp_path / "run").exists()
-
-
-def test_config_file_that_raises_at_import_shows_its_line(tmp_path):
-  config = tmp_path / "undefined.py"
-  config.write_text("from tests import tiny\n"
-                    "SIZE = undefined_name\n\n"
-                    "def get_config():\n"
-                    "  return tiny.get_config()\n")
-  lines = stderr_lines(run_looper(f"--config={config}",
-                                  f"--workdir={tmp_path}/run"))
-  # The traceback starts at the file's own frame: no absl or importlib.
-  assert lines[:3] == ["Traceback (most recent call last):",
-                       f'  File "{config}", line 2, in <module>',
-                       "    SIZE = undefined_name"], lines
-  assert lines[-2:] == [
-      "NameError: name 'undefined_name' is not defined",
-      f"looper: --config={config}: loading the config file raised"
-      " NameError(\"name 'undefined_name' is not defined\"); see the"
-      " traceback above"]
-  assert len(lines) <= 6, lines
-
-
-def test_config_file_without_a_config_or_missing_is_one_line(tmp_path):
-  config = tmp_path / "no_get_config.py"
-  config.write_text("from tests import tiny\n")
-  proc = run_looper(f"--config={config}", f"--workdir={tmp_path}/run")
-  assert stderr_lines(proc) == [
-      f"looper: --config={config}: the file defines no get_config(); define"
-      " get_config() returning the experiment's config, as"
-      " experiments/mnist.py does"]
-  config.write_text("from tests import tiny\n\n"
-                    "def get_config():\n"
-                    "  c = tiny.get_config()\n")
-  proc = run_looper(f"--config={config}", "--mode=describe")
-  # Before it, ml_collections' warning (absl's notice, then its line).
-  assert stderr_lines(proc)[-1] == (
-      f"looper: --config={config}: get_config() returned None; end it with"
-      " `return` and the config")
-  proc = run_looper(f"--config={tmp_path}/typo.py", "--mode=describe")
-  assert stderr_lines(proc) == [
-      f"looper: --config={tmp_path}/typo.py: no such file; give the path of"
-      " an experiment file, e.g. --config=experiments/mnist.py"]
-
-
 def test_resume_with_a_changed_model_ends_in_looper_line(tmp_path):
   """TensorFlow's "deleted with unrestored values" warnings about the
   failed restore came after looper's line, at exit."""

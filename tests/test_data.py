@@ -4,8 +4,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from looper import config as lc
 from looper.data import checks
 from looper.data import elements
+from looper.data import sources
+from tests import tiny
 from looper.config import ConfigError
 
 N = 101  # examples; not a multiple of any batch below
@@ -121,3 +124,68 @@ def test_batch_must_split_evenly_over_replicas():
   assert str(e.value) == (
       "config.train.batch_size=100 is not divisible by the 8 replicas;"
       " set --config.train.batch_size=96")
+
+
+# --- An empty train split fails in one line instead of spinning forever -----
+
+_EMPTY_TRAIN = ("config.data.train_split='train[:0]' selects no examples:"
+                " config.dataset_fn returned an empty dataset; widen"
+                " --config.data.train_split or check the data dataset_fn"
+                " reads")
+
+
+def _empty():
+  return tf.data.Dataset.from_tensor_slices(
+      (np.zeros((0, 8), np.float32), np.zeros((0,), np.int32)))
+
+
+def _filtered_to_nothing():
+  x, y = tiny.make_data(50, seed=0)
+  everything = tf.data.Dataset.from_tensor_slices((x, y))
+  return everything.filter(lambda x, y: y > 100)  # unknown cardinality
+
+
+@pytest.mark.parametrize("examples", [_empty, _filtered_to_nothing])
+def test_check_nonempty_names_the_split(examples):
+  with pytest.raises(lc.ConfigError) as e:
+    checks.check_nonempty(examples(), "train[:0]")
+  assert str(e.value) == _EMPTY_TRAIN
+  with pytest.raises(lc.ConfigError) as e:
+    checks.check_nonempty(examples(), "test[5:5]", field="data.eval_split")
+  assert str(e.value).startswith(
+      "config.data.eval_split='test[5:5]' selects no examples:")
+
+
+def test_check_nonempty_keeps_a_nonempty_dataset():
+  x, y = tiny.make_data(50, seed=0)
+  kept = tf.data.Dataset.from_tensor_slices((x, y)).filter(
+      lambda x, y: y == 0)  # unknown cardinality, some examples
+  assert checks.check_nonempty(kept, "train") is kept
+
+
+@pytest.mark.parametrize("examples", [_empty, _filtered_to_nothing])
+def test_empty_train_stream_raises_instead_of_spinning(examples):
+  # Before the fix, iterating this stream never returned: every epoch's
+  # flat_map yielded nothing, forever.
+  with pytest.raises(lc.ConfigError) as e:
+    elements.train_dataset(examples(), tf.distribute.InputContext(),
+                       global_batch_size=8, seed=0, shuffle_buffer=16,
+                       position=0, split="train[:0]")
+  assert str(e.value) == _EMPTY_TRAIN
+  with pytest.raises(lc.ConfigError) as e:  # no split given: still one line
+    tf.distribute.get_strategy().distribute_datasets_from_function(
+        lambda ctx: sources.Elements(examples, None).train(
+            ctx, global_batch_size=8, seed=0, shuffle_buffer=16, position=0))
+  assert str(e.value) == (
+      "config.data.train_split selects no examples: config.dataset_fn"
+      " returned an empty dataset; widen --config.data.train_split or check"
+      " the data dataset_fn reads")
+
+
+def test_empty_eval_split_is_counted_as_an_error():
+  with pytest.raises(lc.ConfigError) as e:
+    checks.num_examples(_filtered_to_nothing(), "test[:0]")
+  assert str(e.value) == (
+      "config.data.eval_split='test[:0]' selects no examples:"
+      " config.dataset_fn returned an empty dataset; widen"
+      " --config.data.eval_split or check the data dataset_fn reads")

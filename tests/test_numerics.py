@@ -14,7 +14,6 @@ import tensorflow as tf
 
 from looper import distribute
 from looper import layers
-from looper import optimizers
 from looper import precision
 from looper import run
 from looper import trainer as trainer_lib
@@ -68,26 +67,6 @@ def test_dropout_masks_differ_between_examples_and_steps():
   assert not np.array_equal(kept, second.numpy() != 0)
   np.testing.assert_allclose(first.numpy()[kept], 2.0)  # inverted dropout
   np.testing.assert_array_equal(layer(ones, training=False), ones)
-
-
-@pytest.mark.parametrize("scaled", [False, True])
-def test_the_optimizer_clips_the_unscaled_gradient_after_its_sum(scaled):
-  with tf.distribute.get_strategy().scope():
-    variables = [tf.Variable([0.0]), tf.Variable(tf.zeros([3, 1]))]
-    sgd = keras.optimizers.SGD(1.0)
-    opt = keras.optimizers.LossScaleOptimizer(sgd) if scaled else sgd
-    opt.build(variables)
-  optimizers.clip_after_sum(opt, 1.0)
-  scale = float(opt.dynamic_scale.numpy()) if scaled else 1.0
-  # An Embedding-like sparse gradient (rows 2 and 2 again: 4 in all) and a
-  # dense one: global norm 5, clipped to 1.
-  grads = [tf.constant([3.0 * scale]),
-           tf.IndexedSlices(tf.constant([[1.0], [3.0]]) * scale,
-                            tf.constant([2, 2]), tf.constant([3, 1]))]
-  opt.apply_gradients(zip(grads, variables))
-  np.testing.assert_allclose(variables[0].numpy(), [-0.6], rtol=1e-6)
-  np.testing.assert_allclose(variables[1].numpy()[:, 0], [0, 0, -0.8],
-                             rtol=1e-6)
 
 
 def _trainer(**fields):
