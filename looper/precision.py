@@ -153,13 +153,19 @@ def set_deterministic(on: bool) -> None:
   float32 matmul's or convolution's inputs to 10 mantissa bits; off, they
   keep float32's 23 (on a TPU too: its float32 matmuls get slower).
 
-  Off turns both back to TensorFlow's defaults rather than leaving them, so
-  a run after a deterministic one in the same process (a notebook, a test)
-  is not deterministic by accident: the trainer then times its input with
-  tf.timestamp, which op determinism refuses.
+  Off undoes what an earlier deterministic run in this process (a
+  notebook, a test) turned on, so the next run is not deterministic by
+  accident (the trainer then times its input with tf.timestamp, which op
+  determinism refuses); it leaves alone what the user set by hand.
   """
+  global _turned_on
   if on:
     tf.config.experimental.enable_op_determinism()
-  else:
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+  elif _turned_on:
     tf_config.disable_op_determinism()
-  tf.config.experimental.enable_tensor_float_32_execution(not on)
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+  _turned_on = on
+
+
+_turned_on = False  # set_deterministic(True) ran last in this process

@@ -236,16 +236,24 @@ _DETERMINISTIC = """
 import tensorflow as tf
 from tensorflow.python.framework import config
 from looper import precision
-for on in (True, False):
-  precision.set_deterministic(on)
+def show():
   print(config.is_op_determinism_enabled(),
         tf.config.experimental.tensor_float_32_execution_enabled())
+tf.config.experimental.enable_tensor_float_32_execution(False)  # by hand
+precision.set_deterministic(False)
+show()
+for on in (True, False):
+  precision.set_deterministic(on)
+  show()
 """
 
 
 @pytest.mark.slow  # a subprocess: both settings are process-wide
 def test_deterministic_turns_op_determinism_on_and_tf32_off_and_back():
-  assert _python(_DETERMINISTIC) == ["True False", "False True"]
+  # Off leaves the user's own TF32 setting; after a deterministic run it
+  # restores TensorFlow's defaults.
+  assert _python(_DETERMINISTIC) == ["False False", "True False",
+                                     "False True"]
 
 
 def test_a_run_sets_determinism_before_it_builds_the_strategy(tmp_path):
