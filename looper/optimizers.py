@@ -17,7 +17,8 @@ rule of large-batch and TPU training, meant with warmup).
 The names `optimizer.name` and `optimizer.schedule` accept are the keys of
 OPTIMIZERS and SCHEDULES (`config.validate` reads them).
 `clip_after_sum` is `optimizer.clip_global_norm`: the optimizer clips the
-global batch's gradient after its all-reduce.
+global batch's gradient after its all-reduce. `add` sums two gradients of
+a variable, sparse (an Embedding's) or dense.
 """
 
 import math
@@ -155,3 +156,15 @@ def _times(grad, factor):
     return tf.IndexedSlices(grad.values * tf.cast(factor, grad.dtype),
                             grad.indices, grad.dense_shape)
   return grad * tf.cast(factor, grad.dtype)
+
+
+def add(a, b):
+  """The sum of two gradients of one variable (accumulation). An
+  Embedding's are IndexedSlices (rows of the batch's tokens), which `+`
+  cannot add: their sum is both sets of rows (repeated rows add up
+  wherever they are applied, as `_squared_norm` adds them), still sparse."""
+  if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+    return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                            tf.concat([a.indices, b.indices], 0),
+                            a.dense_shape)
+  return a + b

@@ -223,7 +223,7 @@ class Trainer:
       self.update_metrics(self.train_metrics, labels, logits, weights)
       loss += part
       grads = part_grads if grads is None else [
-          _add(g, h) for g, h in zip(grads, part_grads)]
+          optimizers.add(g, h) for g, h in zip(grads, part_grads)]
     self.apply_gradients(self.transform_gradients(grads))
     if self.ema:
       self.ema.update()
@@ -621,17 +621,4 @@ def _float32(outputs):
   """The model's outputs (a tensor or a dict of them) as float32: losses
   and metrics run in float32 under any precision policy."""
   return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
-
-
-@conversion.plain
-def _add(a, b):
-  """The sum of two gradients of one variable. An Embedding's are
-  IndexedSlices (rows of the batch's tokens), which `+` cannot add: their
-  sum is both sets of rows (repeated rows add up wherever they are
-  applied), still sparse."""
-  if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
-    return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
-                            tf.concat([a.indices, b.indices], 0),
-                            a.dense_shape)
-  return a + b
 

@@ -10,7 +10,6 @@ Nothing leaves the machine: the only URLs are on 127.0.0.1.
 """
 
 import gzip
-import pathlib
 import shutil
 import struct
 
@@ -24,10 +23,9 @@ from experiments import mnist
 from looper import config as lc
 from tests.conftest import configured, loopback_server
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHARED = ROOT / "experiments" / "data" / "mnist"  # the bundled test set
-IMAGES_GZ = SHARED / "t10k-images-idx3-ubyte.gz"
-LABELS_GZ = SHARED / "t10k-labels-idx1-ubyte.gz"
+BUNDLED = mnist.BUNDLED_DIR  # the real test set the repository carries
+IMAGES_GZ = BUNDLED / "t10k-images-idx3-ubyte.gz"
+LABELS_GZ = BUNDLED / "t10k-labels-idx1-ubyte.gz"
 # Port 9 (discard) on loopback: nothing listens, so the connection is refused
 # at once and no packet leaves the machine.
 DEAD_URL = "http://127.0.0.1:9/mnist.npz"
@@ -83,7 +81,7 @@ def test_get_config_validates_and_downloads_what_keras_checks():
 
 def test_shared_idx_gz_splits(reference, no_network):
   ref_images, ref_labels, labels_raw, images_raw = reference
-  c = _config(SHARED, train_split="test[:8000]", eval_split="test[8000:]")
+  c = _config(BUNDLED, train_split="test[:8000]", eval_split="test[8000:]")
   train = mnist.dataset_fn(c, c.data.train_split)
   evaluation = mnist.dataset_fn(c, c.data.eval_split)
   assert len(train[1]) == 8000 and len(evaluation[1]) == 2000
@@ -107,7 +105,7 @@ def test_shared_idx_gz_splits(reference, no_network):
 
 
 def test_percent_split(no_network):
-  c = _config(SHARED)
+  c = _config(BUNDLED)
   assert len(mnist.dataset_fn(c, "test[:10%]")[1]) == 1000
   assert len(mnist.dataset_fn(c, "test[95%:]")[1]) == 500
 
@@ -123,14 +121,14 @@ def test_uncompressed_idx_and_npz_match(reference, tmp_path, no_network):
   np.savez(npz_dir / "mnist.npz", x_train=ref_images[:5],
            y_train=ref_labels[:5], x_test=ref_images, y_test=ref_labels)
 
-  for directory in (SHARED, idx_dir, npz_dir):
+  for directory in (BUNDLED, idx_dir, npz_dir):
     images, labels = mnist.load_mnist("test", _data(str(directory)))
     assert images.dtype == np.uint8 and images.shape == (10_000, 28, 28)
     assert labels.dtype == np.uint8 and labels.shape == (10_000,)
     np.testing.assert_array_equal(images, ref_images)
     np.testing.assert_array_equal(labels, ref_labels)
 
-  from_gz = _as_arrays(mnist.dataset_fn(_config(SHARED), "test[:300]"))
+  from_gz = _as_arrays(mnist.dataset_fn(_config(BUNDLED), "test[:300]"))
   from_npz = _as_arrays(mnist.dataset_fn(_config(npz_dir), "test[:300]"))
   for a, b in zip(from_gz, from_npz):
     np.testing.assert_array_equal(a, b)
@@ -149,7 +147,7 @@ def test_missing_files_name_the_dir(tmp_path, no_network):
 
 def test_missing_train_files_in_shared_dir(no_network):
   with pytest.raises(lc.ConfigError, match="train-images-idx3-ubyte") as e:
-    mnist.dataset_fn(_config(SHARED), "train")
+    mnist.dataset_fn(_config(BUNDLED), "train")
   assert "\n" not in str(e.value)
 
 
@@ -219,7 +217,7 @@ def test_truncated_idx_names_the_file(tmp_path, no_network):
 
 
 def test_unknown_split_names_the_field(no_network):
-  c = _config(SHARED, eval_split="validation")
+  c = _config(BUNDLED, eval_split="validation")
   with pytest.raises(lc.ConfigError, match=r"config\.data\.eval_split="):
     mnist.dataset_fn(c, "validation")
 
@@ -260,9 +258,9 @@ def test_the_bundled_files_are_the_published_ones():
   published = {"t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
                "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c"}
   for name, md5 in published.items():
-    assert hashlib.md5((SHARED / name).read_bytes()).hexdigest() == md5, name
+    assert hashlib.md5((BUNDLED / name).read_bytes()).hexdigest() == md5, name
   # Carried with its authors and licence.
-  readme = (SHARED / "README.md").read_text()
+  readme = (BUNDLED / "README.md").read_text()
   assert "Yann LeCun" in readme and "Attribution-Share Alike 3.0" in readme
 
 
