@@ -91,7 +91,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Differently augmented copies of the train split in one pass of
   # dataset_fn (0: no augmentation); see `augment`. 100, the epochs that
   # train.steps makes: every epoch sees each image in a fresh crop.
-  c.data.augment_epochs = 100
+  c.data.augment_epochs = lc.whole(100, low=0)
   # Where the archive keras.datasets.cifar10 downloads (checked against its
   # published sha256) is extracted and looked for when data.dir is empty.
   datasets.add_fields(c, cache_dir=DEFAULT_CACHE_DIR, url=DEFAULT_URL,
@@ -99,8 +99,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Filters of the first stage; the second and third have 2x and 4x. With
   # blocks=3 this is ResNet-20 (6 * blocks + 2 layers, He et al. 2016 4.2).
-  c.model.width = 16
-  c.model.blocks = 3
+  c.model.width = lc.whole(16)
+  c.model.blocks = lc.whole(3)
   # SGD-style weight decay of every conv and dense kernel (0: none): an L2
   # penalty of weight_decay / 2 * w^2, whose gradient is weight_decay * w.
   c.model.weight_decay = 5e-4
@@ -118,17 +118,8 @@ def model_fn(config: ml_collections.ConfigDict) -> keras.Model:
 
   Args:
     config: reads `model.width`, `model.blocks`, `model.weight_decay` and
-      `model.dropout`.
-
-  Raises:
-    ConfigError: width or blocks is not a whole number >= 1.
+      `model.dropout` (`lc.validate` checks the declared sizes).
   """
-  for field in ("width", "blocks"):
-    value = config.model[field]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise lc.ConfigError(
-          f"config.model.{field}={value!r} must be a whole number >= 1; set"
-          f" --config.model.{field}")
   decay = config.model.get("weight_decay")
   regularizer = keras.regularizers.L2(decay / 2) if decay else None
   conv = lambda filters, size, strides=1: keras.layers.Conv2D(
@@ -191,10 +182,6 @@ def dataset_fn(config: ml_collections.ConfigDict,
   field, name = common.split_name(config, split, SPLITS, dataset="CIFAR-10",
                                   sliced="train[:90%]")
   epochs = config.data.get("augment_epochs", 0)
-  if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 0:
-    raise lc.ConfigError(
-        f"config.data.augment_epochs={epochs!r} must be a whole number >= 0"
-        f" (0: no augmentation); set --config.data.augment_epochs")
   images, labels = load_cifar10(name, config.data)
   _, selected = lc.split_slice(split, len(labels), field=field)
   # Kept uint8 until the last map: a quarter of the memory of float32.

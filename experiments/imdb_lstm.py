@@ -79,13 +79,13 @@ def get_config() -> ml_collections.ConfigDict:
                       file_hash=DEFAULT_HASH)
 
   # Keep the num_words most frequent words; rarer ones become OOV_CHAR.
-  c.model.num_words = 20_000
+  c.model.num_words = lc.whole(20_000)
   # Tokens per review: longer ones keep their last seq_len tokens, shorter
   # ones are padded in front (Keras' pad_sequences defaults), so the LSTM's
   # last state follows the review's last words.
-  c.model.seq_len = 200
-  c.model.embed_dim = 64
-  c.model.units = 64
+  c.model.seq_len = lc.whole(200)
+  c.model.embed_dim = lc.whole(64)
+  c.model.units = lc.whole(64)
   return c
 
 
@@ -101,10 +101,10 @@ def model_fn(config: ml_collections.ConfigDict) -> keras.Model:
       `model.units` and `train.jit_compile`.
 
   Raises:
-    ConfigError: a size is not a whole number >= 1, or num_words leaves no
-      room for a word after the reserved ids.
+    ConfigError: num_words leaves no room for a word after the reserved ids
+      (`lc.validate` checks the declared sizes).
   """
-  _check_sizes(config.model)
+  check_num_words(config.model)
   tokens = keras.Input(shape=(config.model.seq_len,), dtype="int32",
                        name="tokens")
   x = keras.layers.Embedding(config.model.num_words, config.model.embed_dim)(
@@ -121,13 +121,9 @@ def model_fn(config: ml_collections.ConfigDict) -> keras.Model:
   return keras.Model(tokens, logits, name="imdb_lstm")
 
 
-def _check_sizes(model: ml_collections.ConfigDict) -> None:
-  for field in ("num_words", "seq_len", "embed_dim", "units"):
-    value = model[field]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise lc.ConfigError(
-          f"config.model.{field}={value!r} must be a whole number >= 1; set"
-          f" --config.model.{field}")
+def check_num_words(model: ml_collections.ConfigDict) -> None:
+  """A ConfigError unless model.num_words keeps a word after the reserved
+  ids (text_classifier's too)."""
   if model.num_words <= INDEX_FROM:
     raise lc.ConfigError(
         f"config.model.num_words={model.num_words} keeps no word: ids 0-2 are"

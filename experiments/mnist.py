@@ -5,10 +5,11 @@ Synopsis::
     # Full MNIST: read from ~/.cache/looper/mnist, downloaded there once.
     python -m looper.main --config=experiments/mnist.py --workdir=/tmp/mnist
 
-    # Fashion-MNIST (the same IDX files) with the TensorFlow layers
+    # Fashion-MNIST (the same IDX files; keras.datasets.fashion_mnist
+    # .load_data() downloads them there) with the TensorFlow layers
     # tutorial's CNN, 0.916 in the dataset's table of results:
     python -m looper.main --config=experiments/mnist.py --workdir=/tmp/fm \
-        --config.data.dir=../shared/data/fashion_mnist \
+        --config.data.dir=~/.keras/datasets/fashion-mnist \
         --config.model.arch=tutorial
     # looper's recipe for >= 0.93 there: see BUILD.md "Fashion-MNIST".
 
@@ -111,14 +112,15 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # 0.934).
   c.model.arch = "guide"
   # guide: filters of both convs and units of the first dense layer (the
-  # second has half); the guide uses 256, 16-32 is plenty for a CPU run.
-  c.model.width = 256
+  # second has half, so >= 2); the guide uses 256, 16-32 is plenty for a
+  # CPU run.
+  c.model.width = lc.whole(256, low=2)
   # Dropout before the logits (None: the network's own, 0 for the guide,
   # 0.4 for the tutorial's).
   c.model.dropout = config_dict.placeholder(float)
   # Flip each train image left-right with probability 1/2 (looper's
   # RandomFlip, the same on any replica count): for clothes, not digits.
-  c.model.flip = False
+  c.model.flip = lc.boolean(False)
   c.update_from_flattened_dict(PRESETS[preset])
   return c
 
@@ -126,10 +128,6 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
 def _guide(config, x):
   """The TPU guide's CNN body (width: config.model.width)."""
   width = config.model.width
-  if not isinstance(width, int) or width < 2:
-    raise lc.ConfigError(
-        f"config.model.width={width!r} must be a whole number >= 2 (the"
-        f" second dense layer has width // 2 units); set --config.model.width")
   x = keras.layers.Conv2D(width, 3, activation="relu")(x)
   x = keras.layers.Conv2D(width, 3, activation="relu")(x)
   x = keras.layers.Flatten()(x)
@@ -174,8 +172,8 @@ def model_fn(config: ml_collections.ConfigDict) -> keras.Model:
       and `model.flip`.
 
   Raises:
-    ConfigError: an unknown arch, or the guide's width not a whole number
-      >= 2.
+    ConfigError: an unknown arch (`lc.validate` checks the declared width
+      and flip).
   """
   arch = config.model.get("arch", "guide")
   if arch not in ARCHS:

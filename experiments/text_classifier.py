@@ -64,13 +64,13 @@ def get_config() -> ml_collections.ConfigDict:
                       file_hash=imdb_lstm.DEFAULT_HASH)
 
   # Keep the num_words most frequent words; rarer ones become OOV ids.
-  c.model.num_words = 20_000
+  c.model.num_words = lc.whole(20_000)
   # Reviews keep their first max_len tokens; a multiple of data.bucket, so
   # the longest bucket is exactly max_len.
-  c.model.max_len = 512
-  c.model.embed_dim = 64
+  c.model.max_len = lc.whole(512)
+  c.model.embed_dim = lc.whole(64)
   # Trigram filters over the embeddings, max- and mean-pooled.
-  c.model.filters = 128
+  c.model.filters = lc.whole(128)
   return c
 
 
@@ -106,25 +106,16 @@ def model_fn(config: ml_collections.ConfigDict) -> keras.Model:
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """The model sizes, and max_len against data.bucket.
+  """What `lc.validate` cannot see in one declared field: num_words
+  against the reserved ids, max_len against data.bucket.
 
   Raises:
-    ConfigError: a size is not a whole number >= 1; num_words keeps no
-      word after the reserved ids; max_len is not a multiple of data.bucket
-      (the longest batches would be padded past max_len).
+    ConfigError: num_words keeps no word after the reserved ids; max_len
+      is not a multiple of data.bucket (the longest batches would be
+      padded past max_len).
   """
   model = config.model
-  for field in ("num_words", "max_len", "embed_dim", "filters"):
-    value = model[field]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise lc.ConfigError(
-          f"config.model.{field}={value!r} must be a whole number >= 1; set"
-          f" --config.model.{field}")
-  if model.num_words <= imdb_lstm.INDEX_FROM:
-    raise lc.ConfigError(
-        f"config.model.num_words={model.num_words} keeps no word: ids 0-2 are"
-        f" reserved and words start at {imdb_lstm.INDEX_FROM}; set"
-        " --config.model.num_words=20000 or similar")
+  imdb_lstm.check_num_words(model)
   bucket = config.data.bucket
   if bucket and model.max_len % bucket:
     raise lc.ConfigError(

@@ -82,11 +82,12 @@ def get_config() -> ml_collections.ConfigDict:
   # replica count (8 fits 12 files, 1-8 replicas, a TPU v3-8).
   c.data.virtual_shards = 8
 
-  # Images are resized to image_size x image_size as they are read.
-  c.model.image_size = 192
-  c.model.num_classes = 5
+  # Images are resized to image_size x image_size as they are read; each
+  # of the STAGES blocks halves them, so at least 2**STAGES pixels.
+  c.model.image_size = lc.whole(192, low=2**STAGES)
+  c.model.num_classes = lc.whole(5, low=2)
   # Filters of the first conv block; each next block has twice as many.
-  c.model.width = 32
+  c.model.width = lc.whole(32)
   # Dropout before the logits (0: none).
   c.model.dropout = 0.2
   return c
@@ -101,19 +102,9 @@ def model_fn(config: ml_collections.ConfigDict) -> keras.Model:
 
   Args:
     config: reads `model.image_size`, `model.num_classes`, `model.width`
-      and `model.dropout`.
-
-  Raises:
-    ConfigError: a knob that is not a whole number in range.
+      and `model.dropout` (`lc.validate` checks the declared sizes).
   """
   image_size, classes = config.model.image_size, config.model.num_classes
-  for field, low in (("image_size", 2**STAGES), ("num_classes", 2),
-                     ("width", 1)):
-    value = config.model[field]
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-      raise lc.ConfigError(
-          f"config.model.{field}={value!r} must be a whole number >= {low};"
-          f" set --config.model.{field}")
   inputs = keras.Input(shape=(image_size, image_size, 3), name="images")
   x = inputs
   for stage in range(STAGES):

@@ -2,12 +2,14 @@
 
 Synopsis::
 
-    save = actions.Action(lambda step, loop: ckpt.save(step),
-                          every_steps=1000, every_secs=600, at_end=True,
-                          on_stop=True)
+    def save(now):                   # now: a Moment (step, loop, stopping...)
+      ckpt.save(now.step, sync=now.stopping)
+
+    save = actions.Action(save, every_steps=1000, every_secs=600,
+                          at_end=True, on_stop=True)
     controller = Controller(trainer, ..., save_actions=[save])
 
-An action is a function of (step, loop) plus a trigger. It fires after a
+An action is a function of a `Moment` plus a trigger. It fires after a
 train loop when any of these holds:
 - `every_steps`: the loop crossed a multiple of it. The Controller also ends
   each loop exactly on the next such multiple (`boundary`), so step-based
@@ -18,17 +20,21 @@ train loop when any of these holds:
 - `every_loop`: after every loop (summaries, progress line);
 - `at_end`: training ended (the last step, or an early stop);
 - `on_stop`: training is stopping early on a signal (preemption).
-`on_start(step)`, if given, runs when training starts, resumes or rolls
-back to `step` (e.g. to forget what a killed run wrote past it).
+`on_start(moment)`, if given, runs when training starts, resumes or rolls
+back to `moment.step` (e.g. to forget what a killed run wrote past it).
 
-`loop` is the `Loop` just run (its first step, per-step losses, logs). New
-behaviour (export, a profiler window, an early stop) is a new action: the
-Controller's loop does not change.
+The `Moment` is all an action is given and all it may change: the step,
+the `Loop` just run (its first step, per-step losses, logs), whether
+training ends or stops there, and `end_training(reason)` (an early stop).
+What the function returns, if not None, is the mode's result under the
+action's `name` (the last value: the evaluation's logs, the export's path).
+New behaviour (export, a profiler window, an early stop) is a new action:
+the Controller's loop does not change.
 """
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -45,14 +51,44 @@ class Loop:
     return self.first_step + len(self.losses) - 1
 
 
-class Action:
-  """Runs `fn(step, loop)` when its trigger says so (see module doc)."""
+@dataclasses.dataclass
+class Moment:
+  """Training as the actions see it after a loop (or at its start).
 
-  def __init__(self, fn: Callable[[int, Loop | None], None], *,
+  The Controller keeps one per run of `train`: an early end one action
+  asks for is seen by the actions after it (the save after the evaluation).
+  """
+  step: int  # the global step reached
+  total_steps: int
+  loop: Loop | None = None  # the loop just run; None: no step ran
+  stopped: str | None = None  # the signal that stops training here
+  ended: str | None = None  # why training ends before total_steps
+  # Makes a per-process decision (a clock) the same on every worker.
+  agree: Callable[[bool], bool] = bool
+
+  @property
+  def end(self) -> bool:
+    """Training ends here: the last step, or an early end."""
+    return self.step >= self.total_steps or self.ended is not None
+
+  @property
+  def stopping(self) -> bool:
+    """A signal stops training here, before the last step (preemption)."""
+    return self.stopped is not None
+
+  def end_training(self, reason: str) -> None:
+    """Ends training at this step as if it were the last one."""
+    self.ended = reason
+
+
+class Action:
+  """Runs `fn(moment)` when its trigger says so (see module doc)."""
+
+  def __init__(self, fn: Callable[[Moment], Any], *,
                every_steps: int = 0, every_secs: float = 0.0,
                every_loop: bool = False, at_end: bool = False,
                on_stop: bool = False,
-               on_start: Callable[[int], None] | None = None,
+               on_start: Callable[[Moment], None] | None = None,
                clock: Callable[[], float] = time.monotonic,
                name: str | None = None):
     if every_steps < 0 or every_secs < 0:
@@ -70,12 +106,12 @@ class Action:
     self._last_step = 0
     self._last_time = 0.0
 
-  def start(self, step: int) -> None:
+  def start(self, now: Moment) -> None:
     """Resets the trigger at the step training starts (or resumes) from."""
-    self._last_step = step
+    self._last_step = now.step
     self._last_time = self._clock()
     if self._on_start is not None:
-      self._on_start(step)
+      self._on_start(now)
 
   def boundary(self, step: int) -> int | None:
     """The next step after `step` this action must land on, if step-based."""
@@ -83,31 +119,28 @@ class Action:
       return None
     return (step // self.every_steps + 1) * self.every_steps
 
-  def due(self, step: int, *, end: bool = False, stop: bool = False,
-          agree: Callable[[bool], bool] = bool) -> bool:
-    """Whether the action fires after a loop that ended at `step`.
+  def due(self, now: Moment) -> bool:
+    """Whether the action fires after a loop that ended at `now.step`.
 
-    `agree`: makes a per-process decision (the clock) the same on every
-    worker; it is called whenever `every_secs` is set, so that every worker
-    calls it at the same point.
+    `now.agree` is called whenever `every_secs` is set, so that every
+    worker calls it at the same point.
     """
-    late = bool(self.every_secs) and agree(
+    late = bool(self.every_secs) and now.agree(
         self._clock() - self._last_time >= self.every_secs)
-    if (end and self.at_end) or (stop and self.on_stop) or self.every_loop:
+    if ((now.end and self.at_end) or (now.stopping and self.on_stop) or
+        self.every_loop):
       return True
-    if self.every_steps and (step // self.every_steps !=
+    if self.every_steps and (now.step // self.every_steps !=
                              self._last_step // self.every_steps):
       return True
     return late
 
-  def __call__(self, step: int, loop: Loop | None, *, end: bool = False,
-               stop: bool = False, agree: Callable[[bool], bool] = bool
-               ) -> bool:
-    """Fires if due; returns whether it fired."""
-    if not self.due(step, end=end, stop=stop, agree=agree):
-      self._last_step = step
-      return False
-    self.fn(step, loop)
-    self._last_step = step
+  def __call__(self, now: Moment) -> Any:
+    """Fires if due; returns what `fn` returned (None if not due)."""
+    if not self.due(now):
+      self._last_step = now.step
+      return None
+    result = self.fn(now)
+    self._last_step = now.step
     self._last_time = self._clock()
-    return True
+    return result

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    ckpt = checkpoint.Checkpointer(f"{workdir}/checkpoints",
+    ckpt = checkpoint.Checkpointer(workdir.Workdir("/tmp/run"),
                                    trainer.checkpoint_items(), keep=3,
                                    chief=True, task_id=0, async_save=False)
     ckpt.restore()          # latest readable checkpoint -> its path or None
@@ -26,17 +26,19 @@ the files are complete. A newest checkpoint that cannot be read (a disk
 fault) is skipped with a warning for the one before it.
 
 Under multi-worker every task must call `save` (it is a collective), but
-only the chief's copy is kept: the others write to a scratch directory that
-is removed once the write is complete.
+only the chief's copy is kept: the others write to a scratch directory
+(`Workdir.checkpoint_saves(task_id)`) that is removed once the write is
+complete.
 """
 
-import os
 from typing import Any, Callable
 
 from absl import logging
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from looper import compat
+from looper import workdir as workdir_lib
 from looper.errors import CheckpointError
 from looper.errors import CheckpointMissing
 from looper.errors import first_line
@@ -55,21 +57,22 @@ def io_device(on_tpu: bool, directory: str) -> str | None:
 class Checkpointer:
   """A CheckpointManager over the trainer's state, chief-aware."""
 
-  def __init__(self, directory: str, items: dict[str, Any], *, keep: int,
-               chief: bool, task_id: int, async_save: bool = False,
+  def __init__(self, workdir: workdir_lib.Workdir, items: dict[str, Any], *,
+               keep: int, chief: bool, task_id: int, async_save: bool = False,
                on_tpu: bool = False, guard: Callable[[], None] | None = None):
-    self.directory = directory
+    self.directory = workdir.checkpoints  # what restore reads
+    self._workdir = workdir.root
     # Called before each save; raises to stop a run that must not write
     # (another run took the workdir over: looper.lease).
     self._guard = guard or (lambda: None)
     self._checkpoint = tf.train.Checkpoint(**items)
-    self._save_dir = directory if chief else os.path.join(
-        os.path.dirname(directory), f".worker{task_id}_checkpoints")
+    self._save_dir, self._best_dir = workdir.checkpoint_saves(
+        None if chief else task_id)
     self._chief = chief
     self._manager = tf.train.CheckpointManager(
         self._checkpoint, self._save_dir, max_to_keep=keep)
     self._best = None  # a manager for checkpoints/best, made on first use
-    device = io_device(on_tpu, directory)
+    device = io_device(on_tpu, self.directory)
     self._sync_options = tf.train.CheckpointOptions(
         experimental_io_device=device)
     self._options = tf.train.CheckpointOptions(
@@ -77,7 +80,7 @@ class Checkpointer:
         experimental_enable_async_checkpoint=async_save)
     self._async = async_save
     if async_save:
-      _patch_keras_async_copy()
+      compat.patch_keras_async_copy()
     self._pending = None  # the path of an async save in flight
     self._saved_step = None
 
@@ -145,11 +148,10 @@ class Checkpointer:
       self._checkpoint.restore(
           path, options=self._sync_options).assert_existing_objects_matched()
     except (ValueError, AssertionError) as e:
-      workdir = os.path.dirname(self.directory)
       raise CheckpointError(
           f"{path} holds a different model or trainer state than the config"
           f" builds ({first_line(e)}); use a new --workdir, or delete"
-          f" {workdir} to start over") from None
+          f" {self._workdir} to start over") from None
     self._saved_step = _step_of(path)
 
   def save(self, step: int, *, sync: bool = False, force: bool = False
@@ -182,9 +184,8 @@ class Checkpointer:
     self.wait()
     self._guard()
     if self._best is None:
-      directory = os.path.join(self._save_dir, "best")
-      self._best = tf.train.CheckpointManager(self._checkpoint, directory,
-                                              max_to_keep=1)
+      self._best = tf.train.CheckpointManager(self._checkpoint,
+                                              self._best_dir, max_to_keep=1)
     path = self._best.save(checkpoint_number=step, options=self._sync_options)
     self._finish(path)
     return path
@@ -201,10 +202,8 @@ class Checkpointer:
     path, self._pending = self._pending, None
     self._checkpoint.sync()
     error = None
-    helper = getattr(self._checkpoint, "_async_checkpointer_impl", None)
     try:
-      if helper is not None:
-        helper._check_async_thread_error()  # pylint: disable=protected-access
+      compat.raise_async_save_error(self._checkpoint)
     except Exception as e:  # pylint: disable=broad-except
       error = first_line(e)
     if error is None and tf.train.latest_checkpoint(self._save_dir) != path:
@@ -221,28 +220,6 @@ class Checkpointer:
       logging.info("Saved %s", path)
     else:
       tf.io.gfile.rmtree(self._save_dir)
-
-
-def _patch_keras_async_copy() -> None:
-  """Lets TensorFlow's async checkpointing copy Keras 3 variables twice.
-
-  Keras 3 (3.15) wraps each tf.Variable in its own Variable, whose
-  `_copy_trackable_to_cpu` creates a new CPU variable inside a tf.function
-  on every save: the second async save fails with "tf.function only
-  supports singleton tf.Variables created on the first call". Delegating
-  to the wrapped tf.Variable (which updates its CPU copy in place) fixes
-  it; the checkpoint format is unchanged.
-  """
-  from keras.src.backend.tensorflow import core  # pylint: disable=g-import-not-at-top
-  if getattr(core.Variable, "_looper_async_patch", False):
-    return
-
-  def copy_to_cpu(self, object_map):
-    self.value._copy_trackable_to_cpu(object_map)  # pylint: disable=protected-access
-    object_map[self] = object_map[self.value]
-
-  core.Variable._copy_trackable_to_cpu = copy_to_cpu  # pylint: disable=protected-access
-  core.Variable._looper_async_patch = True  # pylint: disable=protected-access
 
 
 def _step_of(path: str) -> int | None:

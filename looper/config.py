@@ -12,7 +12,14 @@ Synopsis (an experiment file)::
       c.model_fn = model_fn              # or the string 'my.module:model_fn'
       c.dataset_fn = dataset_fn
       c.train.steps = 1000
+      c.model.width = lc.whole(128)      # the experiment's own, >= 1
       return c
+
+A field with a kind is declared once with its default by `whole`,
+`seconds` or `boolean` (its doc: the comment above it), looper's here, an
+experiment's own in its get_config(); `validate` checks each declared field
+("config.model.width=0: must be a whole number >= 2; set
+--config.model.width"). Later assignments (`c.train.steps = 500`) keep the kind.
 
 `validate` checks every field looper reads. The names an option accepts
 are not listed here: each comes from the table of the module that builds
@@ -29,7 +36,6 @@ helpers `split_slice`, `parse_split`, `split_field` (looper.data.splits).
 """
 
 import difflib
-import functools
 from typing import Any
 
 import ml_collections
@@ -44,6 +50,73 @@ from looper import refs
 # Public names for experiments (see the module doc).
 from looper.data.splits import parse_split, split_field, split_slice  # pylint: disable=unused-import
 from looper.errors import ConfigError, first_line  # pylint: disable=unused-import
+
+
+def _whole(value: Any) -> bool:
+  """An int that is not a bool (True would silently mean 1)."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Field(config_dict.FieldReference):
+  """A declared field (`whole`, `seconds`, `boolean`): type and bounds.
+
+  ml_collections keeps a FieldReference as the field itself: `c.x.y` reads
+  its value, `c.x.y = v` and `--config.x.y=v` set it (typed by it), and
+  the bounds stay for `validate` (also through deepcopy and pickle).
+  `to_dict`, `refs.to_json` and `copy_and_resolve_references` see only the
+  value. A declaration assigned to a declared field would be linked to it
+  (ml_collections' rule for references), the first bounds kept: declare a
+  field once.
+  """
+
+  def __init__(self, default, field_type: type, noun: str = "",
+               low: float = 0, above: bool = False):
+    super().__init__(default, field_type=field_type)
+    self._noun, self._low, self._above = noun, low, above
+
+  def __setstate__(self, state):  # FieldReference's restores its own only
+    self.__dict__.update(state)
+
+  @property
+  def must(self) -> str:  # as validate's error says it
+    if self.get_type() is bool:
+      return "True or False"
+    return f"{self._noun} {'>' if self._above else '>='} {self._low}"
+
+  def allows(self, value: Any) -> bool:
+    if self.get_type() is bool:
+      return isinstance(value, bool)
+    kind = _whole if self.get_type() is int else _number
+    return kind(value) and (value > self._low if self._above
+                            else value >= self._low)
+
+
+def whole(default: int, low: int = 1) -> Field:
+  """A whole number >= low (a bool is refused: True would mean 1)."""
+  return Field(default, int, "a whole number", low)
+
+
+def seconds(default: float, positive: bool = False) -> Field:
+  """A number of seconds >= 0 (> 0 if `positive`)."""
+  return Field(float(default), float, "a number of seconds", 0, positive)
+
+
+def boolean(default: bool) -> Field:
+  return Field(default, bool)
+
+
+def declared(c: ml_collections.ConfigDict, prefix: str = ""):
+  """Yields (dotted path, Field) for each declared field of `c`, nested
+  blocks too, in ml_collections' (sorted) key order."""
+  for key, field in c.items(preserve_field_references=True):
+    if isinstance(field, Field):
+      yield prefix + key, field
+    elif isinstance(field, ml_collections.ConfigDict):
+      yield from declared(field, f"{prefix}{key}.")
 
 
 def _object_field(default):
@@ -77,44 +150,46 @@ def default_config() -> ml_collections.ConfigDict:
   c.metrics = _object_field(("accuracy",))
 
   c.train = ml_collections.ConfigDict()
-  c.train.steps = 1000
-  c.train.batch_size = 128  # GLOBAL batch, split evenly over the replicas.
+  c.train.steps = whole(1000)
+  # GLOBAL batch, split evenly over the replicas.
+  c.train.batch_size = whole(128)
   # Steps run inside one tf.function call; evaluation, checkpoints and the
   # end clamp a loop so they land exactly on their step.
-  c.train.steps_per_loop = 100
+  c.train.steps_per_loop = whole(100)
   # On a NaN/inf loss: restore the last checkpoint, skip the data that blew
   # up and go on, at most this many times; 0 stops with an error at once.
-  c.train.nan_recovery_tries = 0
+  c.train.nan_recovery_tries = whole(0, low=0)
   # Stop after this many evaluations without improving
   # checkpoint.best_metric (needs it set); 0: never stop early.
-  c.train.early_stop_patience = 0
+  c.train.early_stop_patience = whole(0, low=0)
   # float32 | mixed_bfloat16 (TPU, CPU with AMX or AVX-512 BF16) |
   # mixed_float16 (GPU, with loss scaling): see looper/precision.py.
   c.train.precision = "float32"
   # XLA-compile each replica's forward and backward pass (not the loop).
-  c.train.jit_compile = False
+  c.train.jit_compile = boolean(False)
   # Op determinism and no TF32 (GPU matmuls at float32, not 10-bit inputs):
   # the exact contracts on GPUs, at some speed; no input-wait timing.
   # Process-wide, set by each run (precision.set_deterministic).
-  c.train.deterministic = False
+  c.train.deterministic = boolean(False)
   # Micro-batches of train.batch_size per optimizer update: the update is
   # that of one batch grad_accum_steps times larger (train.steps counts
   # updates; the data position advances by the larger batch).
-  c.train.grad_accum_steps = 1
+  c.train.grad_accum_steps = whole(1)
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.every_steps = 1000  # 0: evaluate only at the end of training.
-  c.eval.batch_size = 256  # GLOBAL batch; the last one is padded and masked.
+  c.eval.every_steps = whole(1000, low=0)  # 0: only at the end of training
+  # GLOBAL batch; the last one is padded and masked.
+  c.eval.batch_size = whole(256)
   c.eval.steps = config_dict.placeholder(int)  # None: the whole eval split.
   # --mode=continuous_eval stops after this long without a new checkpoint.
-  c.eval.timeout_secs = 3600.0
+  c.eval.timeout_secs = seconds(3600)
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adam"  # sgd | adam | adamw
   c.optimizer.learning_rate = 1e-3
   c.optimizer.schedule = "constant"  # constant | cosine | linear (to 0)
   # Linear warmup before the schedule: update k uses k/warmup_steps of it.
-  c.optimizer.warmup_steps = 0
+  c.optimizer.warmup_steps = whole(0, low=0)
   c.optimizer.momentum = 0.9  # sgd only
   c.optimizer.weight_decay = 0.0  # adamw only
   # Clip the global-batch gradient to this global norm (0: off); applied
@@ -125,18 +200,18 @@ def default_config() -> ml_collections.ConfigDict:
   c.optimizer.ema_decay = 0.0
   # Linear scaling (Goyal et al.): the rate used is learning_rate *
   # train.batch_size / reference_batch_size; pair it with warmup_steps.
-  c.optimizer.scale_lr_with_batch = False
-  c.optimizer.reference_batch_size = 256
+  c.optimizer.scale_lr_with_batch = boolean(False)
+  c.optimizer.reference_batch_size = whole(256)
 
   c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = 1000  # 0: save only at the end.
-  c.checkpoint.keep = 3
+  c.checkpoint.every_steps = whole(1000, low=0)  # 0: save only at the end.
+  c.checkpoint.keep = whole(3)
   # Also save when this long has passed since the last save (0: off), so a
   # preemptible job loses at most this much work whatever the step time.
-  c.checkpoint.every_secs = 0.0
+  c.checkpoint.every_secs = seconds(0)
   # Write checkpoints in a background thread (TensorFlow's async saving).
   # Not `async`: that is a Python keyword, `c.checkpoint.async` won't parse.
-  c.checkpoint.async_save = False
+  c.checkpoint.async_save = boolean(False)
   # Keep the checkpoint with the best value of this eval metric (e.g.
   # 'accuracy', or 'loss' with best_mode='min') in checkpoints/best/.
   c.checkpoint.best_metric = ""
@@ -144,26 +219,26 @@ def default_config() -> ml_collections.ConfigDict:
   # A training run holds workdir/lease.json while it writes (looper.lease):
   # a second writer is refused. A holder on another host that has not
   # renewed it (every lease_secs / 4) for this long is taken to be gone.
-  c.checkpoint.lease_secs = 60.0
+  c.checkpoint.lease_secs = seconds(60, positive=True)
 
   # Warm start: weights from another run's checkpoint before step 0 (only
   # when the workdir has no checkpoint of its own).
   c.init = ml_collections.ConfigDict()
   c.init.checkpoint = ""  # a checkpoint prefix or a checkpoints/ directory
-  c.init.optimizer = False  # also restore the optimizer slots
+  c.init.optimizer = boolean(False)  # also restore the optimizer slots
 
   c.distribution = ml_collections.ConfigDict()
   # auto, or one of distribute.STRATEGIES; auto picks from the fields below
   c.distribution.strategy = "auto"
-  c.distribution.num_cpu_devices = 1  # >1: split the CPU, mirror over it
+  c.distribution.num_cpu_devices = whole(1)  # >1: split the CPU, mirror over it
   c.distribution.tpu = ""  # TPU name or grpc:// address ('local' on a VM)
   # A dry run of the TPU start-up checks (batch per core) off a TPU: the
   # cores the real run will have. 0: check only on a TPU.
-  c.distribution.tpu_cores = 0
+  c.distribution.tpu_cores = whole(0, low=0)
   # multi_worker: how long a worker waits for the others to come up, and
   # how long one may stay unreachable later (missed heartbeats: a cut link,
   # a lost VM), before the others fail with one line naming it.
-  c.distribution.worker_timeout_secs = 300.0
+  c.distribution.worker_timeout_secs = seconds(300, positive=True)
   # multi_worker: how the workers sum gradients (distribute.ALL_REDUCES):
   # auto (NCCL between GPUs, else ring) | nccl | ring. Workers sharing a GPU
   # need ring: NCCL refuses them (`looper launch` sets it when they share).
@@ -173,20 +248,20 @@ def default_config() -> ml_collections.ConfigDict:
   c.data.dir = ""  # where the experiment's dataset_fn reads its files
   c.data.train_split = "train"
   c.data.eval_split = "test"
-  c.data.shuffle_buffer = 10_000  # 0: keep the dataset's order
+  c.data.shuffle_buffer = whole(10_000, low=0)  # 0: keep the dataset's order
   # Read each split from shards_dir/<split>, written by `python -m
   # looper.shards write`, instead of calling dataset_fn (file mode).
   c.data.shards_dir = ""
   # File mode: the files are dealt into this many fixed groups; a global
   # batch takes train.batch_size / virtual_shards examples from each, so it
   # is the same on any topology whose replica count divides this.
-  c.data.virtual_shards = 64
-  c.data.cache = False  # file mode: keep parsed examples in memory
+  c.data.virtual_shards = whole(64)
+  c.data.cache = boolean(False)  # file mode: keep parsed examples in memory
   # Element mode, examples whose inputs vary in length (a dimension of
   # unknown size): a global batch takes examples of one length bucket and
   # is padded to it, a multiple of this many; at most max length / bucket
   # shapes (XLA programs). 0: every example has one static shape.
-  c.data.bucket = 0
+  c.data.bucket = whole(0, low=0)
   # Train-time weight of each class id, multiplied into the examples' own
   # sample weights: a sequence by class id, or a dict {id: weight} (others
   # 1). Empty: off. Eval is not rebalanced (as in Keras).
@@ -195,47 +270,17 @@ def default_config() -> ml_collections.ConfigDict:
   # A SavedModel for serving (any batch size) in workdir/export/<step>:
   # --mode=export does it for a checkpoint; at_end after training.
   c.export = ml_collections.ConfigDict()
-  c.export.at_end = False
+  c.export.at_end = boolean(False)
 
   # A profiler trace of train steps start_step+1 .. start_step+num_steps in
   # workdir/train/plugins/profile/, for TensorBoard's Profile tab (with the
   # tensorboard-plugin-profile package). 0: no trace.
   c.profile = ml_collections.ConfigDict()
-  c.profile.start_step = 0
-  c.profile.num_steps = 5
+  c.profile.start_step = whole(0, low=0)
+  c.profile.num_steps = whole(5)
 
   c.model = ml_collections.ConfigDict()  # the experiment's own fields
   return c
-
-
-def _whole(value: Any) -> bool:
-  """An int that is not a bool (True would silently mean 1)."""
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _seconds(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-# Fields by the kind of value they take: (fields, test, what the value must
-# be), checked first by `validate`.
-_KINDS = (
-    (("train.steps", "train.batch_size", "train.steps_per_loop",
-      "train.grad_accum_steps", "eval.batch_size", "checkpoint.keep",
-      "distribution.num_cpu_devices", "data.virtual_shards",
-      "optimizer.reference_batch_size", "profile.num_steps"),
-     lambda v: _whole(v) and v >= 1, "must be a whole number >= 1"),
-    (("eval.every_steps", "distribution.tpu_cores", "checkpoint.every_steps",
-      "data.shuffle_buffer", "data.bucket", "optimizer.warmup_steps",
-      "train.nan_recovery_tries", "train.early_stop_patience",
-      "profile.start_step"),
-     lambda v: _whole(v) and v >= 0, "must be a whole number >= 0"),
-    (("checkpoint.every_secs", "eval.timeout_secs"),
-     lambda v: _seconds(v) and v >= 0, "must be a number of seconds >= 0"),
-    (("data.cache", "train.jit_compile", "train.deterministic",
-      "optimizer.scale_lr_with_batch", "export.at_end"),
-     lambda v: isinstance(v, bool), "must be True or False"),
-)
 
 
 def _check(ok: bool, field: str, value: Any, fix: str):
@@ -270,7 +315,7 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
   if c.loss_weights is not None:
     _check(outputs and isinstance(c.loss_weights, dict) and
            set(c.loss_weights) <= set(c.loss) and
-           all(_seconds(v) and v >= 0 for v in c.loss_weights.values()),
+           all(_number(v) and v >= 0 for v in c.loss_weights.values()),
            "loss_weights", c.loss_weights,
            "give {output: factor >= 0} for outputs config.loss names (a dict"
            " by output), or None")
@@ -295,7 +340,7 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
   weights = c.data.class_weights
   values = list(weights.values()) if isinstance(weights, dict) else weights
   _check(isinstance(weights, (dict, tuple, list)) and
-         all(_seconds(v) and 0 <= v < float("inf") for v in values) and
+         all(_number(v) and 0 <= v < float("inf") for v in values) and
          (not isinstance(weights, dict) or
           all(str(k).isdigit() for k in weights)),
          "data.class_weights", weights,
@@ -307,15 +352,16 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Checks every field looper reads; raises ConfigError on the first bad one."""
+  """Checks every field looper reads, and every declared field (looper's
+  and the experiment's); raises ConfigError on the first bad one."""
   for field in ("model_fn", "dataset_fn", "trainer"):
     _check(callable(refs.resolve(c[field], field)), field, c[field],
            "must name a callable")
   _validate_objectives(c)
-  for fields, ok, must in _KINDS:
-    for field in fields:
-      value = functools.reduce(getattr, field.split("."), c)
-      _check(ok(value), field, value, f"{must}; set --config.{field}")
+  for path, field in declared(c):
+    value = field.get()
+    _check(field.allows(value), path, value,
+           f"must be {field.must}; set --config.{path}")
   _check(c.profile.start_step < c.train.steps, "profile.start_step",
          c.profile.start_step, f"must be < train.steps={c.train.steps}: the"
          " trace holds the steps after it; set --config.profile.start_step")
@@ -325,10 +371,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
          c.optimizer.learning_rate, "must be > 0")
   _check(c.optimizer.warmup_steps <= c.train.steps, "optimizer.warmup_steps",
          c.optimizer.warmup_steps, f"must be <= train.steps={c.train.steps}")
-  for field in ("distribution.worker_timeout_secs", "checkpoint.lease_secs"):
-    value = functools.reduce(getattr, field.split("."), c)
-    _check(_seconds(value) and value > 0, field, value,
-           f"must be a number of seconds > 0; set --config.{field}")
   _check_choice(c.checkpoint.best_mode, "checkpoint.best_mode",
                 evaluation.BEST_MODES)
   _check(not c.train.early_stop_patience or bool(c.checkpoint.best_metric),

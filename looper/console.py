@@ -27,6 +27,8 @@ import os
 import sys
 import tempfile
 
+from looper import workdir as workdir_lib  # no TensorFlow: safe before start
+
 
 def wants_tensorflow_logs(argv: list[str]) -> bool:
   """True if `argv` asks for --verbosity >= 1 (absl's flag, also -v N)."""
@@ -107,10 +109,7 @@ def expect_partial_restores(error: BaseException) -> None:
   the error's traceback. Deleted at exit, after looper's one line, it logs
   "deleted with unrestored values" warnings; marked here, it does not.
   """
-  # The record is TensorFlow's private class; status.expect_partial() sets
-  # this same property.
-  from tensorflow.python.checkpoint import checkpoint  # pylint: disable=g-import-not-at-top
-  coordinator = checkpoint._CheckpointRestoreCoordinator  # pylint: disable=protected-access
+  from looper import compat  # pylint: disable=g-import-not-at-top
   chain, seen = [error], set()
   while chain:
     e = chain.pop()
@@ -121,8 +120,7 @@ def expect_partial_restores(error: BaseException) -> None:
     tb = e.__traceback__
     while tb is not None:
       for value in tb.tb_frame.f_locals.values():
-        if isinstance(value, coordinator):
-          value.expect_partial = True
+        compat.mark_expected_partial(value)  # TensorFlow's private record
       tb = tb.tb_next
 
 
@@ -168,7 +166,7 @@ def header(config, strategy, workdir: str | None, mode: str,
   return "\n".join(lines)
 
 
-def summary(result: dict, workdir: str, seconds: float, *,
+def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
             best: tuple[str, int, float] | None, checkpoint: str | None,
             export: str | None) -> str:
   """The lines that close a run: what it reached and where things are."""
@@ -184,8 +182,9 @@ def summary(result: dict, workdir: str, seconds: float, *,
     lines.append(f"  best eval   {metric}={value:.4g} at step {step}")
   if checkpoint:
     lines.append(f"  checkpoint  {checkpoint}")
-  lines.append(f"  events      {workdir}/train, {workdir}/eval")
+  lines.append(f"  events      {workdir.train_events},"
+               f" {workdir.eval_events}")
   if export:
     lines.append(f"  export      {export}")
-  lines.append(f"  tensorboard --logdir={workdir}")
+  lines.append(f"  tensorboard --logdir={workdir.root}")
   return "\n".join(lines)

@@ -10,21 +10,26 @@ Synopsis (what `looper.run.run` assembles from a config)::
 
 `train` / `train_and_eval`, from the step the trainer was restored to::
 
-    for action in actions: action.start(step)   # also its on_start(step)
-    while step < total_steps and no stop was requested:
+    now = Moment(step, total_steps)    # what every action is given
+    for action in actions: action.start(now)   # also its on_start(now)
+    while not (now.end or now.stopping):
       n = steps to the nearest of: steps_per_loop, total_steps and the
           next `every_steps` boundary of any action
       loop = trainer.train(n)          # fewer steps if a signal stopped it
       if a loss is NaN/inf: roll back to the last checkpoint and skip the
           data (train.nan_recovery_tries), or raise FloatingPointError
+      now.stopped = the stop's reason, if the trainer stopped for one
+      now.step, now.loop = the step reached, loop
       for action in report + eval (train_and_eval only) + save actions:
-        action(step, loop, end=step == total_steps or early stop,
-               stop=a signal asked to stop)
+        result[action.name] = action(now)   # if it fired and returned one
 
-The Controller knows nothing of tf.distribute or Keras: the Trainer runs
-steps, the Checkpointer saves and restores, actions do everything else.
-What it needs of the first two is written down below as `TrainerSurface`
-and `CheckpointerSurface` (looper's Trainer and Checkpointer have them; the
+A stop is requested on the trainer (`trainer.stop.request(reason)`, e.g.
+from a signal handler: looper.preemption); an early end by an action
+(`now.end_training(reason)`, e.g. early stopping). The Controller knows
+nothing of tf.distribute or Keras: the Trainer runs steps, the
+Checkpointer saves and restores, actions do everything else. What it needs
+of the first two is written down below as `TrainerSurface` and
+`CheckpointerSurface` (looper's Trainer and Checkpointer have them; the
 tests' fakes too).
 """
 
@@ -42,24 +47,31 @@ class TrainerSurface(Protocol):
   """What the Controller calls on a trainer (`looper.trainer.Trainer`)."""
   global_step: int  # updates done (a property on the Trainer)
   global_batch_size: int  # examples per update
-  data_position: int  # global train examples consumed
   weights_finite: bool  # after the last `train` call
-  stop_requested: bool  # a stop took effect (all workers agreed)
+  stop: "StopSurface"  # the stop request (`looper.stopping.StopFlag`)
 
   def train(self, steps: int) -> tuple[np.ndarray, dict[str, float]]:
     """Runs up to `steps` steps; (per-step global mean losses, logs)."""
 
-  def request_stop(self) -> None:
-    """Stops the running or next loop after its current step."""
-
-  def agree(self, flag: bool) -> bool:
-    """`flag` or-ed over all workers; every worker calls it alike."""
-
   def learning_rate(self) -> float:
     """The current learning rate."""
 
-  def roll_back(self, checkpointer: "CheckpointerSurface") -> str | None:
-    """Restores the latest checkpoint, keeping the data position."""
+  def roll_back(self, checkpointer: "CheckpointerSurface"
+                ) -> tuple[str, int] | None:
+    """Restores the latest checkpoint, keeping the data position: (its
+    path, the position), or None if there is no checkpoint."""
+
+
+class StopSurface(Protocol):
+  """The trainer's stop request (`looper.stopping.StopFlag`)."""
+  requested: bool  # a stop took effect (all workers agreed)
+  reason: str | None  # why, once requested
+
+  def request(self, reason: str) -> None:
+    """Stops the running or next loop after its current step; any thread."""
+
+  def agree(self, flag: bool) -> bool:
+    """`flag` or-ed over all workers; every worker calls it alike."""
 
 
 class CheckpointerSurface(Protocol):
@@ -122,38 +134,14 @@ class Controller:
                      save=save_actions)
     self._nan_tries = nan_recovery_tries
     self._clock = clock
-    self._signal = None  # set by request_stop (a signal here)
-    self._stop_reason = None  # set once the trainer has stopped for one
-    self._end_reason = None  # set by end_training (an early stop)
 
   def add_actions(self, *, report: Sequence[actions_lib.Action] = (),
                   evaluate: Sequence[actions_lib.Action] = (),
                   save: Sequence[actions_lib.Action] = ()) -> None:
-    """Appends to the three groups (actions may call this Controller)."""
+    """Appends to the three groups."""
     self.report_actions += report
     self.eval_actions += evaluate
     self.save_actions += save
-
-  # --- Requests from actions and signal handlers ------------------------------
-
-  def request_stop(self, reason: str) -> None:
-    """Stops training after the current step; save actions still run.
-
-    The stop takes effect when the trainer reports it (`stop_requested`
-    after a `train` call): under multi-worker all workers agree on it there,
-    so every worker stops at the same step.
-    """
-    self._signal = reason
-    self.trainer.request_stop()
-
-  @property
-  def stopping(self) -> bool:
-    """Whether a signal asked training to stop."""
-    return bool(self._stop_reason)
-
-  def end_training(self, reason: str) -> None:
-    """Ends training at the current step as if it were the last one."""
-    self._end_reason = reason
 
   # --- Modes ------------------------------------------------------------------
 
@@ -220,59 +208,65 @@ class Controller:
       logging.info("Already at step %d of train.steps=%d; nothing to train.",
                    step, self.total_steps)
       return result
-    self._start(step, actions)
+    stop = self.trainer.stop
+    now = actions_lib.Moment(step, self.total_steps, agree=stop.agree)
+    self._start(now, actions)
     tries = 0
-    while step < self.total_steps and not (self._stop_reason or
-                                           self._end_reason):
-      n = loop_length(step, self.total_steps, self.steps_per_loop,
-                      [a.boundary(step) for a in actions])
+    while not (now.end or now.stopping):
+      n = loop_length(now.step, self.total_steps, self.steps_per_loop,
+                      [a.boundary(now.step) for a in actions])
       start = self._clock()
       losses, logs = self.trainer.train(n)
       seconds = max(self._clock() - start, 1e-9)
       if not (np.isfinite(losses).all() and self.trainer.weights_finite):
         if tries >= self._nan_tries:
-          raise self._blow_up(losses, step + 1, tries)
+          raise self._blow_up(losses, now.step + 1, tries)
         tries += 1
-        step = self._roll_back(losses, step + 1, tries)
-        self._start(step, actions)
+        now.step = self._roll_back(losses, now.step + 1, tries)
+        self._start(now, actions)
         continue
-      if self.trainer.stop_requested and step + len(losses) < self.total_steps:
-        self._stop_reason = self._signal or "a signal to another worker"
-      loop = None
+      # The stop takes effect when the trainer reports it after a loop:
+      # under multi-worker all workers agree on it there (same step).
+      if stop.requested and now.step + len(losses) < self.total_steps:
+        now.stopped = stop.reason
+      now.loop = None
       if len(losses):  # zero if a stop came before the loop's first step
-        loop = actions_lib.Loop(step + 1, losses, dict(
+        now.loop = actions_lib.Loop(now.step + 1, losses, dict(
             loss=float(np.mean(losses)), **logs,
             learning_rate=self.trainer.learning_rate(),
             steps_per_sec=len(losses) / seconds,
             examples_per_sec=(len(losses) * self.trainer.global_batch_size /
                               seconds)))
-        step = loop.last_step
-        result.update(step=step, train=loop.logs)
-      self._act(actions, step, loop)
-    if self._stop_reason and step < self.total_steps:
+        now.step = now.loop.last_step
+        result.update(step=now.step, train=now.loop.logs)
+      self._act(actions, now, result)
+    if now.stopping:
       logging.info("Stopped by %s at step %d; saved %s; rerun the same"
-                   " command to resume.", self._stop_reason, step,
+                   " command to resume.", now.stopped, now.step,
                    self.checkpointer.latest())
-      result["stopped"] = self._stop_reason
-    if self._end_reason:
-      result["ended"] = self._end_reason
+      result["stopped"] = now.stopped
+    if now.ended:
+      result["ended"] = now.ended
     return result
 
-  def _start(self, step: int, actions: list[actions_lib.Action]) -> None:
+  def _start(self, now: actions_lib.Moment,
+             actions: list[actions_lib.Action]) -> None:
+    now.loop = None
     for action in actions:
-      action.start(step)
+      action.start(now)
 
-  def _act(self, actions: list[actions_lib.Action], step: int,
-           loop: actions_lib.Loop | None) -> None:
+  def _act(self, actions: list[actions_lib.Action], now: actions_lib.Moment,
+           result: dict) -> None:
+    """Runs the actions due after a loop; what they return goes to `result`
+    under their names."""
     for action in actions:
-      # Read per action: an eval action may end training (early stop).
-      end = step >= self.total_steps or bool(self._end_reason)
-      stop = bool(self._stop_reason)
-      if action.every_loop and loop is None:
+      if action.every_loop and now.loop is None:
         continue  # nothing ran: nothing to report
-      if stop and not (action.on_stop or action.every_loop):
+      if now.stopping and not (action.on_stop or action.every_loop):
         continue  # a stop is not the time to evaluate
-      action(step, loop, end=end, stop=stop, agree=self.trainer.agree)
+      value = action(now)
+      if value is not None:
+        result[action.name] = value
 
   def _blow_up(self, losses: np.ndarray, first_step: int, tries: int
                ) -> Exception:
@@ -288,9 +282,10 @@ class Controller:
   def _roll_back(self, losses: np.ndarray, first_step: int, tries: int
                  ) -> int:
     """Restores the last checkpoint and skips the data that blew up."""
-    path = self.trainer.roll_back(self.checkpointer)
-    if not path:
+    rolled = self.trainer.roll_back(self.checkpointer)
+    if not rolled:
       raise self._blow_up(losses, first_step, tries - 1)
+    path, position = rolled
     step = self.trainer.global_step
     # Saved at once: a restart must not replay the data that blew up.
     self.checkpointer.save(step, force=True)
@@ -298,7 +293,7 @@ class Controller:
         "%s; restored %s (step %d) and skipped the data up to global example"
         " %d (recovery %d of train.nan_recovery_tries=%d)",
         _what_blew_up(losses, first_step), path, step,
-        self.trainer.data_position, tries, self._nan_tries)
+        position, tries, self._nan_tries)
     return step
 
 

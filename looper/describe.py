@@ -19,25 +19,27 @@ from looper import distribute
 from looper import refs
 from looper import summaries
 from looper.data import checks
+from looper.data import input as input_lib
 
 
 def describe(config) -> str:
   """The description of `config` as text (see module doc)."""
   config_lib.validate(config)
   strategy = distribute.strategy_for(config)
-  trainer = refs.resolve(config.trainer, "trainer")(config, strategy)
+  data = input_lib.Input(config, strategy)
+  trainer = refs.resolve(config.trainer, "trainer")(config, strategy, data)
   lines = [console.header(config, strategy, None, "describe", None,
                           trainer.model), "", "data"]
   for field in ("data.train_split", "data.eval_split"):
     split = config.data[field.split(".")[1]]
-    source = trainer.source(split)
+    source = data.source(split)
     size = source.size
     if size is None:  # element mode: counted by one pass
-      size = checks.num_examples(trainer.examples(split), split, field)
+      size = checks.num_examples(data.examples(split), split, field)
     mode = {"Elements": "element", "Arrays": "array", "Files": "file"}.get(
         type(source).__name__, type(source).__name__)
     inputs, labels, weights = checks.parts(
-        trainer.examples(split).element_spec)
+        data.examples(split).element_spec)
     weighted = "" if weights is None else f", weights {_spec(weights)}"
     lines.append(f"  {field}={split!r}: {size:,} examples, {mode} mode;"
                  f" inputs {_spec(inputs)}, labels {_spec(labels)}{weighted}")

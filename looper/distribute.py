@@ -33,11 +33,8 @@ import os
 from absl import logging
 import ml_collections
 import tensorflow as tf
-# The coordination service's settings have no public API (see
-# _bound_cluster_waits).
-from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-from tensorflow.python.eager import context
 
+from looper import compat
 from looper.errors import ConfigError
 
 
@@ -214,20 +211,16 @@ def _bound_cluster_waits(timeout_secs: float) -> None:
   `distribution.worker_timeout_secs`, so a silent host ends the run within
   about that time, and a link back well within it (a blip) does not. Only
   TensorFlow's internal context can set them (no public API or environment
-  variable exists), before the strategy is built.
+  variable exists: compat.configure_coordination_service), before the
+  strategy is built.
   """
-  cluster = _cluster()
-  ctx = context.context()
-  ctx.configure_coordination_service(
-      service_type="standalone", service_leader=coordination_leader(),
-      cluster_register_timeout_in_ms=int(timeout_secs * 1000),
+  compat.configure_coordination_service(
+      leader=coordination_leader(),
+      jobs={job: len(tasks) for job, tasks in _cluster().items()},
+      register_timeout_ms=int(timeout_secs * 1000),
       # Measured: the service notices missed heartbeats up to about twice
       # their timeout late (20 s for 8 s); half keeps a cut within it.
-      heartbeat_timeout_in_ms=int(timeout_secs * 500),
-      coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
-          name=job, num_tasks=len(tasks)) for job, tasks in cluster.items()])
-  # Without the barrier the leader waits regardless of the timeout.
-  ctx._coordination_service_config.cluster_register_with_barrier = True  # pylint: disable=protected-access
+      heartbeat_timeout_ms=int(timeout_secs * 500))
 
 
 def task_id(strategy: tf.distribute.Strategy) -> int:

@@ -140,6 +140,14 @@ def compile_error(e: Exception, *, jit_compile: bool) -> Exception | None:
       " every such op, on any machine)")
 
 
+def step_error(e: Exception, *, jit_compile: bool, field: str, split: str,
+               where: str) -> Exception:
+  """The one line for a train or eval loop that failed: XLA could not
+  compile the step (`compile_error`), else the data (`data_error`)."""
+  return (compile_error(e, jit_compile=jit_compile) or
+          data_error(e, field=field, split=split, where=where))
+
+
 _TASK = r"/job:\w+/replica:\d+/task:\d+"
 
 

@@ -2,34 +2,40 @@
 
 Synopsis::
 
-    evaluator = evaluation.Evaluator(trainer, out, checkpointer=ckpt,
-                                     best_metric="accuracy", best_mode="max",
-                                     patience=3, end_training=ctl.end_training)
-    logs = evaluator(step)        # evaluate, write eval/ events, track best
-    evaluator.resume(step)        # after a restore: forget later evaluations
+    evaluate = evaluation.EvalAction(
+        evaluator, out, checkpointer=ckpt, history=workdir.best_history,
+        best=evaluation.Best("accuracy", "max"), patience=3)
+    logs = evaluate.evaluate(step)  # evaluate, write eval/ events, track best
+    # As a train_and_eval action: evaluate(moment), and on (re)start
+    # evaluate.resume(moment): forget evaluations past moment.step.
 
-Best checkpoint: after each evaluation that improves `best_metric`, the
+Best: one rule (`Best`) says which evaluation is a run's best: here for the
+best checkpoint and early stopping, and for the best columns of
+TensorBoard's HParams table (looper.hparams) and of `looper runs`.
+
+Best checkpoint: after each evaluation that improves `best.metric`, the
 state is saved to `checkpoints/best/` (one kept, apart from the rolling
 ones). Early stop: after `patience` evaluations in a row without
-improvement, training ends at that step (saved like a last step).
+improvement, the action ends training at that step (`Moment.end_training`;
+saved like a last step).
 
 The history of evaluated values lives in `checkpoints/best/history.json`
 (written atomically, chief only) so both survive a restart. A run killed
 after an evaluation but before the next checkpoint replays that evaluation;
-`resume(step)` drops history entries past the restored step first, so a
-replay is not counted twice.
+`resume` drops history entries past the restored step first, so a replay
+is not counted twice.
 """
 
+import dataclasses
 import json
+import math
 import operator
 import os
-from typing import Callable
+from typing import Iterable, Mapping
 
 from absl import logging
 import tensorflow as tf
 
-from looper import checkpoint as checkpoint_lib
-from looper import summaries as summaries_lib
 from looper.errors import ConfigError
 
 
@@ -37,77 +43,121 @@ from looper.errors import ConfigError
 BEST_MODES = {"max": operator.gt, "min": operator.lt}
 
 
-def check_best_metric(best_metric: str, trainer) -> None:
-  """`checkpoint.best_metric` must be one of the values evaluation reports."""
-  names = ["loss"] + trainer.eval_metric_names
+def check_best_metric(best_metric: str, metric_names: list[str]) -> None:
+  """`checkpoint.best_metric` must be one of the values evaluation reports
+  (`metric_names`: the Evaluator's, besides the loss)."""
+  names = ["loss"] + metric_names
   if best_metric and best_metric not in names:
     raise ConfigError(
         f"config.checkpoint.best_metric={best_metric!r} is not an eval"
         f" metric; use one of {', '.join(names)}")
 
 
-class Evaluator:
-  """Evaluates the trainer's current state once per step (see module doc)."""
+@dataclasses.dataclass(frozen=True)
+class Best:
+  """Which of a run's evaluations is its best: an eval metric, a direction."""
+  metric: str
+  mode: str = "max"  # a key of BEST_MODES
 
-  def __init__(self, trainer, out: summaries_lib.Summaries, *,
-               checkpointer: checkpoint_lib.Checkpointer,
-               end_training: Callable[[str], None],
-               best_metric: str = "", best_mode: str = "max",
-               patience: int = 0, chief: bool = True):
-    """`best_metric` must be an eval metric (see `check_best_metric`)."""
-    self._trainer, self._out, self._checkpointer = trainer, out, checkpointer
-    # What is tracked, and what happens when it stops improving.
-    self._metric, self._mode, self._patience = best_metric, best_mode, patience
-    self._end_training = end_training
+  @classmethod
+  def of(cls, checkpoint: Mapping, eval_names: Iterable[str]) -> "Best":
+    """The rule of a run, from its config's `checkpoint` section (as in
+    config.json): `best_metric` and `best_mode` if set; else the accuracy
+    (max) if it is evaluated; else the loss (min)."""
+    if checkpoint.get("best_metric"):
+      return cls(checkpoint["best_metric"], checkpoint.get("best_mode", "max"))
+    if "accuracy" in eval_names:
+      return cls("accuracy", "max")
+    return cls("loss", "min")
+
+  def better(self, value: float, than: float | None) -> bool:
+    """Whether `value` beats `than` (None: no value yet). A NaN beats
+    nothing, and any number beats a NaN."""
+    if math.isnan(value):
+      return False
+    if than is None or math.isnan(than):
+      return True
+    return BEST_MODES[self.mode](value, than)
+
+  def first_best(self, evaluations: Iterable[tuple[int, float]]
+                 ) -> tuple[int, float] | None:
+    """The best (step, value) of `evaluations` in step order; of equal
+    values the earliest; None if there is none (or only NaNs)."""
+    best = None
+    for step, value in evaluations:
+      if self.better(value, best[1] if best else None):
+        best = (step, value)
+    return best
+
+
+class EvalAction:
+  """Evaluates the trainer's current state once per step (see module doc).
+
+  Args:
+    evaluator: a `looper.evaluator.Evaluator`.
+    out: the run's `looper.summaries.Summaries` (eval events).
+    checkpointer: its `looper.checkpoint.Checkpointer` (the best one).
+    history: the history file's path (`Workdir.best_history`).
+    best: what is tracked (its metric must be an eval metric, see
+      `check_best_metric`); None: no best checkpoint, no early stop.
+    patience: evaluations without improvement that end training (0: never).
+    chief: whether this process writes the history file.
+  """
+
+  def __init__(self, evaluator, out, *, checkpointer, history: str,
+               best: Best | None = None, patience: int = 0,
+               chief: bool = True):
+    self._evaluator, self._out = evaluator, out
+    self._checkpointer = checkpointer
+    self._best_rule, self._patience = best, patience
+    self._path = history
     self._chief = chief
     self.last, self.last_step = None, None
-    self._history = []  # [(step, value)] of best_metric, in step order
-    if best_metric:
-      self._path = os.path.join(checkpointer.directory, "best",
-                                "history.json")
-      if tf.io.gfile.exists(self._path):
-        with tf.io.gfile.GFile(self._path) as f:
-          saved = json.load(f)
-        if (saved["metric"], saved["mode"]) == (best_metric, best_mode):
-          self._history = [tuple(e) for e in saved["history"]]
-        else:  # another criterion: its best is not this one's
-          logging.warning("%s tracked %s (%s); starting over for %s (%s)",
-                          self._path, saved["metric"], saved["mode"],
-                          best_metric, best_mode)
+    self._history = []  # [(step, value)] of best.metric, in step order
+    if best and tf.io.gfile.exists(self._path):
+      with tf.io.gfile.GFile(self._path) as f:
+        saved = json.load(f)
+      if Best(saved["metric"], saved["mode"]) == best:
+        self._history = [tuple(e) for e in saved["history"]]
+      else:  # another criterion: its best is not this one's
+        logging.warning("%s tracked %s (%s); starting over for %s (%s)",
+                        self._path, saved["metric"], saved["mode"],
+                        best.metric, best.mode)
 
-  def __call__(self, step: int, loop=None) -> dict[str, float]:
+  def evaluate(self, step: int) -> dict[str, float]:
     """Evaluates at `step` (once: a repeated call returns the last logs)."""
-    del loop  # evaluation does not need the train loop's numbers
     if step != self.last_step:
-      self.last, self.last_step = self._trainer.evaluate(), step
+      self.last, self.last_step = self._evaluator.evaluate(), step
       self._out.eval(step, self.last)
-      if self._metric:
-        self._track(step, self.last[self._metric])
+      if self._best_rule:
+        self._track(step, self.last[self._best_rule.metric])
     return self.last
 
-  def resume(self, step: int) -> None:
-    """Forgets evaluations after `step` and ends training if patience ran out."""
-    self._history = [(s, v) for s, v in self._history if s <= step]
-    if self.last_step is not None and self.last_step > step:
+  def __call__(self, now) -> dict[str, float]:
+    """The train_and_eval action: evaluates at `now.step` (an
+    `actions.Moment`), and ends training there if patience ran out."""
+    logs = self.evaluate(now.step)
+    self._end_if_stale(now)
+    return logs
+
+  def resume(self, now) -> None:
+    """Forgets evaluations after `now.step` and ends training there if
+    patience ran out."""
+    self._history = [(s, v) for s, v in self._history if s <= now.step]
+    if self.last_step is not None and self.last_step > now.step:
       self.last, self.last_step = None, None  # to be evaluated again
-    if self._patience and self._stale() >= self._patience:
-      self._end(step)
+    self._end_if_stale(now)
 
   @property
   def best(self) -> tuple[str, int, float] | None:
     """(checkpoint.best_metric, its best step, value); None if untracked."""
     best = self._best()
-    return (self._metric, *best) if best else None
-
-  def _better(self, value: float, than: float) -> bool:
-    return BEST_MODES[self._mode](value, than)
+    return (self._best_rule.metric, *best) if best else None
 
   def _best(self) -> tuple[int, float] | None:
-    best = None
-    for s, v in self._history:
-      if best is None or self._better(v, best[1]):
-        best = (s, v)
-    return best
+    if self._best_rule is None:
+      return None
+    return self._best_rule.first_best(self._history)
 
   def _stale(self) -> int:
     """Evaluations since the best one."""
@@ -118,19 +168,21 @@ class Evaluator:
     best = self._best()
     self._history.append((step, value))
     self._write()
-    if best is None or self._better(value, best[1]):
+    if self._best_rule.better(value, best[1] if best else None):
       self._checkpointer.save_best(step)
-      logging.info("New best %s=%.6g at step %d", self._metric, value, step)
-    elif self._patience and self._stale() >= self._patience:
-      self._end(step)
+      logging.info("New best %s=%.6g at step %d", self._best_rule.metric,
+                   value, step)
 
-  def _end(self, step: int) -> None:
+  def _end_if_stale(self, now) -> None:
+    if not (self._patience and self._stale() >= self._patience):
+      return
     best_step, best_value = self._best()
-    reason = (f"early stop at step {step}: {self._metric} has not improved"
-              f" on {best_value:.6g} (step {best_step}) in {self._stale()}"
-              f" evaluations (train.early_stop_patience={self._patience})")
+    reason = (f"early stop at step {now.step}: {self._best_rule.metric} has"
+              f" not improved on {best_value:.6g} (step {best_step}) in"
+              f" {self._stale()} evaluations"
+              f" (train.early_stop_patience={self._patience})")
     logging.info(reason)
-    self._end_training(reason)
+    now.end_training(reason)
 
   def _write(self) -> None:
     """Replaces history.json atomically (a crash leaves the old one)."""
@@ -139,6 +191,6 @@ class Evaluator:
     tf.io.gfile.makedirs(os.path.dirname(self._path))
     tmp = self._path + ".tmp"
     with tf.io.gfile.GFile(tmp, "w") as f:
-      json.dump({"metric": self._metric, "mode": self._mode,
-                 "history": self._history}, f)
+      json.dump({"metric": self._best_rule.metric,
+                 "mode": self._best_rule.mode, "history": self._history}, f)
     tf.io.gfile.rename(tmp, self._path, overwrite=True)

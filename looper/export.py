@@ -19,22 +19,22 @@ signature made from one EXAMPLE's spec (the eval split's) with a leading
 None, so the train batch size appears nowhere in the graph. The weights are
 the moving average when `optimizer.ema_decay` is set (as eval sees them).
 
-Layout: `workdir/export/<step>/`, the versioned layout TF Serving watches.
-The SavedModel is written to a hidden folder beside it and renamed into
-place, so a reader never sees half an export. On a TPU a local workdir is
+Layout: `workdir/export/<step>/` (`Workdir.export_version`), the versioned
+layout TF Serving watches. The SavedModel is written to a hidden folder
+beside it (`Workdir.export_partial`) and renamed into place, so a reader
+never sees half an export. On a TPU a local workdir is
 written through the host (`experimental_io_device='/job:localhost'`).
 """
 
 import logging as std_logging
-import os
 
 from absl import logging
 import keras
 import tensorflow as tf
 
 from looper import checkpoint
+from looper import workdir as workdir_lib
 
-EXPORT_DIR = "export"
 SIGNATURE = "serving_default"
 
 
@@ -52,19 +52,24 @@ def input_signature(element_spec):
   return batched("inputs", element_spec)
 
 
-def export(trainer, workdir: str, *, on_tpu: bool = False) -> str:
+def export(trainer, evaluator, workdir: workdir_lib.Workdir, *,
+           on_tpu: bool = False) -> str:
   """Writes the trainer's model for serving; returns the SavedModel folder.
 
   Args:
     trainer: a built `looper.trainer.Trainer`; its `serve(inputs)` is the
       signature's function (override it to add pre- or post-processing).
-    workdir: the run's folder; the export goes to workdir/export/<step>.
+    evaluator: its `looper.evaluator.Evaluator`: the weights eval sees
+      (`averaged_weights`), the eval split's spec from its Input.
+    workdir: the run's `looper.workdir.Workdir`; the export goes to its
+      `export_version(step)`.
     on_tpu: the variables live on a TPU (read through the host if local).
   """
   step = trainer.global_step
-  final = os.path.join(workdir, EXPORT_DIR, str(step))
-  partial = os.path.join(workdir, EXPORT_DIR, f".partial-{step}")
-  spec = trainer.examples(trainer.config.data.eval_split).element_spec[0]
+  final = workdir.export_version(step)
+  partial = workdir.export_partial(step)
+  data = evaluator.input
+  spec = data.examples(data.config.data.eval_split).element_spec[0]
   signature = input_signature(spec)
   archive = keras.export.ExportArchive()
   archive.track(trainer.model)
@@ -72,7 +77,7 @@ def export(trainer, workdir: str, *, on_tpu: bool = False) -> str:
   # names), so a client sends {"tokens": ..., "mask": ...}.
   archive.add_endpoint(SIGNATURE, trainer.serve, input_signature=[signature])
   options = tf.saved_model.SaveOptions(
-      experimental_io_device=checkpoint.io_device(on_tpu, workdir))
+      experimental_io_device=checkpoint.io_device(on_tpu, workdir.root))
   for path in (partial, final):
     if tf.io.gfile.exists(path):  # an interrupted export, or a re-export
       tf.io.gfile.rmtree(path)
@@ -81,7 +86,7 @@ def export(trainer, workdir: str, *, on_tpu: bool = False) -> str:
   absl_logger = std_logging.getLogger("absl")
   level = absl_logger.level
   try:
-    with trainer.averaged_weights():
+    with evaluator.averaged_weights():
       archive.write_out(partial, options=options, verbose=False)
   finally:
     absl_logger.setLevel(level)

@@ -3,11 +3,11 @@
 Synopsis (what `run` and `summaries` do)::
 
     table = hparams.Table.of(config_json, defaults_json, ["loss", "accuracy"])
-    with writer.as_default():                      # workdir/hparams
+    with writer.as_default():                   # Workdir.hparams_events
       table.write_start(trial_id=workdir)          # once, at step 0
     table.eval_results(eval_logs, best_so_far)     # metric columns
 
-One row per run, written in the run's own directory `workdir/hparams/`:
+One row per run, written in the run's own directory (`workdir/hparams/`):
 * hparam columns: `learning rate`, `batch size`, `steps` (typed: sortable
   and filterable) and `settings`, one text of what else tells the run
   apart: the optimizer, schedule, precision and seed, then every config
@@ -17,7 +17,8 @@ One row per run, written in the run's own directory `workdir/hparams/`:
   data.train_split=test[:8000] model.width=32`);
 * metric columns: `hparams/eval_<metric>` (the last evaluation, the
   configured metrics first, then the loss), `hparams/best_eval_<metric>`
-  (see `best_criterion`) and `hparams/train_loss` (the last loop's mean):
+  (by `looper.evaluation.Best.of`) and `hparams/train_loss` (the last
+  loop's mean):
   scalars written in the same directory as the run goes, so a single run
   has metric columns too.
 
@@ -44,9 +45,10 @@ from tensorboard.plugins.hparams import metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 import tensorflow as tf
 
+from looper import evaluation
 from looper import refs
 
-RUN = "hparams"  # the run directory (under the workdir) of the HParams row
+PREFIX = "hparams"  # of the metric columns' tags
 # The typed columns, with their titles.
 COLUMNS = {"optimizer.learning_rate": "learning rate",
            "train.batch_size": "batch size", "train.steps": "steps"}
@@ -76,16 +78,6 @@ def flat(config_json: str) -> dict[str, bool | int | float | str]:
   return out
 
 
-def best_criterion(checkpoint: dict, eval_names) -> tuple[str, str]:
-  """(eval metric, 'max' | 'min') that ranks evaluations: checkpoint.
-  best_metric if set, else accuracy if evaluated, else the loss."""
-  if checkpoint.get("best_metric"):
-    return checkpoint["best_metric"], checkpoint.get("best_mode", "max")
-  if "accuracy" in eval_names:
-    return "accuracy", "max"
-  return "loss", "min"
-
-
 def settings(config: dict, defaults: dict) -> str:
   """The `settings` text: ALWAYS, then the fields set (see module doc)."""
   chosen = [k for k in ALWAYS if k in config] + sorted(
@@ -101,7 +93,7 @@ class Table:
   """One run's row of the HParams table (see module doc)."""
   values: dict[str, int | float | str]  # hparam column -> value
   eval_names: list[str]  # the eval metrics that are columns, loss last
-  best: tuple[str, str]  # (eval metric, 'max' | 'min'), see best_criterion
+  best: evaluation.Best  # what `best_eval_<metric>` ranks by
 
   @classmethod
   def of(cls, config_json: str, defaults_json: str, eval_names) -> "Table":
@@ -112,12 +104,20 @@ class Table:
     names = [n for n in eval_names if n not in ("loss", "examples")]
     names.append("loss")
     checkpoint = json.loads(config_json).get("checkpoint", {})
-    return cls(values, names, best_criterion(checkpoint, names))
+    return cls(values, names, evaluation.Best.of(checkpoint, names))
 
   def metric_tags(self) -> list[str]:
     """The metric columns' scalar tags, in column order."""
-    return ([f"{RUN}/eval_{n}" for n in self.eval_names] +
-            [f"{RUN}/best_eval_{self.best[0]}", f"{RUN}/train_loss"])
+    return ([f"{PREFIX}/eval_{n}" for n in self.eval_names] +
+            [self.best_tag, self.train_loss_tag])
+
+  @property
+  def best_tag(self) -> str:
+    return f"{PREFIX}/best_eval_{self.best.metric}"
+
+  @property
+  def train_loss_tag(self) -> str:
+    return f"{PREFIX}/train_loss"
 
   def write_start(self, trial_id: str) -> None:
     """The session and the column list, with the default writer."""
@@ -143,12 +143,12 @@ class Table:
   def eval_results(self, logs: dict[str, float], best: float | None
                    ) -> dict[str, float]:
     """The metric columns after an evaluation, given the best so far of
-    `self.best[0]` before it (None: none yet); includes the new best."""
-    out = {f"{RUN}/eval_{n}": logs[n] for n in self.eval_names if n in logs}
-    metric, mode = self.best
-    if metric in logs:
-      value = logs[metric]
-      if best is not None:
-        value = max(value, best) if mode == "max" else min(value, best)
-      out[f"{RUN}/best_eval_{metric}"] = value
+    `self.best.metric` before it (None: none yet); includes the new best."""
+    out = {f"{PREFIX}/eval_{n}": logs[n] for n in self.eval_names
+           if n in logs}
+    if self.best.metric in logs:
+      value = logs[self.best.metric]
+      best = value if self.best.better(value, best) else best
+      if best is not None:  # None: only NaNs so far
+        out[self.best_tag] = best
     return out

@@ -2,11 +2,12 @@
 
 Synopsis::
 
-    log = jsonl.MetricsLog(workdir)            # the chief of a training run
+    log = jsonl.MetricsLog(workdir.metrics)    # a training run's chief
     log.start()                                # a fresh run: a new file
     log.write("train", step=100, logs={"loss": 0.3, "accuracy": 0.9, ...})
     log.write("eval", step=100, logs={"loss": 0.2, "accuracy": 0.93, ...})
     log.truncate_after(step)                   # a resume or a roll-back
+    jsonl.read(workdir.metrics)                # the lines, as dicts
 
     import pandas as pd
     pd.read_json("/tmp/mnist/metrics.jsonl", lines=True)   # a DataFrame
@@ -23,18 +24,15 @@ beside training writes only events.
 """
 
 import json
-import os
 import time
 
 import tensorflow as tf
 
-FILE = "metrics.jsonl"
 
-
-def read(workdir: str) -> list[dict]:
-  """The lines of `workdir`'s metrics.jsonl ([] if there is none); a last
-  line cut short by a crash is skipped."""
-  return _parse(os.path.join(workdir, FILE))[0]
+def read(path: str) -> list[dict]:
+  """The lines of the metrics.jsonl at `path` (`Workdir.metrics`; [] if
+  there is none); a last line cut short by a crash is skipped."""
+  return _parse(path)[0]
 
 
 def _parse(path: str) -> tuple[list[dict], bool]:
@@ -52,10 +50,10 @@ def _parse(path: str) -> tuple[list[dict], bool]:
 
 
 class MetricsLog:
-  """Appends to workdir/metrics.jsonl (see module doc)."""
+  """Appends to the metrics.jsonl at `path` (see module doc)."""
 
-  def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, FILE)
+  def __init__(self, path: str):
+    self.path = path
 
   def start(self) -> None:
     """A run from step 0: what a killed attempt wrote is replaced."""

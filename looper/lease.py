@@ -8,8 +8,9 @@ Synopsis::
     # released (the file deleted) however the block ends
 
 A training run (its chief, under multi-worker) writes `workdir/lease.json`
-before it writes anything else, saying who holds the workdir: host, PID,
-since when, and a token new to this run. A second writer finds the file
+(`Workdir.lease`; `workdir` is a looper.workdir.Workdir) before it writes
+anything else, saying who holds the workdir: host, PID, since when, and a
+token new to this run. A second writer finds the file
 and stops at once with one line naming the holder and the fix. Readers
 (--mode=eval, continuous_eval, export; describe, runs) never take it.
 
@@ -47,9 +48,8 @@ from absl import logging
 import tensorflow as tf
 
 from looper import errors
+from looper import workdir as workdir_lib
 from looper.errors import WorkdirError
-
-FILE = "lease.json"
 
 
 def _boot_id() -> str:
@@ -78,7 +78,7 @@ def _me() -> dict:
 
 
 @contextlib.contextmanager
-def holding(workdir: str, lease_secs: float, *, take: bool):
+def holding(workdir: workdir_lib.Workdir, lease_secs: float, *, take: bool):
   """The workdir's Lease for the block, released however it ends; None
   (nothing taken) when not `take`."""
   if not take:
@@ -114,8 +114,10 @@ def _local(path: str) -> bool:
 class Lease:
   """The workdir lease of this run; see the module doc."""
 
-  def __init__(self, workdir: str, record: dict, lease_secs: float):
-    self.path = os.path.join(workdir, FILE)
+  def __init__(self, workdir: workdir_lib.Workdir, record: dict,
+               lease_secs: float):
+    self._workdir = workdir.root
+    self.path = workdir.lease
     self.record = record
     self._lease_secs = lease_secs
     self._done = threading.Event()
@@ -124,14 +126,14 @@ class Lease:
     self._thread.start()
 
   @classmethod
-  def take(cls, workdir: str, lease_secs: float) -> "Lease":
+  def take(cls, workdir: workdir_lib.Workdir, lease_secs: float) -> "Lease":
     """Takes the lease of `workdir` (made if missing), or raises
     WorkdirError naming who holds it."""
-    path = os.path.join(workdir, FILE)
+    path = workdir.lease
     try:
-      tf.io.gfile.makedirs(workdir)
+      tf.io.gfile.makedirs(workdir.root)
     except (tf.errors.OpError, OSError) as e:
-      raise errors.unwritable_workdir(workdir, e) from None
+      raise errors.unwritable_workdir(workdir.root, e) from None
     now = time.time()
     record = {**_me(), "token": uuid.uuid4().hex, "since": now,
               "renewed": now}
@@ -139,32 +141,31 @@ class Lease:
       holder = _read(path)
       if holder is not None:
         if not stale(holder, lease_secs):
-          raise WorkdirError(_held_message(workdir, holder, lease_secs))
+          raise WorkdirError(_held_message(workdir.root, holder, lease_secs))
         if not _set_aside(path, holder):
           continue
         logging.warning(
             "Took over --workdir=%s from a run that is gone (host %s, pid %s,"
-            " since %s)", workdir, holder.get("host"), holder.get("pid"),
+            " since %s)", workdir.root, holder.get("host"), holder.get("pid"),
             _since(holder.get("since", 0)))
       if _create(path, record):
         return cls(workdir, record, lease_secs)
     raise WorkdirError(
-        f"--workdir={workdir}: another run is taking {path} at this moment;"
-        " start one run per workdir, or choose another --workdir")
+        f"--workdir={workdir.root}: another run is taking {path} at this"
+        " moment; start one run per workdir, or choose another --workdir")
 
   def check(self) -> None:
     """Raises WorkdirError if another run holds the lease now."""
     holder = _read(self.path)
     if holder is None or holder.get("token") != self.record["token"]:
-      workdir = os.path.dirname(self.path)
-      who = ("nobody (its lease.json was deleted)" if holder is None else
+      who = (f"nobody ({self.path} was deleted)" if holder is None else
              f"host {holder.get('host')} pid {holder.get('pid')} since"
              f" {_since(holder.get('since', 0))}")
       raise WorkdirError(
-          f"--workdir={workdir} is now held by {who}: this run's lease lapsed"
-          f" (not renewed for checkpoint.lease_secs={self._lease_secs:g}, e.g."
-          " while its host was cut off), so it stops without saving and"
-          " leaves the workdir to that run")
+          f"--workdir={self._workdir} is now held by {who}: this run's lease"
+          f" lapsed (not renewed for checkpoint.lease_secs="
+          f"{self._lease_secs:g}, e.g. while its host was cut off), so it"
+          " stops without saving and leaves the workdir to that run")
 
   def _renew_loop(self) -> None:
     while not self._done.wait(self._lease_secs / 4):

@@ -7,12 +7,13 @@ Synopsis::
                              global_batch_size=config.train.batch_size)
       opt.build(model.trainable_variables)   # before the first trace
 
-Schedules are functions of the optimizer's step: `constant`, `cosine` (to 0
-at `total_steps`) and `linear` (to 0 at `total_steps`), each optionally after
-`warmup_steps` of linear warmup (update k of the warmup uses k/warmup_steps
-of the rate; see `WarmupSchedule`). With `scale_lr_with_batch` the peak
-rate is `learning_rate * batch / reference_batch_size` (the linear scaling
-rule of large-batch and TPU training, meant with warmup).
+Schedules are Keras' (keras.optimizers.schedules), functions of the
+optimizer's step: `constant`, `cosine` (to 0 at `total_steps`) and `linear`
+(to 0 at `total_steps`), each optionally after `warmup_steps` of linear
+warmup (update k of the warmup uses k/warmup_steps of the rate; see
+`Warmup`, the one piece Keras cannot express). With `scale_lr_with_batch`
+the peak rate is `learning_rate * batch / reference_batch_size` (the linear
+scaling rule of large-batch and TPU training, meant with warmup).
 
 The names `optimizer.name` and `optimizer.schedule` accept are the keys of
 OPTIMIZERS and SCHEDULES (`config.validate` reads them).
@@ -21,11 +22,12 @@ global batch's gradient after its all-reduce. `add` sums two gradients of
 a variable, sparse (an Embedding's) or dense.
 """
 
-import math
-
 import keras
+from keras.optimizers import schedules
 import ml_collections
 import tensorflow as tf
+
+from looper import compat
 
 # `optimizer.name` -> fn(learning rate or schedule, config.optimizer).
 OPTIMIZERS = {
@@ -35,31 +37,48 @@ OPTIMIZERS = {
         lr, weight_decay=opt.weight_decay),
 }
 
-# `optimizer.schedule` -> the factor of the peak rate after the warmup, as
-# a function of the fraction d in [0, 1] of the post-warmup updates done.
+# `optimizer.schedule` -> Keras' schedule from `peak` over `steps` updates.
 SCHEDULES = {
-    "constant": lambda d: tf.ones_like(d),
-    "linear": lambda d: 1.0 - d,  # to 0 at train.steps
-    "cosine": lambda d: 0.5 * (1.0 + tf.cos(d * math.pi)),  # to 0 too
+    # Keras has no constant schedule (PiecewiseConstantDecay needs a
+    # boundary); a polynomial decay from the peak to the peak is one,
+    # exactly: (peak - peak) * (1 - p) + peak.
+    "constant": lambda peak, steps: schedules.PolynomialDecay(
+        peak, 1, end_learning_rate=peak),
+    "linear": lambda peak, steps: schedules.PolynomialDecay(
+        peak, steps, end_learning_rate=0.0),  # to 0 at train.steps
+    "cosine": lambda peak, steps: schedules.CosineDecay(peak, steps),  # to 0
 }
 
 
-class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-  """Linear warmup to `peak` over `warmup_steps` updates, then `decay`.
+def schedule(peak: float, warmup_steps: int, decay: str,
+             total_steps: int) -> schedules.LearningRateSchedule:
+  """SCHEDULES[decay] from `peak` to its end at `total_steps`, after
+  `warmup_steps` of linear warmup (without: Keras' schedule itself)."""
+  if not warmup_steps:
+    return SCHEDULES[decay](peak, total_steps)
+  return Warmup(peak, warmup_steps, decay, total_steps)
+
+
+class Warmup(schedules.LearningRateSchedule):
+  """Linear warmup to `peak` over `warmup_steps` updates, then Keras'
+  schedule SCHEDULES[decay] from the peak over the remaining updates.
 
   Keras calls the schedule with the updates done so far, `i = k - 1` for
   update k (1-based). With W = warmup_steps and T = total_steps, update k
-  uses::
-
-    peak * min(1, k / W) * decay((k - 1 - W) / (T - W), clipped to [0, 1])
-
-  where decay(d) is SCHEDULES[decay](d): 1 (constant), 1 - d (linear) or
-  (1 + cos(pi d)) / 2 (cosine). So the first update uses peak / W (not 0: warmup counts the
+  uses `peak * k / W` for k <= W, then SCHEDULES[decay] at i - W of T - W
+  updates. So the first update uses peak / W (not 0: warmup counts the
   update being made), update W is the first at the peak, and the decay
-  starts from the peak at update W + 1 (so updates W and W + 1 both use the
-  peak) and reaches 0 after T updates: update T uses peak / (T - W) under
-  `linear`, and the rate the optimizer reports at step T is 0. Without
-  warmup, update 1 uses the peak.
+  starts from the peak at update W + 1 (so updates W and W + 1 both use
+  the peak) and reaches 0 after T updates: update T uses peak / (T - W)
+  under `linear`, and the rate the optimizer reports at step T is 0.
+
+  Why not Keras' own warmup (CosineDecay's warmup_target and warmup_steps;
+  PolynomialDecay has none), measured on Keras 3.15.1 with peak 2, W=4,
+  T=10: it gives update k (k - 1)/W of the target, so from
+  initial_learning_rate=0 the first update has rate 0 (a step that does
+  nothing): [0, .5, 1, 1.5, 2, 1.87, ...] for looper's [.5, 1, 1.5, 2, 2,
+  1.87, ...]. Starting at peak / W with W - 1 warmup steps matches the ramp
+  but starts the decay one update early (0.28 off, 14% of the peak).
   """
 
   def __init__(self, peak: float, warmup_steps: int, decay: str,
@@ -68,19 +87,17 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     self.warmup_steps = warmup_steps
     self.decay = decay
     self.total_steps = total_steps
+    self._after = SCHEDULES[decay](peak, max(total_steps - warmup_steps, 1))
 
   def __call__(self, step):
     step = tf.cast(step, tf.float32)
     warmup = float(self.warmup_steps)
-    # Fraction of the post-warmup span done, in [0, 1].
-    span = max(float(self.total_steps) - warmup, 1.0)
-    done = tf.clip_by_value((step - warmup) / span, 0.0, 1.0)
-    factor = SCHEDULES[self.decay](done)
-    if self.warmup_steps:
-      # `step` updates are done; this one is number step + 1. Counting from
-      # `step` would make the first update a no-op with rate 0.
-      factor *= tf.minimum(1.0, (step + 1.0) / warmup)
-    return self.peak * factor
+    # `step` updates are done; this one is number step + 1. The minimum
+    # (a no-op here) keeps Grappler from folding peak / W into one constant
+    # in the train step's graph, which rounds unlike eager in the last bit.
+    ramp = self.peak * tf.minimum(1.0, (step + 1.0) / warmup)
+    return tf.where(step < warmup, ramp,
+                    self._after(tf.maximum(step - warmup, 0.0)))
 
   def get_config(self):
     return dict(peak=self.peak, warmup_steps=self.warmup_steps,
@@ -101,8 +118,8 @@ def build(opt: ml_collections.ConfigDict, total_steps: int,
   # float rate as a variable, so a resumed run would silently keep the old
   # rate over a new --config.optimizer.learning_rate. A schedule is a
   # function of the restored step and the config alone.
-  lr = WarmupSchedule(peak_rate(opt, global_batch_size), opt.warmup_steps,
-                      opt.schedule, total_steps)
+  lr = schedule(peak_rate(opt, global_batch_size), opt.warmup_steps,
+                opt.schedule, total_steps)
   return OPTIMIZERS[opt.name](lr, opt)
 
 
@@ -117,24 +134,17 @@ def clip_after_sum(optimizer: keras.optimizers.Optimizer,
   gradient of the global batch, the same on any number of replicas, and
   costs no all-reduce of its own (the norm needs the sum: summing in the
   step and again in the optimizer doubled the step's communication).
-
-  The clip runs wherever the optimizer sums, whichever thread that is:
-  Keras' LossScaleOptimizer applies its inner optimizer through
-  `call_for_each_replica` (new threads under MirroredStrategy), with the
-  gradients already unscaled and known finite. Keras' TensorFlow optimizer
-  sums in `_all_reduce_sum_gradients`, which has no public hook: it is
-  wrapped here, on the optimizer that owns the slots.
+  Keras has no public hook after its sum: `compat.after_all_reduce` says
+  where it runs (under a LossScaleOptimizer: the gradients unscaled and
+  known finite).
   """
-  target = getattr(optimizer, "inner_optimizer", optimizer)
-  all_reduce = target._all_reduce_sum_gradients  # pylint: disable=protected-access
-
-  def all_reduce_then_clip(grads_and_vars):
-    grads, variables = zip(*all_reduce(grads_and_vars))
+  def clip(grads_and_vars):
+    grads, variables = zip(*grads_and_vars)
     norm = tf.sqrt(tf.add_n([_squared_norm(g) for g in grads
                              if g is not None]))
     factor = clip_norm / tf.maximum(norm, clip_norm)
     return [(_times(g, factor), v) for g, v in zip(grads, variables)]
-  target._all_reduce_sum_gradients = all_reduce_then_clip  # pylint: disable=protected-access
+  compat.after_all_reduce(optimizer, clip)
 
 
 def _squared_norm(grad) -> tf.Tensor:

@@ -38,8 +38,8 @@ import dataclasses
 import keras
 import numpy as np
 import tensorflow as tf
-# Turning op determinism off has no public API (see set_deterministic).
-from tensorflow.python.framework import config as tf_config
+
+from looper import compat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +141,24 @@ def skip_unless_finite_everywhere(optimizer, grads):
   return [g * tf.cast(poison, g.dtype) for g in grads]
 
 
+def finite_everywhere(strategy: tf.distribute.Strategy, variables):
+  """Whether `variables` (mirrored weights) hold no NaN or inf on any
+  replica, in cross-replica context: each replica checks its own copy where
+  it lives and one int is reduced (read on the host instead, every weight
+  would cross from an accelerator)."""
+  return strategy.reduce(
+      "SUM", strategy.run(lambda: _bad([v.value for v in variables])),
+      axis=None) == 0
+
+
+def _bad(values):
+  """1 if this replica's `values` (of the weights) hold a NaN or inf, else
+  0."""
+  finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
+                          for v in values])
+  return tf.cast(tf.logical_not(finite), tf.int32)
+
+
 def set_deterministic(on: bool) -> None:
   """`train.deterministic`: op determinism and no TensorFloat-32 (on), or
   TensorFlow's defaults (off). Process-wide; call before the run's first op.
@@ -163,7 +181,7 @@ def set_deterministic(on: bool) -> None:
     tf.config.experimental.enable_op_determinism()
     tf.config.experimental.enable_tensor_float_32_execution(False)
   elif _turned_on:
-    tf_config.disable_op_determinism()
+    compat.disable_op_determinism()  # no public API
     tf.config.experimental.enable_tensor_float_32_execution(True)
   _turned_on = on
 

@@ -2,16 +2,17 @@
 
 Synopsis::
 
-    with preemption.StopOnSignal(controller.request_stop):
+    with preemption.StopOnSignal(trainer.stop.request):
       controller.train()          # returns early, saved, after a signal
 
 Why a thread: Python runs signal handlers only between bytecodes of the
 main thread, and the main thread spends a train loop inside one TensorFlow
 call. `signal.set_wakeup_fd` makes the C-level handler write the signal
 number to a pipe at once; a watcher thread reads it and calls
-`request_stop`, which sets a variable the running train loop reads before
-every step. So a loop of any length stops within a step, and the Controller
-then saves a checkpoint at the step reached. A second signal ends the process
+`request_stop(signal_name)` (the trainer's `stop.request`, looper.stopping),
+which sets a variable the running train loop reads before every step. So a
+loop of any length stops within a step, and the Controller then saves a
+checkpoint at the step reached. A second signal ends the process
 at once with the usual exit code (128 + signal number).
 
 Under multi-worker the stop must happen at the same step on every worker:

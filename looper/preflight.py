@@ -40,12 +40,14 @@ import traceback
 
 import tensorflow as tf
 
+from looper import compat
 from looper import config as config_lib
 from looper import distribute
 from looper import errors
 from looper import precision
 from looper import refs
 from looper.data import checks
+from looper.data import input as input_lib
 
 # Ops that run Python: a TPU host runs only the graph.
 _PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":
@@ -72,17 +74,18 @@ def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
   # for; the steps are compiled below one at a time (train.jit_compile
   # only affects the train loop, which is not run).
   trainer_cls = refs.resolve(config.trainer, "trainer")
-  trainer = trainer_cls(config, tf.distribute.get_strategy())
+  data = input_lib.Input(config, tf.distribute.get_strategy())
+  trainer = trainer_cls(config, data.strategy, data)
   splits = {"train": config.data.train_split, "eval": config.data.eval_split}
   try:
-    examples = {k: trainer.examples(split) for k, split in splits.items()}
+    examples = {k: data.examples(split) for k, split in splits.items()}
   except errors.ConfigError as e:  # e.g. examples of dynamic shape
     return problems + [str(e)]
   for kind, split in splits.items():
     problems += _dtype_problems(examples[kind].element_spec, split)
     problems += _python_in_pipeline(examples[kind], split, f"data.{kind}_split")
   ctx = tf.distribute.InputContext(1, 0, cores)  # one core's batches
-  source = trainer.source(config.data.train_split)
+  source = data.source(config.data.train_split)
   try:  # e.g. file mode: the files must split over the cores
     source.check(cores, config.train.batch_size, "train.batch_size")
   except errors.ConfigError as e:
@@ -176,8 +179,7 @@ def _leaves(structure, name: str) -> list:
 
 def _python_in_pipeline(dataset, split: str, field: str) -> list[str]:
   """Ops that call back into Python, anywhere in the dataset's graph."""
-  graph = tf.compat.v1.GraphDef.FromString(
-      dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+  graph = compat.dataset_graph(dataset)
   nodes = list(graph.node) + [n for f in graph.library.function
                               for n in f.node_def]
   found = {_PYTHON_OPS[n.op] for n in nodes if n.op in _PYTHON_OPS}
@@ -248,9 +250,8 @@ def _dynamic_op(graph) -> str | None:
     if (op.inputs and op.outputs and known(op.inputs) and
         not known(op.outputs) and not all(_folds(t, {}) for t in op.inputs)):
       return f"{op.type} ({op.name})"
-  for function in getattr(graph, "_functions", {}).values():
-    body = getattr(function, "graph", None)
-    found = body is not None and _dynamic_op(body)
+  for body in compat.function_graphs(graph):
+    found = _dynamic_op(body)
     if found:
       return found
   return None

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    probe.check_inputs(trainer, config.data.train_split)  # or ConfigError
+    probe.check_inputs(trainer, input, config.data.train_split)  # or ConfigError
 
 A mismatch between `dataset_fn`, `model_fn` and the loss would otherwise
 surface as a multi-page trace from inside the first train loop (or, for
@@ -20,23 +20,24 @@ from looper.data import checks
 from looper.data import splits
 
 
-def check_inputs(trainer, split: str, probe: int = 256) -> None:
+def check_inputs(trainer, input, split: str, probe: int = 256) -> None:  # pylint: disable=redefined-builtin
   """Runs `trainer`'s model and loss eagerly on the first `probe` examples.
 
   Args:
-    trainer: a built `looper.trainer.Trainer`.
+    trainer: a built `looper.trainer.Trainer` (its `model`, `compute_loss`).
+    input: the run's `looper.data.input.Input`.
     split: a split its config names (train or eval).
     probe: how many examples to run.
 
   Raises:
     ConfigError: one line naming what does not fit and the fix.
   """
-  config = trainer.config
+  config = input.config
   field = splits.split_field(config, split)
   if split == config.data.train_split:
-    trainer.source(split).check(trainer.strategy.num_replicas_in_sync,
-                                config.train.batch_size, "train.batch_size")
-  examples = checks.check_nonempty(trainer.examples(split), split, field)
+    input.source(split).check(input.strategy.num_replicas_in_sync,
+                              config.train.batch_size, "train.batch_size")
+  examples = checks.check_nonempty(input.examples(split), split, field)
   # padded_batch: examples of variable length (data.bucket) fit too.
   inputs, labels, weights = checks.parts(
       next(iter(examples.padded_batch(probe))))

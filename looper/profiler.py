@@ -2,13 +2,13 @@
 
 Synopsis (what `run._add_actions` adds for `profile.start_step=100`)::
 
-    window = profiler.Window(logdir="/tmp/mnist/train", start_step=100,
+    window = profiler.Window(workdir.Workdir("/tmp/mnist"), start_step=100,
                              num_steps=5)
     controller = Controller(trainer, ..., save_actions=[save, window])
     # steps 101..105 traced into /tmp/mnist/train/plugins/profile/<time>/
-    # <host>.xplane.pb, shown by TensorBoard's Profile tab once the
-    # tensorboard-plugin-profile package is installed (looper's 'profile'
-    # extra: pip install -e '.[profile]')
+    # <host>.xplane.pb (Workdir.profile), shown by TensorBoard's Profile tab
+    # once the tensorboard-plugin-profile package is installed (looper's
+    # 'profile' extra: pip install -e '.[profile]')
 
 The window is an `actions.Action` whose boundaries are its two edges, so the
 Controller ends a loop exactly at `start_step` (the trace starts after it)
@@ -33,29 +33,31 @@ from absl import logging
 import tensorflow as tf
 
 from looper import actions
+from looper import workdir as workdir_lib
 
 
 class Window(actions.Action):
   """Traces train steps `start_step + 1 .. start_step + num_steps`.
 
   Args:
-    logdir: where the trace goes (under `plugins/profile/`); None: this
-      process does not trace (a non-chief worker), but its loops still end
-      on the window's edges, like every worker's must.
+    workdir: the trace goes to its `profile` directory; None: this process
+      does not trace (a non-chief worker), but its loops still end on the
+      window's edges, like every worker's must.
     start_step: the trace starts after this step (>= 1).
     num_steps: how many steps it holds (>= 1).
     start, stop: the profiler's start(logdir) and stop(), injectable so the
       window's timing is testable without TensorFlow.
   """
 
-  def __init__(self, logdir: str | None, *, start_step: int, num_steps: int,
+  def __init__(self, workdir: workdir_lib.Workdir | None, *,
+               start_step: int, num_steps: int,
                start: Callable[[str], None] = tf.profiler.experimental.start,
                stop: Callable[[], None] = tf.profiler.experimental.stop):
     if start_step < 1 or num_steps < 1:
       raise ValueError(f"profiler window: start_step={start_step} and"
                        f" num_steps={num_steps} must be >= 1")
     super().__init__(self._update, at_end=True, on_stop=True, name="profile")
-    self._logdir = logdir
+    self._workdir = workdir
     self._edges = (start_step, start_step + num_steps)
     self._start, self._stop = start, stop
     self._finishing = False
@@ -67,36 +69,34 @@ class Window(actions.Action):
       return step + 1
     return next((edge for edge in self._edges if edge > step), None)
 
-  def due(self, step: int, **flags) -> bool:
-    crossed = any(self._last_step < edge <= step for edge in self._edges)
-    return crossed or super().due(step, **flags)
+  def due(self, now: actions.Moment) -> bool:
+    crossed = any(self._last_step < edge <= now.step for edge in self._edges)
+    return crossed or super().due(now)
 
-  def start(self, step: int) -> None:
-    super().start(step)
+  def start(self, now: actions.Moment) -> None:
+    super().start(now)
     self._finishing = False
-    self._update(step, None)  # resumed inside the window: trace the rest
+    self._update(now)  # resumed inside the window: trace the rest
 
-  def __call__(self, step: int, loop: actions.Loop | None, *,
-               end: bool = False, stop: bool = False,
-               agree: Callable[[bool], bool] = bool) -> bool:
+  def __call__(self, now: actions.Moment) -> None:
     # Training ends after this call: a trace started now would never stop.
-    self._finishing = end or stop
-    return super().__call__(step, loop, end=end, stop=stop, agree=agree)
+    self._finishing = now.end or now.stopping
+    return super().__call__(now)
 
-  def _update(self, step: int, loop: actions.Loop | None) -> None:
-    """Traces iff the steps after `step` are in the window."""
-    del loop  # the window depends on the step only
+  def _update(self, now: actions.Moment) -> None:
+    """Traces iff the steps after `now.step` are in the window."""
     first, last = self._edges
-    wanted = (self._logdir is not None and first <= step < last and
+    wanted = (self._workdir is not None and first <= now.step < last and
               not self._finishing)
     if wanted and not self.tracing:
-      self._start(self._logdir)
+      self._start(self._workdir.train_events)  # TensorFlow adds the rest
       self.tracing = True
-      logging.info("Profiling train steps %d-%d into %s/plugins/profile",
-                   step + 1, last, self._logdir)
+      logging.info("Profiling train steps %d-%d into %s", now.step + 1, last,
+                   self._workdir.profile)
     elif self.tracing and not wanted:
       self._stop()
       self.tracing = False
-      logging.info("Wrote the profile up to step %d to %s/plugins/profile;"
-                   " TensorBoard's Profile tab shows it (pip install"
-                   " tensorboard-plugin-profile)", step, self._logdir)
+      logging.info("Wrote the profile up to step %d to %s; TensorBoard's"
+                   " Profile tab shows it (pip install"
+                   " tensorboard-plugin-profile)", now.step,
+                   self._workdir.profile)

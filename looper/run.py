@@ -15,17 +15,19 @@ Modes (the table MODES; each runs a `Controller` method):
                    once, into `workdir/eval_continuous/`
   export           write the latest checkpoint (or `checkpoint=PATH`) as a
                    SavedModel for serving, to `workdir/export/<step>/`
+(Every path in `workdir` is named by looper.workdir.Workdir.)
 
 The actions, in the order they run after a loop: train summaries, the
 progress line and `Trainer.on_loop_end` (every loop); evaluation with the
 best checkpoint and early stop (train_and_eval); the checkpoint save
 (`checkpoint.every_steps`, `checkpoint.every_secs`, at the end and on a
-stop signal); the export for serving (`export.at_end`).
+stop signal); the export for serving (`export.at_end`). A signal
+(looper.preemption) asks the trainer's `stop` to stop.
 """
 
 import dataclasses
-import os
 import time
+from typing import Callable
 
 from absl import logging
 import ml_collections
@@ -39,6 +41,7 @@ from looper import controller as controller_lib
 from looper import distribute
 from looper import errors
 from looper import evaluation
+from looper import evaluator as evaluator_lib
 from looper import export
 from looper import hparams
 from looper import lease
@@ -48,8 +51,8 @@ from looper import probe
 from looper import profiler
 from looper import refs
 from looper import summaries
-
-CONTINUOUS_EVAL_DIR = "eval_continuous"
+from looper import workdir as workdir_lib
+from looper.data import input as input_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,21 +61,23 @@ class Mode:
   trains: bool  # resumes from the workdir's latest checkpoint and trains
   reads_eval_split: bool  # evaluates, or exports (the eval split's spec)
   takes_checkpoint: bool  # reads --checkpoint=PATH
-  eval_dir: str | None  # where its eval events go (under the workdir)
+  # Where its eval events go, of the workdir's; None: it writes none.
+  eval_events: Callable[[workdir_lib.Workdir], str] | None
 
 
 MODES = {
     "train": Mode(trains=True, reads_eval_split=False,
-                  takes_checkpoint=False, eval_dir=None),
+                  takes_checkpoint=False, eval_events=None),
     "eval": Mode(trains=False, reads_eval_split=True, takes_checkpoint=True,
-                 eval_dir="eval"),
+                 eval_events=lambda wd: wd.eval_events),
     "train_and_eval": Mode(trains=True, reads_eval_split=True,
-                           takes_checkpoint=False, eval_dir="eval"),
+                           takes_checkpoint=False,
+                           eval_events=lambda wd: wd.eval_events),
     "continuous_eval": Mode(trains=False, reads_eval_split=True,
                             takes_checkpoint=False,
-                            eval_dir=CONTINUOUS_EVAL_DIR),
+                            eval_events=lambda wd: wd.continuous_eval_events),
     "export": Mode(trains=False, reads_eval_split=True,
-                   takes_checkpoint=True, eval_dir=None),
+                   takes_checkpoint=True, eval_events=None),
 }
 
 
@@ -90,8 +95,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
 
   Returns:
     {'step': the final step, 'train': the last loop's logs (if trained),
-     'eval': the last evaluation's logs (if evaluated), 'stopped': the
-     signal that stopped training early, 'ended': why training ended early}.
+     'eval': the last evaluation's logs (if evaluated), 'export': the
+     SavedModel's path (if exported), 'stopped': the signal that stopped
+     training early, 'ended': why training ended early}.
   """
   if mode not in MODES:
     raise errors.ConfigError(
@@ -106,7 +112,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   # Process-wide settings the kernels read: before anything runs an op.
   precision.set_deterministic(config.train.deterministic)
   strategy = distribute.strategy_for(config)
-  trainer = refs.resolve(config.trainer, "trainer")(config, strategy)
+  data = input_lib.Input(config, strategy)
+  trainer = refs.resolve(config.trainer, "trainer")(config, strategy, data)
+  evaluator = evaluator_lib.Evaluator(trainer, data)
   # The one task that writes files (summaries, config, checkpoints):
   # TensorFlow's chief rule (the chief task, else worker 0).
   chief = strategy.extended.should_checkpoint
@@ -115,10 +123,11 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   # nothing already saved in `workdir` is touched by a bad config, and a
   # bad eval split fails now, not after hours of training.
   if training:
-    probe.check_inputs(trainer, config.data.train_split)
+    probe.check_inputs(trainer, data, config.data.train_split)
   if MODES[mode].reads_eval_split:
-    probe.check_inputs(trainer, config.data.eval_split)
-  evaluation.check_best_metric(config.checkpoint.best_metric, trainer)
+    probe.check_inputs(trainer, data, config.data.eval_split)
+  evaluation.check_best_metric(config.checkpoint.best_metric,
+                               evaluator.metric_names)
   cores = distribute.tpu_cores(strategy, config.distribution)
   if cores and training:
     warning = distribute.tpu_batch_warning(config.train.batch_size, cores)
@@ -126,26 +135,29 @@ def run(config: ml_collections.ConfigDict, workdir: str,
       logging.warning("%s", warning)
   # Before a file is written: one writing run per workdir (looper.lease);
   # readers and the other workers of a multi-worker run do not take it.
-  with lease.holding(workdir, config.checkpoint.lease_secs,
+  wd = workdir_lib.Workdir(workdir)
+  with lease.holding(wd, config.checkpoint.lease_secs,
                      take=chief and training) as held:
-    return _run_in_workdir(config, workdir, mode, checkpoint_path, strategy,
-                           trainer, started=started, chief=chief,
+    return _run_in_workdir(config, wd, mode, checkpoint_path, strategy,
+                           trainer, evaluator, started=started,
+                           chief=chief,
                            guard=held.check if held else None)
 
 
-def _run_in_workdir(config, workdir: str, mode: str,
-                    checkpoint_path: str | None, strategy, trainer, *,
+def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
+                    checkpoint_path: str | None, strategy, trainer,
+                    evaluator, *,
                     started: float, chief: bool, guard) -> dict:
   """`run` once every check passed (and the lease is held, if training)."""
   c = config.checkpoint
   training = MODES[mode].trains
   on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
   ckpt = checkpoint.Checkpointer(
-      os.path.join(workdir, "checkpoints"), trainer.checkpoint_items(),
-      keep=c.keep, chief=chief, task_id=distribute.task_id(strategy),
-      async_save=c.async_save, on_tpu=on_tpu, guard=guard)
+      wd, trainer.checkpoint_items(), keep=c.keep, chief=chief,
+      task_id=distribute.task_id(strategy), async_save=c.async_save,
+      on_tpu=on_tpu, guard=guard)
   if mode == "export":
-    return _export_checkpoint(trainer, ckpt, workdir, checkpoint_path,
+    return _export_checkpoint(trainer, evaluator, ckpt, wd, checkpoint_path,
                               chief=chief, on_tpu=on_tpu)
   restored = ckpt.restore() if training else None
   if training and not restored and config.init.checkpoint:
@@ -155,45 +167,42 @@ def _run_in_workdir(config, workdir: str, mode: str,
     checkpoint.warm_start(config.init.checkpoint, items)
     trainer.optimizer.iterations.assign(0)  # the schedule starts over
   # Every worker: under `looper launch` each line says whose it is.
-  logging.info("%s", console.header(config, strategy, workdir, mode, restored,
-                                    trainer.model))
-  out = _open_workdir(workdir, config, MODES[mode], chief,
-                      eval_names=trainer.eval_metric_names)
+  logging.info("%s", console.header(config, strategy, wd.root, mode,
+                                    restored, trainer.model))
+  out = _open_workdir(wd, config, MODES[mode], chief,
+                      eval_names=evaluator.metric_names)
   try:
     ctl = controller_lib.Controller(
         trainer, ckpt, total_steps=config.train.steps,
         steps_per_loop=config.train.steps_per_loop,
         nan_recovery_tries=config.train.nan_recovery_tries)
-    evaluator, exported = _add_actions(
-        ctl, config, trainer, ckpt, out, chief=chief, training=training,
-        workdir=workdir, on_tpu=on_tpu)
+    evaluations = _add_actions(
+        ctl, config, trainer, evaluator, ckpt, out, wd, chief=chief,
+        training=training, on_tpu=on_tpu)
     if mode == "eval":
-      return ctl.evaluate(evaluator, checkpoint_path)
+      return ctl.evaluate(evaluations.evaluate, checkpoint_path)
     if mode == "continuous_eval":
-      return ctl.continuous_eval(evaluator,
+      return ctl.continuous_eval(evaluations.evaluate,
                                  timeout_secs=config.eval.timeout_secs)
     if not restored:
       out.start_run(refs.to_json(config),
                     summaries.model_summary(trainer.model))
-    with preemption.StopOnSignal(ctl.request_stop):
+    with preemption.StopOnSignal(trainer.stop.request):
       result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
     ckpt.wait()
-    if evaluator.last is not None:
-      result["eval"] = evaluator.last
-    if exported:
-      result["export"] = exported[-1]
     if chief:
       logging.info("%s", console.summary(
-          result, workdir, time.monotonic() - started, best=evaluator.best,
+          result, wd, time.monotonic() - started,
+          best=evaluations.best,
           checkpoint=ckpt.latest(), export=result.get("export")))
     return result
   finally:
     out.close()
 
 
-def _export_checkpoint(trainer, ckpt: checkpoint.Checkpointer, workdir: str,
-                       path: str | None, *, chief: bool, on_tpu: bool
-                       ) -> dict:
+def _export_checkpoint(trainer, evaluator, ckpt: checkpoint.Checkpointer,
+                       wd: workdir_lib.Workdir, path: str | None, *,
+                       chief: bool, on_tpu: bool) -> dict:
   """--mode=export: restores `path` (default: the latest) and exports it."""
   restored = ckpt.restore(path)
   if not restored:
@@ -202,75 +211,79 @@ def _export_checkpoint(trainer, ckpt: checkpoint.Checkpointer, workdir: str,
         " first, or point --workdir at a trained run")
   result = {"step": trainer.global_step, "checkpoint": restored}
   if chief:  # the other workers hold the same weights
-    result["export"] = export.export(trainer, workdir, on_tpu=on_tpu)
+    result["export"] = export.export(trainer, evaluator, wd, on_tpu=on_tpu)
   return result
 
 
-def _open_workdir(workdir: str, config, mode: Mode, chief: bool, *,
-                  eval_names: list[str]) -> summaries.Summaries:
+def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
+                  *, eval_names: list[str]) -> summaries.Summaries:
   """config.json (training only) and the event writers, or one line."""
   table = hparams.Table.of(refs.to_json(config),
                            refs.to_json(config_lib.default_config()),
                            ["loss", *eval_names])
   try:
     if chief and mode.trains:
-      tf.io.gfile.makedirs(workdir)
-      with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
+      tf.io.gfile.makedirs(wd.root)
+      with tf.io.gfile.GFile(wd.config, "w") as f:
         f.write(refs.to_json(config))
     return summaries.Summaries(
-        workdir, chief=chief, total_steps=config.train.steps,
-        train_dir="train" if mode.trains else None, eval_dir=mode.eval_dir,
+        wd, chief=chief, total_steps=config.train.steps, trains=mode.trains,
+        eval_dir=mode.eval_events(wd) if mode.eval_events else None,
         table=table)
   except (tf.errors.OpError, OSError) as e:
-    raise errors.unwritable_workdir(workdir, e) from None
+    raise errors.unwritable_workdir(wd.root, e) from None
 
 
-def _add_actions(ctl: controller_lib.Controller, config, trainer,
-                 ckpt: checkpoint.Checkpointer, out: summaries.Summaries, *,
-                 chief: bool, training: bool, workdir: str, on_tpu: bool
-                 ) -> tuple[evaluation.Evaluator, list[str]]:
-  """Gives `ctl` the actions the config asks for; returns the evaluator
-  (its last and best evaluation) and the list export.at_end fills.
+def _add_actions(ctl: controller_lib.Controller, config, trainer, evaluator,
+                 ckpt: checkpoint.Checkpointer, out: summaries.Summaries,
+                 wd: workdir_lib.Workdir, *, chief: bool, training: bool,
+                 on_tpu: bool) -> evaluation.EvalAction:
+  """Gives `ctl` the actions the config asks for; returns the evaluation
+  action (its best evaluation; also what --mode=eval runs).
 
   The best checkpoint and early stop belong to training: an evaluator
   (--mode=eval, continuous_eval) never touches them.
   """
-  evaluator = evaluation.Evaluator(
-      trainer, out, checkpointer=ckpt, end_training=ctl.end_training,
-      best_metric=config.checkpoint.best_metric if training else "",
-      best_mode=config.checkpoint.best_mode,
+  c = config.checkpoint
+  evaluations = evaluation.EvalAction(
+      evaluator, out, checkpointer=ckpt, history=wd.best_history,
+      best=(evaluation.Best(c.best_metric, c.best_mode)
+            if training and c.best_metric else None),
       patience=config.train.early_stop_patience if training else 0,
       chief=chief)
   report = [
       # On a (re)start: a killed run may have written events past `step`.
-      actions.Action(lambda step, loop: out.train(loop.first_step,
-                                                  loop.losses, loop.logs),
-                     every_loop=True, on_start=out.purge_after,
+      actions.Action(lambda now: out.train(now.loop.first_step,
+                                           now.loop.losses, now.loop.logs),
+                     every_loop=True,
+                     on_start=lambda now: out.purge_after(now.step),
                      name="train_summaries"),
-      actions.Action(lambda step, loop: out.progress(step, loop.logs),
+      actions.Action(lambda now: out.progress(now.step, now.loop.logs),
                      every_loop=True, name="progress"),
-      actions.Action(lambda step, loop: trainer.on_loop_end(step, loop.logs),
+      actions.Action(lambda now: trainer.on_loop_end(now.step, now.loop.logs),
                      every_loop=True, name="on_loop_end"),
   ]
-  # On a (re)start the evaluator forgets evaluations past `step`.
-  evaluate = [actions.Action(evaluator, every_steps=config.eval.every_steps,
-                             at_end=True, on_start=evaluator.resume,
-                             name="evaluate")]
-  save = [actions.Action(
-      # A stop (preemption) saves synchronously: the process exits next.
-      lambda step, loop: ckpt.save(step, sync=ctl.stopping),
-      every_steps=config.checkpoint.every_steps,
-      every_secs=config.checkpoint.every_secs, at_end=True, on_stop=True,
-      name="checkpoint")]
+  # On a (re)start the evaluator forgets evaluations past `step`; its logs
+  # are the mode's result["eval"].
+  evaluate = [actions.Action(evaluations, every_steps=config.eval.every_steps,
+                             at_end=True, on_start=evaluations.resume,
+                             name="eval")]
+
+  def save_checkpoint(now: actions.Moment) -> None:
+    # A stop (preemption) saves synchronously: the process exits next.
+    ckpt.save(now.step, sync=now.stopping)
+
+  save = [actions.Action(save_checkpoint, every_steps=c.every_steps,
+                         every_secs=c.every_secs, at_end=True, on_stop=True,
+                         name="checkpoint")]
   if config.profile.start_step:
-    save.append(profiler.Window(out.train_dir,
+    save.append(profiler.Window(wd if chief else None,
                                 start_step=config.profile.start_step,
                                 num_steps=config.profile.num_steps))
-  exported = []
   if config.export.at_end and chief:
+    # Its path is the mode's result["export"].
     save.append(actions.Action(
-        lambda step, loop: exported.append(
-            export.export(trainer, workdir, on_tpu=on_tpu)),
+        lambda now: export.export(trainer, evaluator, wd, on_tpu=on_tpu),
         at_end=True, name="export"))
   ctl.add_actions(report=report, evaluate=evaluate, save=save)
-  return evaluator, exported
+  return evaluations

@@ -13,8 +13,8 @@ Synopsis::
 One row per workdir (a directory holding `train/` or `eval/`), from its
 `metrics.jsonl` (see `looper.jsonl`; no event file is read): the last
 step, the last value of every eval metric, the best evaluation by
-`hparams.best_criterion` (`checkpoint.best_metric` from its config.json;
-else `accuracy`; else the loss) with its step, and the time from the run's
+`evaluation.Best.of` (`checkpoint.best_metric` from its config.json; else
+`accuracy`; else the loss) with its step, and the time from the run's
 start to its last line (including any time the run was stopped before a
 resume). Metrics print with 4
 significant digits, `-` where a run has none. A path that is no workdir
@@ -29,18 +29,18 @@ import sys
 
 from absl import flags
 
+from looper import evaluation
 from looper import flag_errors
-from looper import hparams
 from looper import jsonl
+from looper import workdir as workdir_lib
 
-# Event directories of a workdir (run.py, summaries.py).
-TRAIN, EVAL = "train", "eval"
 # What an eval line holds beside its metrics: not a column.
 _NOT_METRICS = ("kind", "step", "time", "examples")
 
 
 def is_workdir(path: str) -> bool:
-  return any(os.path.isdir(os.path.join(path, d)) for d in (TRAIN, EVAL))
+  wd = workdir_lib.Workdir(path)
+  return any(os.path.isdir(d) for d in (wd.train_events, wd.eval_events))
 
 
 def workdirs(path: str) -> list[str]:
@@ -51,10 +51,10 @@ def workdirs(path: str) -> list[str]:
           if is_workdir(os.path.join(path, name))]
 
 
-def _checkpoint_config(workdir: str) -> dict:
+def _checkpoint_config(wd: workdir_lib.Workdir) -> dict:
   """config.json's `checkpoint` section ({} if unreadable)."""
   try:
-    with open(os.path.join(workdir, "config.json")) as f:
+    with open(wd.config) as f:
       return json.load(f).get("checkpoint", {})
   except (OSError, ValueError):  # no or unreadable config: the defaults
     return {}
@@ -62,7 +62,8 @@ def _checkpoint_config(workdir: str) -> dict:
 
 def summarize(workdir: str) -> dict[str, str] | None:
   """One row of the table, {column: cell}; None if no loop was logged."""
-  lines = jsonl.read(workdir)
+  wd = workdir_lib.Workdir(workdir)
+  lines = jsonl.read(wd.metrics)
   logged = [l for l in lines if l["kind"] in ("train", "eval")]
   if not logged:
     return None
@@ -71,11 +72,11 @@ def summarize(workdir: str) -> dict[str, str] | None:
   names = [k for k in evals[-1] if k not in _NOT_METRICS] if evals else []
   for name in sorted(names):
     row[name] = f"{evals[-1][name]:.4g}"
-  metric, mode = hparams.best_criterion(_checkpoint_config(workdir), names)
-  if metric in names:
-    pick = max if mode == "max" else min
-    best = pick((l for l in evals if metric in l), key=lambda l: l[metric])
-    row[f"best {metric}"] = f"{best[metric]:.4g} @{best['step']}"
+  rule = evaluation.Best.of(_checkpoint_config(wd), names)
+  best = rule.first_best((l["step"], l[rule.metric]) for l in evals
+                         if rule.metric in l)
+  if rule.metric in names and best:
+    row[f"best {rule.metric}"] = f"{best[1]:.4g} @{best[0]}"
   row["wall time"] = str(datetime.timedelta(
       seconds=round(lines[-1]["time"] - lines[0]["time"])))
   return row
@@ -113,8 +114,9 @@ def _collect(path: str, seen: set[str]) -> tuple[list[dict[str, str]],
     seen.add(os.path.realpath(workdir))
     row = summarize(workdir)
     if row is None:
+      metrics = os.path.basename(workdir_lib.Workdir(workdir).metrics)
       problems.append(f"{workdir} has no train loop or evaluation in"
-                      f" {jsonl.FILE} yet")
+                      f" {metrics} yet")
     else:
       rows.append(row)
   return rows, problems

@@ -3,12 +3,13 @@
 Synopsis::
 
     stop = stopping.StopFlag(strategy)
-    stop.request()                 # any thread, e.g. on SIGTERM
+    stop.request("SIGTERM")        # any thread, e.g. a signal handler's
     if stop.before_loop(): ...     # multi-worker: all agreed to stop here
     # the train loop's condition, where loops may be cut short:
     more = (tf.logical_and(i < steps, tf.logical_not(stop.flag.read_value()))
             if stop.cuts_loops else i < steps)
     stop.requested                 # whether training stops
+    stop.reason                    # why: "SIGTERM"
     stop.agree(flag)               # True if `flag` is true on any worker
 
 One process: the flag is a host variable the loop reads every step, so a
@@ -16,6 +17,9 @@ signal stops a loop of any length within a step. Several workers must stop
 at the same step (every step is a collective across them), so there a loop
 is never cut short: before each loop the workers agree with one
 all-reduce whether any of them was asked to stop.
+
+This is the one place a stop request lives, with its reason; the
+Controller reads both after each loop (looper.controller).
 """
 
 import tensorflow as tf
@@ -35,10 +39,13 @@ class StopFlag:
     self._any_worker_fn = (None if self.cuts_loops else tf.function(
         self._any_worker, autograph=False))
     self._agreed = False
+    self._reason = None  # given to `request` in this process
 
-  def request(self) -> None:
+  def request(self, reason: str) -> None:
     """Safe from any thread; takes effect within a step (one process) or
-    before the next loop (multi-worker)."""
+    before the next loop (multi-worker). The first reason is kept."""
+    # Before the flag: whoever sees the stop sees its reason.
+    self._reason = self._reason or reason
     self.flag.assign(True)
 
   def before_loop(self) -> bool:
@@ -57,6 +64,14 @@ class StopFlag:
     if self.cuts_loops:
       return bool(self.flag.numpy())
     return self._agreed
+
+  @property
+  def reason(self) -> str | None:
+    """Why training stops (what `request` was given, here or, under
+    multi-worker, on another worker); None while it does not."""
+    if not self.requested:
+      return None
+    return self._reason or "a signal to another worker"
 
   def agree(self, flag: bool) -> bool:
     """True if `flag` is true on any worker (one all-reduce under

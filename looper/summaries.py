@@ -2,7 +2,9 @@
 
 Synopsis::
 
-    out = summaries.Summaries(workdir, chief=True, total_steps=1000,
+    wd = workdir.Workdir("/tmp/mnist")
+    out = summaries.Summaries(wd, chief=True, total_steps=1000, trains=True,
+                              eval_dir=wd.eval_events,
                               table=hparams.Table.of(...))
     out.start_run(config_json, summaries.model_summary(model))  # once
     out.purge_after(step)          # on resume: drop what a killed run wrote
@@ -16,7 +18,8 @@ train metric, `learning_rate`, `steps_per_sec` and `examples_per_sec`;
 `workdir/eval/` holds every eval metric and `examples` (how many real
 examples were counted). Same tag names in both runs, so TensorBoard draws
 train and eval on one chart. A continuous evaluator writes to its own
-directory (`eval_dir`, e.g. `workdir/eval_continuous/`).
+directory (`eval_dir`: `workdir/eval_continuous/`). The paths are the
+Workdir's (looper.workdir).
 
 What a run is, written once as it starts from step 0 (`start_run`): the
 resolved config and the model summary as text in `train/`, and the run's
@@ -43,6 +46,7 @@ import tensorflow as tf
 
 from looper import hparams
 from looper import jsonl
+from looper import workdir as workdir_lib
 
 
 # Above this share of a loop spent waiting for batches, the progress line
@@ -106,33 +110,36 @@ class _GraphWriter:
 
 
 class Summaries:
-  """Writes train/ and eval/ event files; a no-op writer on non-chiefs."""
+  """Writes train/ and eval/ event files; a no-op writer on non-chiefs.
 
-  def __init__(self, workdir: str, *, chief: bool, total_steps: int,
-               train_dir: str | None = "train",
-               eval_dir: str | None = "eval",
+  Args:
+    workdir: the run's `looper.workdir.Workdir`.
+    chief: whether this process writes (else every writer is a no-op).
+    total_steps: `train.steps`, for the progress line's ETA.
+    trains: write train events (`workdir.train_events`) and, as a training
+      run, metrics.jsonl and the HParams row (with `table`).
+    eval_dir: where eval events go (one of the workdir's: an evaluator
+      beside training has its own); None: none are written.
+    table: the run's HParams row (looper.hparams).
+  """
+
+  def __init__(self, workdir: workdir_lib.Workdir, *, chief: bool,
+               total_steps: int, trains: bool = False,
+               eval_dir: str | None = None,
                table: hparams.Table | None = None):
-    """The directories are under `workdir`; None: that part is not written
-    (an evaluator writes no train events, `--mode=train` no eval ones).
-    A training run (train_dir set) with a `table` writes its HParams row
-    and metrics.jsonl too."""
     self._chief = chief
     self._total_steps = total_steps
     self._workdir = workdir
-    training = chief and bool(train_dir)
+    training = chief and trains
     self._table = table if training else None
-    self._dirs = [os.path.join(workdir, d) if d and chief else None
-                  for d in (train_dir, eval_dir,
-                            self._table and hparams.RUN)]
-    self._log = jsonl.MetricsLog(workdir) if training else None
+    self._dirs = [
+        workdir.train_events if training else None,
+        eval_dir if chief else None,
+        workdir.hparams_events if self._table else None]
+    self._log = jsonl.MetricsLog(workdir.metrics) if training else None
     self._best = None  # the best value of table.best so far
     self._fresh = False  # start_run ran and no loop was written since
     self._open()
-
-  @property
-  def train_dir(self) -> str | None:
-    """Where train events go (None: not written by this process)."""
-    return self._dirs[0]
 
   def _open(self) -> None:
     self._writers = [tf.summary.create_file_writer(d) if d else
@@ -165,7 +172,7 @@ class Summaries:
     self.text("model_summary", model_text)
     if self._table is not None:
       with self._hparams.as_default():
-        self._table.write_start(trial_id=self._workdir)
+        self._table.write_start(trial_id=self._workdir.root)
       self._hparams.flush()
     if self._log is not None:
       self._log.start()
@@ -183,7 +190,7 @@ class Summaries:
     if self._log is not None:
       self._log.truncate_after(step)
       if self._table is not None:
-        self._best = self._best_in(jsonl.read(self._workdir))
+        self._best = self._best_in(jsonl.read(self._workdir.metrics))
     for writer in self._writers:
       writer.flush()
     stale = {}
@@ -215,8 +222,8 @@ class Summaries:
     self._train_scalars.write(
         {k: v for k, v in logs.items() if k != "loss"}, step=last)
     if self._table is not None:
-      self._hparams_scalars.write(
-          {f"{hparams.RUN}/train_loss": logs["loss"]}, step=last)
+      self._hparams_scalars.write({self._table.train_loss_tag: logs["loss"]},
+                                  step=last)
     if self._log is not None:
       self._log.write("train", last, logs)
 
@@ -244,8 +251,7 @@ class Summaries:
     self._eval_scalars.write(logs, step)
     if self._table is not None:
       results = self._table.eval_results(logs, self._best)
-      self._best = results.get(f"{hparams.RUN}/best_eval_"
-                               f"{self._table.best[0]}", self._best)
+      self._best = results.get(self._table.best_tag, self._best)
       self._hparams_scalars.write(results, step)
     if self._log is not None:
       self._log.write("eval", step, logs)
@@ -257,8 +263,8 @@ class Summaries:
     best = None
     for line in lines:
       if line["kind"] == "eval":
-        tag = f"{hparams.RUN}/best_eval_{self._table.best[0]}"
-        best = self._table.eval_results(line, best).get(tag, best)
+        best = self._table.eval_results(line, best).get(
+            self._table.best_tag, best)
     return best
 
   def close(self) -> None:

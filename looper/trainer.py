@@ -1,56 +1,30 @@
-"""The Trainer: model, optimizer and metrics in scope; the train and eval loops.
+"""The Trainer: model, optimizer and metrics in scope; the train loop.
 
 Synopsis::
 
-    trainer = Trainer(config, strategy)
+    trainer = Trainer(config, strategy)       # or (config, strategy, input)
     losses, logs = trainer.train(steps=100)   # one tf.function call
-    eval_logs = trainer.evaluate()            # the whole eval split
+    eval_logs = Evaluator(trainer).evaluate() # looper.evaluator
 
-The Trainer owns its train iterator and data position (global examples
-consumed, checkpointed): `train` opens the stream where the position says,
-`seek` moves it (to skip data), `roll_back` restores a checkpoint but keeps
-the data position. One `train` call, all inside one tf.function (no host
-sync per step)::
+The data come from an `Input` (`looper.data.input`); one `train` call runs
+`steps` steps inside one tf.function (`looper.loop`: no host sync per
+step), and returns each step's global mean loss.
 
-    reset train metrics
-    for i in range(steps):                     # a tf.while_loop; steps: an
-      if stop requested: break                 # int32 tensor; the stop:
-                                               # request_stop(), any thread
-      batch = next(iterator)                   # train.grad_accum_steps
-                                               # batches, concatenated
-      strategy.run(train_step, batch)          # each replica writes its
-                                               # share of the loss to its
-                                               # buffer slot i
-    step += steps run; position += steps run * global_batch_size
-    return losses (the buffers summed over replicas, once: the global mean
-      loss of each step), train metric results + input_wait_fraction (the
-      share of the call spent waiting for batches)
+One replica's step (`train_step`) is three seams::
 
-One replica's step (`train_step`, which the loop calls) is three seams::
-
-    micro = micro_batches(batch)   # grad_accum_steps (inputs, labels, weights)
-    total = weight_total(micro)    # loss_normalization='weights': all replicas
-    for inputs, labels, weights in micro:
-      loss, grads, logits = compute_gradients(inputs, labels, weights,
-                                              total)            # summed
-    grads = transform_gradients(grads)   # e.g. the finiteness vote
-    apply_gradients(grads)               # the optimizer sums over replicas
-                                         # (then optimizer.clip_global_norm
-                                         # clips the sum)
+    for inputs, labels, weights in micro_batches(batch):
+      loss, grads, logits = compute_gradients(...)   # summed
+    apply_gradients(transform_gradients(grads))      # the optimizer sums
+                                                     # over replicas, clips
 
 A subclass (`config.trainer`) overrides one small method and inherits the
 loop, distribution and bookkeeping: `build_model`, `build_optimizer`,
 `build_metrics`, `compute_loss`, the three seams, `train_step`,
 `eval_step`, `update_metrics`, `serve`, `on_loop_end`, `checkpoint_items`.
-The traced methods are plain TensorFlow (no AutoGraph rewrite, as in Keras
-3's fit); a subclass's override of one is converted by AutoGraph, so it
-may branch on tensors (`conversion`).
-Side concerns have modules of their own: the weight average (`ema`), the
-stop request and vote (`stopping`), the input check before a run (`probe`).
+A subclass's override of a traced method is converted by AutoGraph, so it
+may branch on tensors; looper's own are plain TensorFlow (`conversion`).
 """
 
-import contextlib
-import time
 from typing import Any
 
 import keras
@@ -60,21 +34,14 @@ import tensorflow as tf
 
 from looper import conversion
 from looper import ema as ema_lib
-from looper import errors
+from looper import loop
 from looper import objectives
 from looper import optimizers
 from looper import precision
 from looper import refs
 from looper import stopping
 from looper.data import checks
-from looper.data import elements
-from looper.data import sources
-from looper.data import splits
-
-
-# The name scope of the replica function's ops (the graph test finds the
-# loop's own ops as the ones outside it).
-REPLICA_STEP = "replica_step"
+from looper.data import input as input_lib
 
 
 class Trainer:
@@ -88,9 +55,12 @@ class Trainer:
     conversion.convert_overrides(cls, Trainer)
 
   def __init__(self, config: ml_collections.ConfigDict,
-               strategy: tf.distribute.Strategy):
+               strategy: tf.distribute.Strategy,
+               input: input_lib.Input | None = None):  # pylint: disable=redefined-builtin
     self.config = config
     self.strategy = strategy
+    # The data: made here when the caller (a test, a notebook) has none.
+    self.input = input or input_lib.Input(config, strategy)
     # Examples per optimizer update: grad_accum_steps batches of
     # train.batch_size (what the loss is averaged over).
     self.grad_accum_steps = config.train.grad_accum_steps
@@ -101,18 +71,12 @@ class Trainer:
     checks.check_divisible(config.eval.batch_size, replicas, "eval.batch_size")
     self._micro_rows = config.train.batch_size // replicas  # static shape
     self.model_fn = refs.resolve(config.model_fn, "model_fn")
-    self.dataset_fn = refs.resolve(config.dataset_fn, "dataset_fn")
     self._loss_fn = objectives.losses(config.loss)
     # data.class_weights as a table by class id (None: off).
     self._class_weights = objectives.class_weight_table(
         config.data.class_weights)
-    # Built on the first evaluate(): counting the split may take a pass.
-    self._eval_plan = None  # (examples, steps, iterator) of the eval split
-    self._sources = {}  # split -> its input source, made once
-    self._iterator = None  # opened by train() at the data position
-    self._stop = stopping.StopFlag(strategy)
-    # The input wait is timed unless op determinism forbids timestamps.
-    self._timed = not config.train.deterministic
+    # Stops a running loop (`stopping`): request(), agree(), requested.
+    self.stop = stopping.StopFlag(strategy)
     self.weights_finite = True  # after the last train loop
 
     # Same seed, same initial weights: whatever the replica count.
@@ -139,32 +103,13 @@ class Trainer:
       counter = dict(dtype=tf.int64, trainable=False,
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       self.step = tf.Variable(0, name="step", **counter)
-      # Global examples consumed: where the train data resumes.
-      self.position = tf.Variable(0, name="position", **counter)
-    self._make_loss_buffer(config.train.steps_per_loop)
+    self._loop = loop.TrainLoop(self)
     # XLA compiles the per-replica forward and backward pass only: around
     # the whole loop it cannot (the iterator), around the update it fails
     # under Mirrored (variables on other devices), and it was slower here.
     self._compute_gradients = (
         tf.function(self.compute_gradients, jit_compile=True)
         if config.train.jit_compile else self.compute_gradients)
-    self._eval_fn = tf.function(self._eval_loop)
-
-  def _make_loss_buffer(self, steps: int) -> None:
-    """Room for the per-step losses of a `steps`-step call (and the train
-    function that writes them, traced anew).
-
-    Each replica writes its share of step i's loss at [i]; reading the
-    buffer after the loop sums the replicas once per call, not per step (a
-    per-step reduction is a device-to-host wait per step on a GPU or TPU).
-    The Controller's calls fit train.steps_per_loop, its initial size.
-    """
-    with self.strategy.scope():
-      self._step_losses = tf.Variable(
-          tf.zeros([steps]), trainable=False, name="step_losses",
-          synchronization=tf.VariableSynchronization.ON_READ,
-          aggregation=tf.VariableAggregation.SUM)
-    self._train_fn = tf.function(self._train_loop)
 
   # --- What a subclass overrides --------------------------------------------
 
@@ -172,7 +117,7 @@ class Trainer:
     """The experiment's model; built on one example if it is not yet."""
     model = self.model_fn(self.config)
     if not model.built:
-      inputs, _ = self.examples(self.config.data.train_split).element_spec
+      inputs = checks.parts(self.input.element_spec)[0]
       model(tf.nest.map_structure(  # size 1 for a variable length
           lambda s: tf.zeros([1] + [d or 1 for d in s.shape], s.dtype),
           inputs))
@@ -333,270 +278,30 @@ class Trainer:
   def on_loop_end(self, step: int, logs: dict[str, float]) -> None:
     """Host-side hook after every train loop, with the logs just written."""
 
-  # --- Data -------------------------------------------------------------------
-
-  def source(self, split: str) -> sources.Source:
-    """`split`'s input source (see `sources`): what dataset_fn returned."""
-    if split not in self._sources:
-      self._sources[split] = sources.make(
-          split, splits.split_field(self.config, split), self.config.data,
-          lambda: self.dataset_fn(self.config, split))
-    return self._sources[split]
-
-  def examples(self, split: str) -> tf.data.Dataset:
-    """One pass over `split` as (inputs, label) examples, checked."""
-    return checks.checked(self.source(split).examples(), split,
-                          variable=bool(self.config.data.bucket))
-
-  def train_data(self) -> tf.distribute.DistributedDataset:
-    """Distributed train batches from the current data position on."""
-    c = self.config
-    source = self.source(c.data.train_split)
-    source.check(self.strategy.num_replicas_in_sync, c.train.batch_size,
-                 "train.batch_size")
-    position = int(self.position.numpy())
-    return self.strategy.distribute_datasets_from_function(
-        lambda ctx: self._endless(source.train(
-            ctx, global_batch_size=c.train.batch_size, seed=c.seed,
-            shuffle_buffer=c.data.shuffle_buffer, position=position)))
-
-  def _endless(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """`dataset`, which never ends, declared so where it matters: with
-    several workers (or TPU hosts), tf.distribute asks every worker on
-    each get_next whether it still has data (an all-reduce across them,
-    its get_next_as_optional) for any stream whose end tf.data cannot see
-    (flat_map, rebatch: all of looper's). Not in one process, where the
-    check is never on for static shapes: there, freeing several Trainers'
-    Mirrored iterators stalled 20 s or more with and without it, and in
-    one measurement only with it."""
-    if not self.strategy.extended._in_multi_worker_mode():  # pylint: disable=protected-access
-      return dataset
-    return dataset.apply(tf.data.experimental.assert_cardinality(
-        tf.data.INFINITE_CARDINALITY))
-
-  def seek(self, position: int) -> None:
-    """Reopens the train stream at `position` global examples."""
-    self.position.assign(position)
-    self._iterator = None
-
-  def roll_back(self, checkpointer) -> str | None:
-    """Restores the latest checkpoint (its path, or None if there is none)
-    but keeps the data position: the data since is skipped (NaN recovery)."""
-    skip_to = self.data_position
-    path = checkpointer.restore()
-    if path:
-      self.seek(skip_to)
-    return path
-
-  # --- The loops --------------------------------------------------------------
+  # --- The loop ---------------------------------------------------------------
 
   @property
   def global_step(self) -> int:
     """Optimizer updates done so far (restored with the checkpoint)."""
     return int(self.step.numpy())
 
-  @property
-  def data_position(self) -> int:
-    """Global train examples consumed so far (restored with the checkpoint)."""
-    return int(self.position.numpy())
-
   def train(self, steps: int) -> tuple[np.ndarray, dict]:
-    """Runs `steps` steps in one call; returns per-step losses and metrics.
-
-    Fewer losses than `steps` come back if `request_stop` was called.
-    """
-    if steps > self._step_losses.shape[0]:  # not from the Controller
-      self._make_loss_buffer(steps)
-    if self._stop.before_loop():  # some worker got a signal: all stop here
-      return np.zeros([0], np.float32), {}
-    if self._iterator is None:
-      self._iterator = iter(self.train_data())
-    start = time.perf_counter()
-    # A one-step call (the profiler window's) is marked as a step for the
-    # Profile tab; a K-step call's while loop hides steps from it anyway,
-    # so it skips the marker and the read of `step` it needs.
-    with (tf.profiler.experimental.Trace(
-        "train", step_num=self.global_step + 1, _r=1) if steps == 1
-          else contextlib.nullcontext()):
-      try:
-        losses, finite, waited, results = self._train_fn(
-            self._iterator,
-            None if steps == 1 else tf.constant(steps, tf.int32))
-      except tf.errors.InvalidArgumentError as e:  # XLA, or the data
-        compiled = errors.compile_error(
-            e, jit_compile=self.config.train.jit_compile)
-        if compiled:
-          raise compiled from None
-        first = self.global_step + 1  # where the run is: saved up to before
-        raise errors.data_error(
-            e, field="data.train_split", split=self.config.data.train_split,
-            where=f"of train steps {first}-{first + steps - 1}") from None
-      losses = losses.numpy()  # waits for the call to finish
-    logs = {k: float(v) for k, v in results.items()}
-    if self._timed:
-      logs["input_wait_fraction"] = float(waited) / max(
-          time.perf_counter() - start, 1e-9)
-    self.weights_finite = bool(finite)
+    """Runs `steps` steps in one call (`loop.TrainLoop`); returns per-step
+    losses and metrics. Fewer losses than `steps` come back if a stop was
+    requested (`self.stop.request(reason)`)."""
+    losses, logs, self.weights_finite = self._loop(steps)
     return losses, logs
 
-  # Stopping: see `stopping.StopFlag`.
-
-  def agree(self, flag: bool) -> bool:
-    """True if `flag` is true on any worker; every worker calls it alike."""
-    return self._stop.agree(flag)
-
-  @property
-  def stop_requested(self) -> bool:
-    """Whether training stops: `request_stop` was called and took effect."""
-    return self._stop.requested
-
-  def request_stop(self) -> None:
-    """Stops a running (or the next) train loop; safe from any thread."""
-    self._stop.request()
-
-  @conversion.plain
-  def _train_loop(self, iterator, steps):
-    """`steps` (an int32 tensor) steps in a tf.while_loop; steps=None: one
-    step and no loop, which the profiler can see as a step (a while loop
-    hides it: BUILD.md "TensorBoard"), for one-step calls.
-
-    The loop body is `next(iterator)` and the replica step, as in the TPU
-    guide's loop: nothing in it reads the model or optimizer state or
-    reduces across replicas (tests/test_loop_graph.py checks the graph).
-    One process reads the stop flag each step: a host variable only the
-    host writes, so reading it waits for nothing on a device.
-    """
-    self.train_metrics.reset()
-    waited = tf.constant(0.0, tf.float64)  # seconds spent in get_next
-    if steps is None:
-      waited, ran = self._loop_step(iterator, 0, waited), 1
-    else:
-      def more(i, _):  # the stop flag is read before each step
-        if not self._stop.cuts_loops:
-          return i < steps
-        return tf.logical_and(i < steps,
-                              tf.logical_not(self._stop.flag.read_value()))
-      ran, waited = tf.while_loop(
-          more, lambda i, w: (i + 1, self._loop_step(iterator, i, w)),
-          (tf.constant(0), waited))
-    self.step.assign_add(tf.cast(ran, tf.int64))
-    self.position.assign_add(tf.cast(ran, tf.int64) * self.global_batch_size)
-    # A finite loss does not prove finite weights (the last step's gradient
-    # may not be): checked here so no NaN state is ever saved. Each replica
-    # checks its own copy where it lives: read here, on the host, every
-    # weight would cross from an accelerator once per loop.
-    finite = self.strategy.reduce(
-        tf.distribute.ReduceOp.SUM, self.strategy.run(self._weights_bad),
-        axis=None) == 0
-    return (self._step_losses.read_value()[:ran], finite, waited,
-            self.train_metrics.results())
-
-  @conversion.plain
-  def _weights_bad(self):
-    """1 if this replica's weights hold a NaN or inf, else 0."""
-    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
-                            for v in self.model.trainable_variables])
-    return tf.cast(tf.logical_not(finite), tf.int32)
-
-  @conversion.plain
-  def _loop_step(self, iterator, i, waited):
-    """Step i of a train call: next batch, the replica step.
-
-    The input wait is timed around get_next on the host. It adds no
-    dependency between steps: a loop iteration starts once the previous
-    one's ops have run (TensorFlow's own ordering of stateful ops), which on
-    a CPU means its update is done and on a GPU or TPU that its kernels are
-    queued; so the figure is the host's wait for the input pipeline, the
-    share an input-bound run loses. Not under train.deterministic:
-    TensorFlow's op determinism refuses tf.timestamp.
-    """
-    before = [tf.timestamp()] if self._timed else []
-    with tf.control_dependencies(before):
-      batches = [next(iterator) for _ in range(self.grad_accum_steps)]
-    if self._timed:
-      with tf.control_dependencies(tf.nest.flatten(batches,
-                                                   expand_composites=True)):
-        waited += tf.timestamp() - before[0]
-    self.strategy.run(self._train_step, args=(i, *batches))
-    return waited
-
-  @conversion.plain
-  def _train_step(self, i, *batches):
-    """The replica function: the micro-batches of one update as one batch;
-    this replica's share of the loss goes to its slot i of the buffer."""
-    with tf.name_scope(REPLICA_STEP):
-      loss = self.train_step(batches[0] if len(batches) == 1 else
-                             tf.nest.map_structure(
-                                 lambda *t: tf.concat(t, 0), *batches))
-      # The whole buffer is written back: a slot of a TPU variable is a
-      # tensor (TPU variables read their value as the operand), which has
-      # no assign.
-      self._step_losses.assign(tf.tensor_scatter_nd_update(
-          self._step_losses, [[i]], [tf.cast(loss, tf.float32)]))
-
-  def evaluate(self) -> dict[str, float]:
-    """Evaluates the whole eval split (or `eval.steps` batches) exactly once.
-
-    Returns:
-      'loss', each metric, and 'examples': how many real examples counted.
-    """
-    c = self.config
-    if self._eval_plan is None:
-      source = self.source(c.data.eval_split)
-      size = source.size or checks.num_examples(source.examples(),
-                                                c.data.eval_split)
-      count, steps = elements.eval_plan(size, c.eval.batch_size,
-                                        c.eval.steps)
-      # One iterator over the eval pass repeated, kept: each evaluation
-      # takes exactly one pass. A fresh iterator per evaluation ran a third
-      # of them at half speed on this CPU (Keras fit's too; BUILD.md).
-      self._eval_plan = count, steps, iter(
-          self.strategy.distribute_datasets_from_function(
-              lambda ctx: self._endless(source.eval(
-                  ctx, global_batch_size=c.eval.batch_size, count=count,
-                  steps=steps).repeat())))
-    count, steps, iterator = self._eval_plan
-    where = f"of the evaluation at step {self.global_step}"
-    # Until a whole pass is taken, the next evaluation starts afresh.
-    self._eval_plan = None
-    with self.averaged_weights():
-      try:
-        results = self._eval_fn(iterator, tf.constant(steps, tf.int32))
-      except tf.errors.InvalidArgumentError as e:
-        raise (errors.compile_error(e, jit_compile=False) or
-               errors.data_error(e, field="data.eval_split",
-                                 split=c.data.eval_split,
-                                 where=where)) from None
-      results = {k: float(v) for k, v in results.items()}
-    if results["examples"] != count:  # the split changed under the run
-      raise errors.DataError(
-          f"config.data.eval_split={c.data.eval_split!r} gave"
-          f" {results['examples']:.0f} examples {where}, where {count} were"
-          " counted before it: make config.dataset_fn return the same"
-          " examples on every pass")
-    self._eval_plan = count, steps, iterator
-    return results
-
-  @property
-  def eval_metric_names(self) -> list[str]:
-    """What `evaluate` reports besides 'loss' and 'examples': each output's
-    loss (a dict of outputs) and each metric, by log name."""
-    return self.eval_loss.output_names + self.eval_metrics.names
-
-  def averaged_weights(self):
-    """A context in which the model holds the moving average of its weights
-    (eval, export); no-op without optimizer.ema_decay."""
-    return self.ema.swapped() if self.ema else contextlib.nullcontext()
-
-  @conversion.plain
-  def _eval_loop(self, iterator, steps):
-    self.eval_loss.reset()
-    self.eval_metrics.reset()
-    def one_batch(i):
-      self.strategy.run(self.eval_step, args=(next(iterator),))
-      return i + 1
-    tf.while_loop(lambda i: i < steps, one_batch, (tf.constant(0),))
-    return {**self.eval_loss.results(), **self.eval_metrics.results()}
+  def roll_back(self, checkpointer) -> tuple[str, int] | None:
+    """Restores the latest checkpoint but keeps the data position, so the
+    data since is skipped (NaN recovery): (its path, the position), or None
+    if there is no checkpoint."""
+    skip_to = self.input.data_position
+    path = checkpointer.restore()
+    if not path:
+      return None
+    self.input.seek(skip_to)
+    return path, skip_to
 
   # --- State ------------------------------------------------------------------
 
@@ -610,7 +315,7 @@ class Trainer:
     # every precision, so checkpoints move between precisions. The dynamic
     # loss scale is not saved; it re-grows within a few hundred steps.
     items = dict(model=self.model, optimizer=precision.inner(self.optimizer),
-                 step=self.step, position=self.position)
+                 step=self.step, **self.input.checkpoint_items())
     if self.ema:
       items["ema"] = self.ema.averages
     return items

@@ -196,12 +196,12 @@ def serve_in_fresh_process(export_dir, x, tmp_path) -> dict:
 def restored_trainer(config, prefix):
   """A one-device Trainer of `config` holding checkpoint `prefix`."""
   from looper import checkpoint, distribute  # pylint: disable=g-import-not-at-top
-  from looper import refs  # pylint: disable=g-import-not-at-top
+  from looper import refs, workdir  # pylint: disable=g-import-not-at-top
   trainer = refs.resolve(config.trainer, "trainer")(
       config, distribute.strategy_for(config))
   ckpt = checkpoint.Checkpointer(
-      str(pathlib.Path(prefix).parent), trainer.checkpoint_items(), keep=3,
-      chief=True, task_id=0)
+      workdir.Workdir(str(pathlib.Path(prefix).parents[1])),
+      trainer.checkpoint_items(), keep=3, chief=True, task_id=0)
   assert ckpt.restore(str(prefix)) == str(prefix)
   return trainer
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper import layers
+from looper import precision
 from looper import trainer as trainer_lib
 from tests import tiny
 from tests.conftest import configured, curve, run_ok
@@ -31,12 +32,17 @@ OPTIONS = {"optimizer.ema_decay": 0.9, "optimizer.clip_global_norm": 0.3,
            "optimizer.learning_rate": 0.5}
 
 
-def _compiled_step(trainer):
-  """`trainer` with its replica step and weight check XLA-compiled, as a
-  TPU runs them (set before the first trace)."""
-  trainer._train_step = tf.function(trainer._train_step, jit_compile=True)  # pylint: disable=protected-access
-  trainer._weights_bad = tf.function(trainer._weights_bad, jit_compile=True)  # pylint: disable=protected-access
-  return trainer
+@pytest.fixture(name="compiled_step")
+def _compiled_step(monkeypatch):
+  """Makes a trainer's replica step and each replica's weight check
+  XLA-compiled, as a TPU runs them (set before the first trace)."""
+  monkeypatch.setattr(precision, "_bad",
+                      tf.function(precision._bad, jit_compile=True))  # pylint: disable=protected-access
+  def compiled(trainer):
+    step = trainer._loop  # pylint: disable=protected-access
+    step._train_step = tf.function(step._train_step, jit_compile=True)  # pylint: disable=protected-access
+    return trainer
+  return compiled
 
 
 def _trainer(fields):
@@ -44,9 +50,10 @@ def _trainer(fields):
   return trainer_lib.Trainer(configured(tiny.get_config(), fields), strategy)
 
 
-def test_the_whole_replica_step_compiles_and_matches_the_plain_step():
+def test_the_whole_replica_step_compiles_and_matches_the_plain_step(
+    compiled_step):
   plain = _trainer(OPTIONS)
-  xla = _compiled_step(_trainer(OPTIONS))
+  xla = compiled_step(_trainer(OPTIONS))
   want = np.concatenate([plain.train(5)[0], plain.train(5)[0]])
   got = np.concatenate([xla.train(5)[0], xla.train(5)[0]])
   np.testing.assert_allclose(got, want, rtol=1e-5)
@@ -94,12 +101,13 @@ def _host_model(config):
     ("whole step", "the step does not compile with XLA for this accelerator"
      " (op PyFunc is not supported); replace that op in the model (`looper"
      " check --config=...` lists every such op, on any machine)")])
-def test_an_op_xla_cannot_compile_is_one_line_naming_it(where, message):
+def test_an_op_xla_cannot_compile_is_one_line_naming_it(where, message,
+                                                       compiled_step):
   fields = {"model_fn": _host_model,
             "train.jit_compile": where == "jit_compile"}
   trainer = _trainer(fields)
   if where == "whole step":
-    trainer = _compiled_step(trainer)
+    trainer = compiled_step(trainer)
   with pytest.raises(lc.ConfigError) as e:
     trainer.train(2)
   assert str(e.value) == message

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from looper import checkpoint
 from looper import run
+from looper import workdir
 from tests import tiny
 from tests.conftest import checkpoint_tensors
 
@@ -37,8 +38,9 @@ def test_async_saves_equal_sync_saves_and_resume(tmp_path):
 def test_a_failed_background_write_is_raised(tmp_path):
   model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
   directory = tmp_path / "checkpoints"
-  ckpt = checkpoint.Checkpointer(str(directory), {"model": model}, keep=3,
-                                 chief=True, task_id=0, async_save=True)
+  ckpt = checkpoint.Checkpointer(workdir.Workdir(str(tmp_path)),
+                                 {"model": model}, keep=3, chief=True,
+                                 task_id=0, async_save=True)
   ckpt.save(1)
   ckpt.wait()
   assert tf.train.latest_checkpoint(str(directory)) == f"{directory}/ckpt-1"
@@ -67,8 +69,8 @@ def test_checkpoint_io_device(on_tpu, directory, device):
 
 def test_checkpoints_on_tpu_read_and_write_through_the_host(tmp_path):
   v = tf.Variable(3.0)
-  ckpt = checkpoint.Checkpointer(str(tmp_path / "c"), {"v": v}, keep=2,
-                                 chief=True, task_id=0, on_tpu=True)
+  ckpt = checkpoint.Checkpointer(workdir.Workdir(str(tmp_path)), {"v": v},
+                                 keep=2, chief=True, task_id=0, on_tpu=True)
   devices = []
   real_save, real_restore = (tf.train.CheckpointManager.save,
                              tf.train.Checkpoint.restore)
@@ -89,3 +91,17 @@ def test_checkpoints_on_tpu_read_and_write_through_the_host(tmp_path):
     assert ckpt.restore() == path
   assert float(v) == 3.0
   assert devices == ["/job:localhost", "/job:localhost"]
+
+
+def test_a_task_that_is_not_the_chief_keeps_no_copy(tmp_path):
+  """Its saves (a collective under multi-worker) go to scratch, removed."""
+  v = tf.Variable(1.0)
+  other = checkpoint.Checkpointer(workdir.Workdir(str(tmp_path)), {"v": v},
+                                  keep=2, chief=False, task_id=1)
+  assert other.save(1) == f"{tmp_path}/.worker1_checkpoints/ckpt-1"
+  assert other.save_best(1) == f"{tmp_path}/.worker1_checkpoints/best/ckpt-1"
+  assert list(tmp_path.iterdir()) == []
+  chief = checkpoint.Checkpointer(workdir.Workdir(str(tmp_path)), {"v": v},
+                                  keep=2, chief=True, task_id=0)
+  assert chief.save(1) == f"{tmp_path}/checkpoints/ckpt-1"
+  assert chief.save_best(1) == f"{tmp_path}/checkpoints/best/ckpt-1"

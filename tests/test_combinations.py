@@ -61,12 +61,14 @@ def _config(row):
 
 def results(strategy) -> list:
   """Each row's 6 per-step losses and eval loss under `strategy`."""
+  from looper import evaluator as evaluator_lib  # pylint: disable=g-import-not-at-top
   from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   out, trainers = [], []
   for row in COMBINATIONS:
     trainers.append(trainer_lib.Trainer(_config(row), strategy))
     losses = trainers[-1].train(6)[0].tolist()
-    out.append({"losses": losses, "eval": trainers[-1].evaluate()["loss"]})
+    out.append({"losses": losses, "eval": evaluator_lib.Evaluator(
+        trainers[-1]).evaluate()["loss"]})
   # Kept to the end: a Mirrored Trainer's iterators, freed while others
   # run, stalled the process for 20 s to minutes at a time here
   # (TensorFlow's multi-device iterators; before looper's changes too).

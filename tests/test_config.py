@@ -1,13 +1,18 @@
-"""Config defaults, one-line validation errors, resolution, JSON round trip."""
+"""Config defaults, declared fields (experiments' too) and their overrides,
+one-line validation errors, resolution, JSON round trip."""
 
+import copy
 import json
 import sys
 
+from absl import flags
+from ml_collections import config_flags
 import pytest
 
 from looper import config as lc
 from looper import refs
 from tests import tiny
+from tests.conftest import configured
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -54,20 +59,119 @@ def test_bad_values_give_one_line_naming_field_and_fix(field, value, message):
   assert str(e.value) == message
 
 
-def test_defaults_validate_and_have_the_documented_names():
+def test_every_declared_field_is_validated():
+  """validate's kinds are default_config's declarations: each declared
+  field out of its bounds (-1, or 1 for a bool) fails naming itself."""
+  lc.validate(tiny.get_config())
+  fields = list(lc.declared(lc.default_config()))
+  assert fields
+  for path, field in fields:
+    c = tiny.get_config()
+    section, _, name = path.rpartition(".")
+    with c[section].ignore_type():
+      c[section][name] = 1 if field.get_type() is bool else -1
+    with pytest.raises(lc.ConfigError) as e:
+      lc.validate(c)
+    assert str(e.value).startswith(f"config.{path}="), path
+    assert str(e.value).endswith(f"; set --config.{path}"), path
+  assert lc.default_config().eval.steps is None  # the whole eval split
+
+
+def _declaring():
+  """tiny's config with a field of its own, declared as experiments do."""
   c = tiny.get_config()
+  c.model.layers = lc.whole(4, low=2)
+  return c
+
+
+# ml_collections itself refuses 1.5 and "3" for an int field (not True, nor
+# None); ignore_type() lets them in, as a config built with type_safe=False.
+@pytest.mark.parametrize("value", [1, 0, -3, True, 1.5, "3", None])
+def test_a_declared_experiment_field_is_validated(value):
+  c = _declaring()
+  with c.model.ignore_type():
+    c.model.layers = value
+  with pytest.raises(lc.ConfigError) as e:
+    lc.validate(c)
+  assert str(e.value) == (f"config.model.layers={value!r}: must be a whole"
+                          " number >= 2; set --config.model.layers")
+
+
+def test_declared_kinds_word_their_bounds():
+  c = _declaring()
+  lc.validate(configured(c, {"model.layers": 2}))  # the bound itself
+  for field, value, must in [
+      ("checkpoint.every_secs", -0.5, "a number of seconds >= 0"),
+      ("distribution.worker_timeout_secs", 0, "a number of seconds > 0"),
+      ("data.bucket", -1, "a whole number >= 0")]:
+    c = configured(tiny.get_config(), {field: value})
+    with pytest.raises(lc.ConfigError) as e:
+      lc.validate(c)
+    shown = float(value) if "seconds" in must else value
+    assert str(e.value) == (f"config.{field}={shown!r}: must be {must}; set"
+                            f" --config.{field}")
+  c = tiny.get_config()
+  with c.train.ignore_type():
+    c.train.jit_compile = 1
+  with pytest.raises(lc.ConfigError) as e:
+    lc.validate(c)
+  assert str(e.value) == ("config.train.jit_compile=1: must be True or False;"
+                          " set --config.train.jit_compile")
+
+
+_DECLARING_FILE = """\
+from tests import test_config
+
+def get_config():
+  return test_config._declaring()
+"""
+
+
+def _parsed(tmp_path, *overrides):
+  """test_config._declaring() through config_flags, as looper.main parses
+  --config (locked), with `overrides` (--config.FIELD=VALUE)."""
+  path = tmp_path / "declaring.py"
+  path.write_text(_DECLARING_FILE)
+  argv = ["looper", f"--config={path}", *overrides]
+  flag_values = flags.FlagValues()
+  config = config_flags.DEFINE_config_file(
+      "config", flag_values=flag_values, lock_config=True, sys_argv=argv)
+  flag_values(argv)
+  return config.value
+
+
+def test_overrides_of_declared_fields_keep_their_types(tmp_path):
+  c = _parsed(tmp_path, "--config.model.layers=3", "--config.train.steps=7",
+              "--config.eval.timeout_secs=5", "--config.train.jit_compile")
+  assert (c.model.layers, c.train.steps, c.eval.timeout_secs) == (3, 7, 5.0)
+  assert [type(v) for v in (c.model.layers, c.train.steps,
+                            c.eval.timeout_secs, c.train.jit_compile)] == [
+                                int, int, float, bool]
   lc.validate(c)
-  for field in ("seed", "train.steps", "train.batch_size",
-                "train.steps_per_loop", "eval.every_steps", "eval.batch_size",
-                "eval.steps", "optimizer.name", "optimizer.learning_rate",
-                "optimizer.schedule", "checkpoint.every_steps",
-                "checkpoint.keep", "distribution.strategy",
-                "distribution.num_cpu_devices", "distribution.tpu",
-                "distribution.all_reduce", "train.deterministic",
-                "data.dir", "data.train_split", "data.eval_split"):
-    section, _, name = field.rpartition(".")
-    assert name in (c[section] if section else c), field
-  assert lc.default_config().eval.steps is None
+  c.model.layers = 5  # locked: a field keeps taking values, none is added
+  with pytest.raises(AttributeError):
+    c.model.depth = 2
+  with pytest.raises(flags.IllegalFlagValueError):  # an int's parser
+    _parsed(tmp_path, "--config.model.layers=2.5")
+  c = _parsed(tmp_path, "--config.model.layers=1")
+  with pytest.raises(lc.ConfigError) as e:
+    lc.validate(c)
+  assert str(e.value) == ("config.model.layers=1: must be a whole number >= 2;"
+                          " set --config.model.layers")
+
+
+def test_declarations_leave_plain_values_in_json_and_copies():
+  c = configured(_declaring(), {"model.layers": 3})
+  saved = json.loads(refs.to_json(c))
+  assert (saved["model"]["layers"], saved["train"]["steps"]) == (3, 40)
+  assert saved["eval"]["timeout_secs"] == 3600.0
+  resolved = c.copy_and_resolve_references()
+  assert resolved.to_dict() == c.to_dict()
+  assert not list(lc.declared(resolved))  # values only, as the JSON
+  copied = copy.deepcopy(c)  # a deep copy keeps the declarations
+  copied.model.layers = 1
+  with pytest.raises(lc.ConfigError, match=r"^config\.model\.layers=1: "):
+    lc.validate(copied)
 
 
 @pytest.mark.parametrize("split,n,want", [

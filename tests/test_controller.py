@@ -17,6 +17,7 @@ class FakeTrainer:
 
   def __init__(self, clock=None, secs_per_step=0.0, nan_steps=()):
     self.global_step = 0
+    self.stop = FakeStop(self)
     self.data_position = 0
     self.loops = []  # (first step, steps run)
     self.seeks = []
@@ -41,13 +42,7 @@ class FakeTrainer:
   def learning_rate(self):
     return 0.1
 
-  def request_stop(self):
-    self._stop_after = 0
-    self.stop_requested = True
-
-  stop_requested = False
   weights_finite = True
-  agree = staticmethod(bool)
 
   def stop_after(self, steps):
     """The next loop stops after `steps` steps (a signal mid-loop)."""
@@ -61,9 +56,23 @@ class FakeTrainer:
   def roll_back(self, checkpointer):  # as looper's Trainer does
     skip_to = self.data_position
     path = checkpointer.restore()
-    if path:
-      self.seek(skip_to)
-    return path
+    if not path:
+      return None
+    self.seek(skip_to)
+    return path, skip_to
+
+
+class FakeStop:
+  """The trainer's stop request: the running loop ends at once."""
+  agree = staticmethod(bool)
+
+  def __init__(self, trainer):
+    self._trainer = trainer
+    self.requested, self.reason = False, None
+
+  def request(self, reason):
+    self._trainer._stop_after = 0  # pylint: disable=protected-access
+    self.requested, self.reason = True, reason
 
 
 class FakeCheckpointer:
@@ -99,7 +108,7 @@ class Clock:
 
 
 def recorder(log, name):
-  return lambda step, loop: log.append((name, step))
+  return lambda now: log.append((name, now.step))
 
 
 def make(total=40, steps_per_loop=7, trainer=None, **kwargs):
@@ -172,7 +181,7 @@ def test_a_signal_mid_loop_saves_at_the_step_reached_and_skips_eval():
 
   def train(steps):
     if trainer.global_step == 20:  # the signal comes 3 steps into step 21
-      ctl.request_stop("SIGTERM")
+      trainer.stop.request("SIGTERM")
       trainer.stop_after(3)
     return original(steps)
 
@@ -190,8 +199,8 @@ def test_a_signal_between_loops_saves_once():
   report = actions.Action(recorder(log, "report"), every_loop=True)
   ctl, trainer, _ = make(steps_per_loop=10, report_actions=[report],
                          save_actions=[save])
-  report.fn = lambda step, loop: (log.append(("report", step)),
-                                  step == 10 and ctl.request_stop("SIGINT"))
+  report.fn = lambda now: (log.append(("report", now.step)),
+                           now.step == 10 and trainer.stop.request("SIGINT"))
   result = ctl.train()
   # The next loop runs no step: nothing to report, one save at step 10.
   assert log == [("report", 10), ("save", 10)]
@@ -200,12 +209,11 @@ def test_a_signal_between_loops_saves_once():
 
 def test_end_training_from_an_eval_action_saves_that_step():
   log = []
-  ctl = None
 
-  def evaluate(step, loop):
-    log.append(("eval", step))
-    if step == 20:
-      ctl.end_training("early stop")
+  def evaluate(now):
+    log.append(("eval", now.step))
+    if now.step == 20:
+      now.end_training("early stop")
 
   save = actions.Action(recorder(log, "save"), every_steps=15, at_end=True)
   ctl, trainer, _ = make(eval_actions=[actions.Action(evaluate,
@@ -217,7 +225,7 @@ def test_end_training_from_an_eval_action_saves_that_step():
 
 
 def test_nan_loss_raises_naming_step_and_kept_checkpoint():
-  save = actions.Action(lambda step, loop: ckpt.save(step), every_steps=10)
+  save = actions.Action(lambda now: ckpt.save(now.step), every_steps=10)
   ctl, trainer, ckpt = make(steps_per_loop=5,
                             trainer=FakeTrainer(nan_steps={23}),
                             save_actions=[save])
@@ -231,11 +239,11 @@ def test_nan_loss_raises_naming_step_and_kept_checkpoint():
 
 def test_nan_recovery_rolls_back_and_skips_the_window():
   log = []
-  save = actions.Action(lambda step, loop: ckpt.save(step), every_steps=10,
+  save = actions.Action(lambda now: ckpt.save(now.step), every_steps=10,
                         at_end=True)
   resumed = []
   report = actions.Action(recorder(log, "report"), every_loop=True,
-                          on_start=resumed.append)
+                          on_start=lambda now: resumed.append(now.step))
   trainer = FakeTrainer(nan_steps={23})
   ctl, trainer, ckpt = make(steps_per_loop=5, trainer=trainer,
                             report_actions=[report], save_actions=[save],
@@ -260,7 +268,7 @@ def test_nan_recovery_rolls_back_and_skips_the_window():
 
 
 def test_nan_recovery_gives_up_after_its_tries():
-  save = actions.Action(lambda step, loop: ckpt.save(step), every_steps=10)
+  save = actions.Action(lambda now: ckpt.save(now.step), every_steps=10)
   # The fake's bad step stays bad: the replay after the roll-back blows up.
   ctl, _, ckpt = make(steps_per_loop=5, trainer=FakeTrainer(
       nan_steps={23}), save_actions=[save], nan_recovery_tries=1)
@@ -316,7 +324,7 @@ def test_a_signal_during_the_last_step_still_ends_normally():
 
   def train(steps):
     if trainer.global_step == 10:  # the signal comes during the last loop
-      ctl.request_stop("SIGTERM")
+      trainer.stop.request("SIGTERM")
       trainer.stop_after(10)
     return original(steps)
 
@@ -326,7 +334,7 @@ def test_a_signal_during_the_last_step_still_ends_normally():
 
 
 def test_non_finite_weights_after_finite_losses_stop_before_saving():
-  save = actions.Action(lambda step, loop: ckpt.save(step), every_steps=10,
+  save = actions.Action(lambda now: ckpt.save(now.step), every_steps=10,
                         at_end=True)
   ctl, trainer, ckpt = make(steps_per_loop=10, save_actions=[save])
   original = trainer.train
@@ -353,7 +361,8 @@ def test_every_secs_asks_all_workers():
     return True
 
   clock = Clock()
-  action = actions.Action(lambda step, loop: None, every_secs=100,
-                          clock=clock)
-  action.start(0)
-  assert action(10, None, agree=agree) and asked == [False]
+  fired = []
+  action = actions.Action(fired.append, every_secs=100, clock=clock)
+  action.start(actions.Moment(0, 40))
+  action(actions.Moment(10, 40, agree=agree))
+  assert asked == [False] and [now.step for now in fired] == [10]

@@ -14,7 +14,9 @@ import tensorflow as tf
 
 from looper import checkpoint
 from looper import config as lc
+from looper import evaluator as evaluator_lib
 from looper import run
+from looper import workdir as workdir_lib
 from tests import conftest
 from tests import tiny
 
@@ -49,7 +51,7 @@ def test_export_serves_any_batch_from_tf_alone(trained, tmp_path):
 
   trainer = _restored_trainer(trained, trained / "checkpoints" / f"ckpt-{STEPS}")
   trained_logits = trainer.model(x, training=False).numpy()
-  with trainer.averaged_weights():
+  with evaluator_lib.Evaluator(trainer).averaged_weights():
     averaged_logits = trainer.model(x, training=False).numpy()
   for n in (1, 7, 64):
     np.testing.assert_allclose(served[str(n)], averaged_logits[:n],
@@ -70,7 +72,7 @@ def test_mode_export_of_an_older_checkpoint(trained, tmp_path):
   x, _ = tiny.make_data(7, seed=6)
   served_10 = conftest.serve_in_fresh_process(result["export"], x, tmp_path)
   trainer = _restored_trainer(trained, older)
-  with trainer.averaged_weights():
+  with evaluator_lib.Evaluator(trainer).averaged_weights():
     np.testing.assert_allclose(served_10["7"], trainer.model(x).numpy(),
                                rtol=1e-5, atol=1e-6)
 
@@ -117,7 +119,8 @@ def test_tpu_export_of_a_local_workdir_goes_through_the_host(
   trainer = _restored_trainer(trained, trained / "checkpoints" / "ckpt-10")
   workdir = str(tmp_path) if workdir == "LOCAL" else workdir
   monkeypatch.setattr(tf.io.gfile, "exists", lambda path: False)
-  export.export(trainer, workdir, on_tpu=True)
+  export.export(trainer, evaluator_lib.Evaluator(trainer),
+                workdir_lib.Workdir(workdir), on_tpu=True)
   assert seen["device"] == device
 
 
@@ -126,7 +129,8 @@ def test_export_in_process_serves_what_the_model_computes(tmp_path):
   from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   trainer = trainer_lib.Trainer(tiny.get_config(), tf.distribute.get_strategy())
   trainer.train(3)
-  path = export.export(trainer, str(tmp_path))
+  path = export.export(trainer, evaluator_lib.Evaluator(trainer),
+                       workdir_lib.Workdir(str(tmp_path)))
   assert path == str(tmp_path / "export" / "3")
   assert not list((tmp_path / "export").glob(".partial-*"))
   serve = tf.saved_model.load(path).signatures["serving_default"]

@@ -64,6 +64,18 @@ def test_override_errors_are_still_one_line(tmp_path):
       " mean --config.train.steps?")
 
 
+def test_an_experiment_field_out_of_its_declared_bounds_is_one_line(tmp_path):
+  # mnist declares model.width as a whole number >= 2: the override is
+  # parsed as an int and checked by validate before a file is written.
+  proc = run_looper("--config=experiments/mnist.py:bundled",
+                    f"--workdir={tmp_path}/run", "--config.model.width=1")
+  assert stderr_lines(proc)[-1] == (
+      "looper: config.model.width=1: must be a whole number >= 2; set"
+      " --config.model.width")
+  assert "Traceback" not in proc.stderr
+  assert not (tmp_path / "run").exists()
+
+
 # --- A config file that does not load ends in one line naming it -----------
 
 

@@ -22,6 +22,7 @@ from looper import config as lc
 from looper import run
 from tests.conftest import configured, restored_trainer, \
     serve_in_fresh_process
+from tests.test_mnist_data import keras_download
 
 POSITIVE, NEGATIVE = (11, 12, 13, 14, 15), (16, 17, 18, 19, 20)
 NUM_TRAIN, NUM_TEST = 800, 200
@@ -60,14 +61,11 @@ def _config(data_dir, **model):
       "data.dir": str(data_dir), **{f"model.{k}": v for k, v in small.items()}})
 
 
-def test_get_config_validates():
+def test_get_config_validates_and_downloads_what_keras_checks(monkeypatch):
   c = imdb_lstm.get_config()
   lc.validate(c)
-  assert c.data.url.endswith("/imdb.npz")
-  assert c.data.cache_dir == "~/.cache/looper/imdb"
-  # The hash Keras' own loader checks the file against.
-  source = open(keras_imdb.__file__).read()
-  assert imdb_lstm.DEFAULT_HASH in source
+  assert (c.data.url, c.data.file_hash) == keras_download(monkeypatch,
+                                                          keras_imdb)
 
 
 def test_keras_id_conventions_by_hand():
@@ -179,11 +177,20 @@ def test_model_shapes_and_dtypes(data_dir):
   assert lstm.use_cudnn is False
 
 
-def test_model_rejects_bad_sizes(data_dir):
-  with pytest.raises(lc.ConfigError, match=r"config\.model\.units=0"):
-    imdb_lstm.model_fn(_config(data_dir, units=0))
-  with pytest.raises(lc.ConfigError, match=r"config\.model\.num_words=3"):
-    imdb_lstm.model_fn(_config(data_dir, num_words=3))
+def test_bad_sizes_are_one_line(data_dir):
+  for field in ("num_words", "seq_len", "embed_dim", "units"):
+    with pytest.raises(lc.ConfigError) as e:
+      lc.validate(_config(data_dir, **{field: 0}))
+    assert str(e.value) == (f"config.model.{field}=0: must be a whole number"
+                            f" >= 1; set --config.model.{field}")
+  c = _config(data_dir, num_words=3)  # validates, but ids 0-2 are reserved
+  lc.validate(c)
+  with pytest.raises(lc.ConfigError) as e:
+    imdb_lstm.model_fn(c)
+  assert str(e.value) == (
+      "config.model.num_words=3 keeps no word: ids 0-2 are reserved and words"
+      " start at 3; set --config.model.num_words=20000 or similar")
+  imdb_lstm.model_fn(_config(data_dir, num_words=4))  # one word: id 3
 
 
 @pytest.mark.slow  # a subprocess

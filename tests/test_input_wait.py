@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from looper import summaries
 from looper import trainer as trainer_lib
+from looper import workdir
 from tests import tiny
 
 
@@ -38,7 +39,8 @@ def test_a_slow_dataset_waits_and_a_resident_one_does_not():
 
 
 def test_the_progress_line_names_an_input_bound_run(tmp_path, caplog):
-  out = summaries.Summaries(str(tmp_path), chief=True, total_steps=100)
+  out = summaries.Summaries(workdir.Workdir(str(tmp_path)), chief=True,
+                            total_steps=100)
   logs = dict(loss=1.0, steps_per_sec=10.0, input_wait_fraction=0.05)
   with caplog.at_level(logging.INFO):
     out.progress(10, logs)

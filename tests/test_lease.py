@@ -5,6 +5,7 @@ writer, a lapsed lease at the next save) is tests/test_workdir_lease.py.
 """
 
 import json
+import pathlib
 import socket
 import subprocess
 import sys
@@ -15,7 +16,16 @@ import pytest
 
 from looper import checkpoint
 from looper import lease
+from looper import workdir
 from looper.errors import WorkdirError
+
+
+def wd(path) -> workdir.Workdir:
+  return workdir.Workdir(str(path))
+
+
+def lease_file(path) -> pathlib.Path:
+  return pathlib.Path(wd(path).lease)
 
 
 def holder_file(workdir, **fields) -> None:
@@ -23,21 +33,21 @@ def holder_file(workdir, **fields) -> None:
             "token": "theirs", "since": time.time() - 600,
             "renewed": time.time(), **fields}
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / lease.FILE).write_text(json.dumps(record))
+  lease_file(workdir).write_text(json.dumps(record))
 
 
 def read(workdir) -> dict:
-  return json.loads((workdir / lease.FILE).read_text())
+  return json.loads(lease_file(workdir).read_text())
 
 
 def test_a_second_taker_is_refused_naming_the_holder(tmp_path):
-  first = lease.Lease.take(str(tmp_path / "w"), lease_secs=60)
+  first = lease.Lease.take(wd(tmp_path / "w"), lease_secs=60)
   try:
     held = read(tmp_path / "w")
     assert held["pid"] == first.record["pid"]
     assert held["host"] == socket.gethostname()
     with pytest.raises(WorkdirError) as e:
-      lease.Lease.take(str(tmp_path / "w"), lease_secs=60)
+      lease.Lease.take(wd(tmp_path / "w"), lease_secs=60)
     since = time.strftime("%Y-%m-%d %H:%M:%S",
                           time.localtime(held["since"]))
     assert str(e.value) == (
@@ -49,8 +59,8 @@ def test_a_second_taker_is_refused_naming_the_holder(tmp_path):
     assert read(tmp_path / "w") == held  # the refused taker wrote nothing
   finally:
     first.release()
-  assert not (tmp_path / "w" / lease.FILE).exists()
-  lease.Lease.take(str(tmp_path / "w"), lease_secs=60).release()
+  assert not lease_file(tmp_path / "w").exists()
+  lease.Lease.take(wd(tmp_path / "w"), lease_secs=60).release()
 
 
 def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
@@ -68,7 +78,7 @@ def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
   # A live PID that started at another time is a reused PID: stale.
   holder_file(tmp_path, **{**fields, "pid": me["pid"], "pid_start": "7"})
   assert lease.stale(read(tmp_path), lease_secs=60)
-  taken = lease.Lease.take(str(tmp_path), lease_secs=60)
+  taken = lease.Lease.take(wd(tmp_path), lease_secs=60)
   assert read(tmp_path)["token"] == taken.record["token"]
   taken.release()
 
@@ -77,17 +87,17 @@ def test_another_hosts_holder_is_stale_only_after_lease_secs(tmp_path):
   holder_file(tmp_path, renewed=time.time() - 50)
   with pytest.raises(WorkdirError, match=r"host elsewhere, pid 4242.*renewed"
                      r" 50 s ago"):
-    lease.Lease.take(str(tmp_path), lease_secs=60)
+    lease.Lease.take(wd(tmp_path), lease_secs=60)
   assert read(tmp_path)["token"] == "theirs"
   holder_file(tmp_path, renewed=time.time() - 61)
-  taken = lease.Lease.take(str(tmp_path), lease_secs=60)
+  taken = lease.Lease.take(wd(tmp_path), lease_secs=60)
   assert read(tmp_path)["token"] == taken.record["token"] != "theirs"
-  assert sorted(p.name for p in tmp_path.iterdir()) == [lease.FILE]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["lease.json"]
   taken.release()
 
 
 def test_the_lease_is_renewed_and_a_lapsed_one_is_never_rewritten(tmp_path):
-  held = lease.Lease.take(str(tmp_path), lease_secs=0.4)
+  held = lease.Lease.take(wd(tmp_path), lease_secs=0.4)
   try:
     first = read(tmp_path)["renewed"]
     time.sleep(0.5)
@@ -110,11 +120,10 @@ def test_the_lease_is_renewed_and_a_lapsed_one_is_never_rewritten(tmp_path):
 
 def test_a_checkpointer_guarded_by_a_lapsed_lease_writes_nothing(tmp_path):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  held = lease.Lease.take(str(tmp_path), lease_secs=60)
+  held = lease.Lease.take(wd(tmp_path), lease_secs=60)
   step = tf.Variable(3)
-  ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"),
-                                 {"step": step}, keep=3, chief=True,
-                                 task_id=0, guard=held.check)
+  ckpt = checkpoint.Checkpointer(wd(tmp_path), {"step": step}, keep=3,
+                                 chief=True, task_id=0, guard=held.check)
   assert ckpt.save(3) == f"{tmp_path}/checkpoints/ckpt-3"
   holder_file(tmp_path, token="theirs")
   step.assign(4)
@@ -130,18 +139,18 @@ def test_a_checkpointer_guarded_by_a_lapsed_lease_writes_nothing(tmp_path):
 
 
 def test_holding_takes_only_when_asked_and_always_releases(tmp_path):
-  with lease.holding(str(tmp_path / "r"), 60, take=False) as held:
+  with lease.holding(wd(tmp_path / "r"), 60, take=False) as held:
     assert held is None
   assert not (tmp_path / "r").exists()  # a reader creates nothing
   with pytest.raises(RuntimeError):
-    with lease.holding(str(tmp_path / "w"), 60, take=True) as held:
+    with lease.holding(wd(tmp_path / "w"), 60, take=True) as held:
       assert read(tmp_path / "w")["token"] == held.record["token"]
       raise RuntimeError("the run failed")
-  assert not (tmp_path / "w" / lease.FILE).exists()
+  assert not lease_file(tmp_path / "w").exists()
 
 
 def test_a_torn_lease_file_holds_nothing(tmp_path):
-  (tmp_path / lease.FILE).write_text('{"host": "vm", "pi')
-  taken = lease.Lease.take(str(tmp_path), lease_secs=60)
+  lease_file(tmp_path).write_text('{"host": "vm", "pi')
+  taken = lease.Lease.take(wd(tmp_path), lease_secs=60)
   assert read(tmp_path)["token"] == taken.record["token"]
   taken.release()

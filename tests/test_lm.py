@@ -1,6 +1,7 @@
-"""Tests of experiments/lm.py: the corpus and its windows, the causal model,
-its XLA compile, the bits-per-byte metric, sampling, and 40 steps with
-looper whose eval loss is recomputed here over every eval byte.
+"""Tests of experiments/lm.py and its parts in experiments/text/: the
+corpus and its windows, the causal model, its XLA compile, the
+bits-per-byte metric, sampling, and 40 steps with looper whose eval loss
+and metrics are recomputed here over every eval byte.
 
 The windows are checked against a reference built here with plain bytes
 slicing over a folder of small text files written by the test; the real
@@ -11,7 +12,9 @@ is the argmax loop it promises. Nothing leaves the machine (the download
 test serves its file on 127.0.0.1). About 20 s on 2 CPU cores.
 """
 
+import hashlib
 import math
+import urllib.parse
 
 import keras
 import numpy as np
@@ -19,6 +22,9 @@ import pytest
 import tensorflow as tf
 
 from experiments import lm
+from experiments.text import data
+from experiments.text import metrics
+from experiments.text import sample
 from looper import config as lc
 from looper import objectives
 from looper import precision
@@ -38,7 +44,9 @@ FILES = {
     "b/c/deep.rst": b"Deep ``rst`` file. " * 3,
     "faq/q1.txt": b"Q: why?\nA: because.\n",
     "faq/q2.rst.txt": b"A second faq file, long enough for two windows.\n",
-    "faq/sub/q3.md": b"nested eval",
+    # Its length pads the last eval window (the eval bytes but the first
+    # are not a multiple of T).
+    "faq/sub/q3.md": b"nested eval.",
     "image.png": b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR",
     "b/table.csv": b"1,2,3\n",
     "LICENSE.txt": b"Permission is hereby granted...\n",
@@ -52,10 +60,10 @@ TINY = {"model.layers": 2, "model.heads": 2, "model.width": 16,
 
 
 def _write_corpus(directory):
-  for name, data in FILES.items():
+  for name, content in FILES.items():
     path = directory / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    path.write_bytes(content)
   return directory
 
 
@@ -107,7 +115,7 @@ def _assert_windows(got, want):
 
 
 def test_text_files_by_extension_without_license_or_hidden(folder):
-  assert lm.text_files(str(folder)) == sorted(TRAIN_FILES + EVAL_FILES)
+  assert data.text_files(str(folder)) == sorted(TRAIN_FILES + EVAL_FILES)
 
 
 @pytest.mark.parametrize("stride", [0, 3])
@@ -131,18 +139,18 @@ def test_glob_picks_the_eval_files(folder):
   c = _config(folder, **{"data.eval_glob": "faq/q*.txt"})
   held_out = ["faq/q1.txt", "faq/q2.rst.txt"]
   rest = sorted(set(TRAIN_FILES + EVAL_FILES) - set(held_out))
-  assert lm.corpus(c, "eval") == _stream(held_out)
-  assert lm.corpus(c, "train") == _stream(rest)
+  assert data.corpus(c.data, "eval") == _stream(held_out)
+  assert data.corpus(c.data, "train") == _stream(rest)
   c = _config(folder, **{"data.eval_glob": "**/deep.rst"})
-  assert lm.corpus(c, "eval") == FILES["b/c/deep.rst"]
+  assert data.corpus(c.data, "eval") == FILES["b/c/deep.rst"]
 
 
 def test_empty_glob_holds_out_the_last_tenth_of_the_bytes(folder):
   c = _config(folder, **{"data.eval_glob": ""})
   everything = _stream(sorted(TRAIN_FILES + EVAL_FILES))
   cut = int(len(everything) * 0.9)
-  assert lm.corpus(c, "train") == everything[:cut]
-  assert lm.corpus(c, "eval") == everything[cut:]
+  assert data.corpus(c.data, "train") == everything[:cut]
+  assert data.corpus(c.data, "eval") == everything[cut:]
 
 
 def test_split_slices_select_windows(folder):
@@ -157,7 +165,6 @@ def test_split_slices_select_windows(folder):
     ({"data.eval_glob": "nope/*"}, "eval", "config.data.eval_glob='nope/*'"),
     ({"data.eval_glob": "**/*"}, "train", "config.data.eval_glob='**/*'"),
     ({"model.width": 15}, "train", "config.model.width=15"),
-    ({"model.stride": -1}, "train", "config.model.stride=-1"),
     ({"model.context": 4096}, "train", "config.data.train_split='train'"),
 ])
 def test_bad_fields_are_one_line_naming_the_field(folder, fields, split,
@@ -167,10 +174,25 @@ def test_bad_fields_are_one_line_naming_the_field(folder, fields, split,
   assert names in str(e.value) and "\n" not in str(e.value)
 
 
+def test_model_sizes_are_declared_fields(folder):
+  with pytest.raises(lc.ConfigError) as e:
+    lc.validate(_config(folder, **{"model.stride": -1}))
+  assert str(e.value) == ("config.model.stride=-1: must be a whole number"
+                          " >= 0; set --config.model.stride")
+
+
 def test_folders_without_text_and_files_with_nul_are_refused(tmp_path):
   (tmp_path / "x.png").write_bytes(b"\0")
-  with pytest.raises(lc.ConfigError, match=r"config\.data\.dir=.* no text"):
+  # Text in hidden folders only is no corpus either, however deep.
+  (tmp_path / ".git" / "logs").mkdir(parents=True)
+  (tmp_path / ".git" / "logs" / "HEAD.txt").write_bytes(b"0000 init\n")
+  with pytest.raises(lc.ConfigError) as e:
     lm.dataset_fn(_config(tmp_path), "train")
+  suffixes = ", ".join("*" + s for s in data.TEXT_SUFFIXES)
+  assert str(e.value) == (
+      f"config.data.dir={str(tmp_path)!r} ({tmp_path}) has no text files:"
+      f" expected {suffixes} files; point --config.data.dir at the folder"
+      " holding them")
   (tmp_path / "faq").mkdir()
   (tmp_path / "faq" / "utf16.txt").write_bytes("hi".encode("utf-16"))
   (tmp_path / "train.txt").write_bytes(b"plain text " * 10)
@@ -179,23 +201,31 @@ def test_folders_without_text_and_files_with_nul_are_refused(tmp_path):
 
 
 def test_without_data_dir_downloads_tinyshakespeare_split_90_10(tmp_path):
-  served = tmp_path / "served"
-  served.mkdir()
+  """The default url's path served on 127.0.0.1: the default file_hash
+  refuses a file that is not TinyShakespeare; with the file's own sha256
+  it is downloaded, found by its name, split 90/10, then read from the
+  cache."""
+  path = urllib.parse.urlsplit(lm.get_config().data.url).path
+  served = tmp_path / "served" / path.lstrip("/")
+  served.parent.mkdir(parents=True)
   text = bytes(range(32, 127)) * 20
-  (served / "input.txt").write_bytes(text)
+  served.write_bytes(text)
   cache = tmp_path / "cache"
-  with loopback_server(served) as base:
-    c = _config("", **{"data.cache_dir": str(cache),
-                       "data.url": f"{base}/input.txt",
-                       "data.file_hash": ""})
+  with loopback_server(tmp_path / "served") as base:
+    c = _config("", **{"data.cache_dir": str(cache), "data.url": base + path})
+    with pytest.raises(lc.ConfigError) as e:
+      lm.dataset_fn(c, "eval")
+    assert str(e.value).startswith(
+        f"TinyShakespeare not found: looked in config.data.cache_dir"
+        f" ({cache}) for {data.SHAKESPEARE_FILE}, and the download from"
+        f" config.data.url={base + path!r} failed (")
+    c.data.file_hash = hashlib.sha256(text).hexdigest()
     cut = int(len(text) * 0.9)
     _assert_windows(lm.dataset_fn(c, "eval"),
                     _reference_eval(text[cut:], T))
   # Now from the cache: no server.
   _assert_windows(lm.dataset_fn(c, "train"),
                   _reference_train(text[:cut], T, T // 2))
-  assert lm.DEFAULT_URL.endswith("tinyshakespeare/input.txt")
-  assert len(lm.get_config().data.file_hash) == 64  # a sha256
 
 
 # --- Model ------------------------------------------------------------------
@@ -288,24 +318,20 @@ def test_bits_per_byte_is_the_weighted_cross_entropy_in_bits():
   shifted = logits - logits.max(-1, keepdims=True)
   nats = (np.log(np.exp(shifted).sum(-1)) -
           np.take_along_axis(shifted, labels[..., None], -1)[..., 0])
-  metric = lm.bits_per_byte()
+  metric = metrics.bits_per_byte()
   assert metric.name == "bits_per_byte"
   metric.update_state(labels[:2], logits[:2], sample_weight=weights[:2])
   metric.update_state(labels[2:], logits[2:], sample_weight=weights[2:])
   want = (nats * weights).sum() / weights.sum() / math.log(2)
   np.testing.assert_allclose(float(metric.result()), want, rtol=1e-5)
-  metric = lm.bits_per_byte()
+  metric = metrics.bits_per_byte()
   metric.update_state(labels, logits)
   np.testing.assert_allclose(float(metric.result()),
                              nats.mean() / math.log(2), rtol=1e-5)
 
 
 def test_get_config_validates():
-  c = lm.get_config()
-  lc.validate(c)
-  assert c.loss_normalization == "weights"
-  assert [m().name if callable(m) else m for m in c.metrics] == [
-      "bits_per_byte", "accuracy"]
+  lc.validate(lm.get_config())
 
 
 # --- Sampling ---------------------------------------------------------------
@@ -331,22 +357,22 @@ def _hand_greedy(model, prompt: bytes, num: int) -> bytes:
 
 @pytest.mark.parametrize("prompt", [b"ab", b"a prompt longer than T"])
 def test_greedy_generation_is_the_argmax_loop(tiny_model, prompt):
-  got = lm.generate(tiny_model, prompt, 12, context=T, temperature=0)
+  got = sample.generate(tiny_model, prompt, 12, context=T, temperature=0)
   assert got == _hand_greedy(tiny_model, prompt, 12)
   # top_k=1 samples only the most likely byte: greedy, whatever the seed.
-  assert lm.generate(tiny_model, prompt, 12, context=T, top_k=1,
-                     seed=9) == got
+  assert sample.generate(tiny_model, prompt, 12, context=T, top_k=1,
+                         seed=9) == got
 
 
 def test_sampling_is_deterministic_per_seed(tiny_model):
-  def sample(seed, prompt=b"x" * 20):
-    return lm.generate(tiny_model, prompt, 16, context=T, temperature=1.0,
-                       top_k=50, seed=seed)
-  assert sample(0) == sample(0)
-  assert sample(0) != sample(1)  # 16 draws among 50 bytes: never equal
-  assert len(lm.generate(tiny_model, b"", 5, context=T)) == 5
+  def draw(seed, prompt=b"x" * 20):
+    return sample.generate(tiny_model, prompt, 16, context=T,
+                           temperature=1.0, top_k=50, seed=seed)
+  assert draw(0) == draw(0)
+  assert draw(0) != draw(1)  # 16 draws among 50 bytes: never equal
+  assert len(sample.generate(tiny_model, b"", 5, context=T)) == 5
   with pytest.raises(ValueError, match="top_k=0"):
-    lm.generate(tiny_model, b"x", 1, context=T, top_k=0)
+    sample.generate(tiny_model, b"x", 1, context=T, top_k=0)
 
 
 # --- End to end -------------------------------------------------------------
@@ -367,8 +393,9 @@ def trained(tmp_path_factory):
 
 
 def test_eval_loss_is_the_mean_over_every_eval_byte(trained):
-  """The eval loss and bits_per_byte, recomputed here from the checkpoint
-  over every eval window: each eval byte counted once, padding never."""
+  """The eval loss, bits_per_byte and accuracy, recomputed here from the
+  checkpoint over every eval window: each eval byte counted once, padding
+  never (loss_normalization="weights")."""
   c, workdir, logs = trained
   assert logs["step"] == 40
   model = restored_trainer(c, workdir / "checkpoints" / "ckpt-40").model
@@ -379,9 +406,13 @@ def test_eval_loss_is_the_mean_over_every_eval_byte(trained):
           np.take_along_axis(shifted, labels[..., None], -1)[..., 0])
   mean = (nats * weights).sum() / weights.sum()
   assert weights.sum() == len(_stream(EVAL_FILES)) - 1
+  assert weights.min() == 0  # padding, which a mean over windows would count
   np.testing.assert_allclose(logs["eval"]["loss"], mean, rtol=1e-4)
   np.testing.assert_allclose(logs["eval"]["bits_per_byte"],
                              mean / math.log(2), rtol=1e-4)
+  hits = (logits.argmax(-1) == labels) * weights
+  np.testing.assert_allclose(logs["eval"]["accuracy"],
+                             hits.sum() / weights.sum(), rtol=1e-6)
   assert logs["eval"]["loss"] < math.log(256)  # it learned something
 
 
@@ -396,11 +427,11 @@ def test_looper_export_serves_the_trained_model(trained):
                              model(x), rtol=1e-5, atol=1e-5)
   # generate() on the export, as the module doc shows, samples what it
   # samples on the Keras model.
-  from_export = lm.generate(
+  from_export = sample.generate(
       lambda x: serve(inputs=tf.constant(x))["logits"], b"The q", 10,
       context=T, temperature=0.7, seed=3)
-  assert from_export == lm.generate(model, b"The q", 10, context=T,
-                                    temperature=0.7, seed=3)
+  assert from_export == sample.generate(model, b"The q", 10, context=T,
+                                        temperature=0.7, seed=3)
 
 
 # --- The real corpus --------------------------------------------------------

@@ -58,6 +58,7 @@ def loop_facts(fields: dict) -> dict:
   """What the while body of tiny's train loop does outside the replica step."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper import distribute  # pylint: disable=g-import-not-at-top
+  from looper import loop as loop_lib  # pylint: disable=g-import-not-at-top
   from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from tests import tiny  # pylint: disable=g-import-not-at-top
   from tests.conftest import configured  # pylint: disable=g-import-not-at-top
@@ -71,8 +72,8 @@ def loop_facts(fields: dict) -> dict:
     return merge_call(context, *args, **kwargs)
   distribute_lib.ReplicaContext.merge_call = counted
   try:
-    function = trainer._train_fn.get_concrete_function(  # pylint: disable=protected-access
-        iter(trainer.train_data()), tf.TensorSpec([], tf.int32))
+    function = trainer._loop.function.get_concrete_function(  # pylint: disable=protected-access
+        trainer.input.train_iterator(), tf.TensorSpec([], tf.int32))
   finally:
     distribute_lib.ReplicaContext.merge_call = merge_call
   graph = function.graph
@@ -81,7 +82,7 @@ def loop_facts(fields: dict) -> dict:
   body = library[loop.get_attr("body").name]
   # Which variable each resource input of the body is (by the capture).
   labels = {}
-  for name, variables in (("stop flag", [trainer._stop.flag]),  # pylint: disable=protected-access
+  for name, variables in (("stop flag", [trainer.stop.flag]),
                           ("model", trainer.model.variables),
                           ("optimizer", trainer.optimizer.variables)):
     for variable in variables:
@@ -98,7 +99,7 @@ def loop_facts(fields: dict) -> dict:
                 for i, arg in enumerate(cond.signature.input_arg)}
   nodes = []
   _walk(body, library, nodes)
-  step = trainer_lib.REPLICA_STEP
+  step = loop_lib.REPLICA_STEP
 
   def in_step(name: str) -> bool:
     return f"{step}/" in name or name.startswith(f"{step}")

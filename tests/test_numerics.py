@@ -16,6 +16,7 @@ from looper import distribute
 from looper import layers
 from looper import precision
 from looper import run
+from looper import evaluator as evaluator_lib
 from looper import trainer as trainer_lib
 from tests import tiny
 from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok, scalars
@@ -176,7 +177,7 @@ def test_gradient_accumulation_equals_one_larger_batch(embed):
   for a, b in zip(small.model.weights, big.model.weights):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
   assert small.global_step == big.global_step == 12
-  assert small.data_position == big.data_position == 12 * 64
+  assert small.input.data_position == big.input.data_position == 12 * 64
   assert small.learning_rate() == big.learning_rate()
 
 
@@ -191,14 +192,14 @@ def test_ema_follows_a_numpy_reference_and_is_what_eval_sees():
   for got, want in zip(t.ema.averages, average):
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7)
   trained = [v.numpy() for v in t.model.trainable_variables]
-  logs = t.evaluate()
+  logs = evaluator_lib.Evaluator(t).evaluate()
   for v, want in zip(t.model.trainable_variables, trained):  # swapped back
     np.testing.assert_array_equal(v.numpy(), want)
   # The same evaluation with the averaged weights loaded by hand.
   plain = _trainer()
   for v, a in zip(plain.model.trainable_variables, average):
     v.assign(a)
-  assert logs["loss"] == pytest.approx(plain.evaluate()["loss"], rel=1e-6)
+  assert logs["loss"] == pytest.approx(evaluator_lib.Evaluator(plain).evaluate()["loss"], rel=1e-6)
   assert "ema" in t.checkpoint_items()
 
 

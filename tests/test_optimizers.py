@@ -1,5 +1,8 @@
-"""looper.optimizers: the warmup schedule, the linear scaling of the rate,
-and the clip of the global batch's gradient inside the optimizer."""
+"""looper.optimizers: the schedules (Keras' own after looper's warmup)
+against their documented formula, the linear scaling of the rate, and the
+clip of the global batch's gradient inside the optimizer."""
+
+import math
 
 import keras
 import numpy as np
@@ -10,32 +13,70 @@ from looper import config as lc
 from looper import optimizers
 
 
-# --- Warmup: the first update uses peak / warmup_steps, not 0 ---------------
+# --- The schedules: Keras' own, after looper's warmup -----------------------
 
 
-def _rates(schedule, steps):
-  return [float(schedule(tf.constant(i, tf.int64))) for i in steps]
+def _reference(decay, peak, warmup, total, i):
+  """The rate of update k = i + 1 (Keras passes i, the updates done), as
+  config.optimizer documents it: k/warmup of the peak during the warmup,
+  then the decay over the remaining updates, to 0 after `total`."""
+  k = i + 1
+  if k <= warmup:
+    return peak * k / warmup
+  d = min(max(i - warmup, 0) / max(total - warmup, 1), 1.0)
+  return peak * {"constant": 1.0, "linear": 1.0 - d,
+                 "cosine": (1.0 + math.cos(math.pi * d)) / 2}[decay]
 
 
-@pytest.mark.parametrize("decay,after_warmup", [
-    # Keras calls the schedule with iterations = k - 1 for update k. Warmup
-    # 4, total 10: updates 1-4 ramp to the peak, updates 5-10 decay over the
-    # 6 post-warmup updates, and the rate after update 10 is 0.
-    ("constant", [1, 1, 1, 1, 1, 1, 1]),
-    ("linear", [1, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6, 0]),
-    ("cosine", [1, 0.5 * (1 + np.cos(np.pi / 6)), 0.75, 0.5, 0.25,
-                0.5 * (1 + np.cos(5 * np.pi / 6)), 0]),
-])
-def test_warmup_first_update_is_not_zero(decay, after_warmup):
-  schedule = optimizers.WarmupSchedule(2.0, 4, decay, 10)
-  want = [0.5, 1.0, 1.5, 2.0] + [2.0 * f for f in after_warmup]
-  np.testing.assert_allclose(_rates(schedule, range(11)), want, atol=1e-6)
-  assert _rates(schedule, [11, 1000]) == [want[-1]] * 2
+@pytest.mark.parametrize("decay", ["constant", "linear", "cosine"])
+@pytest.mark.parametrize("warmup,total", [(0, 10), (4, 10), (100, 1000)])
+def test_the_rate_at_each_phase_is_the_documented_formula(decay, warmup,
+                                                          total):
+  peak = 2.0
+  schedule = optimizers.schedule(peak, warmup, decay, total)
+  # 0 and 1, the warmup's last and the peak's two, mid-decay, the last
+  # update, the rate reported after it (0 but for constant), and beyond.
+  steps = sorted({0, 1, max(warmup - 1, 0), warmup, warmup + 1,
+                  (warmup + total) // 2, total - 1, total, total + 5})
+  want = [_reference(decay, peak, warmup, total, i) for i in steps]
+  eager = [float(schedule(tf.constant(i, tf.int64))) for i in steps]
+  graph = tf.function(lambda i: schedule(i))  # as the optimizer calls it
+  traced = [float(graph(tf.constant(i, tf.int64))) for i in steps]
+  for got in (eager, traced):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * peak)
+  assert eager[0] == pytest.approx(peak / warmup if warmup else peak)
 
 
-def test_without_warmup_the_schedule_is_unchanged():
-  linear = optimizers.WarmupSchedule(1.0, 0, "linear", 4)
-  np.testing.assert_allclose(_rates(linear, range(5)), [1, .75, .5, .25, 0])
+def test_without_warmup_the_schedule_is_keras_own():
+  kinds = {name: type(optimizers.schedule(1.0, 0, name, 10))
+           for name in optimizers.SCHEDULES}
+  assert kinds == {"constant": keras.optimizers.schedules.PolynomialDecay,
+                   "linear": keras.optimizers.schedules.PolynomialDecay,
+                   "cosine": keras.optimizers.schedules.CosineDecay}
+  warmup = optimizers.schedule(1.0, 4, "cosine", 10)
+  again = optimizers.Warmup(**warmup.get_config())
+  assert [float(again(i)) for i in range(11)] == [float(warmup(i))
+                                                  for i in range(11)]
+
+
+def test_the_rate_is_not_in_the_checkpoint(tmp_path):
+  c = lc.default_config().optimizer
+  c.name, c.momentum, c.learning_rate, c.warmup_steps = "sgd", 0.0, 0.1, 2
+  w = tf.Variable([0.0])
+  opt = optimizers.build(c, total_steps=10, global_batch_size=32)
+  for _ in range(3):
+    opt.apply_gradients([(tf.constant([1.0]), w)])
+  path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "c"))
+  keys = {k for k in tf.train.load_checkpoint(path).get_variable_to_shape_map()
+          if k.startswith("optimizer/")}
+  assert keys == {"optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",
+                  "optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE"}
+  c.learning_rate = 0.5  # a resume with a new rate uses it at once
+  again = optimizers.build(c, total_steps=10, global_batch_size=32)
+  again.build([w])
+  tf.train.Checkpoint(optimizer=again).restore(path).assert_consumed()
+  assert int(again.iterations.numpy()) == 3
+  assert float(again.learning_rate) == pytest.approx(0.5)
 
 
 def test_first_optimizer_update_uses_the_warmup_rate():

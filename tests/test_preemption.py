@@ -1,10 +1,12 @@
-"""StopOnSignal in this process: the first signal asks, the second exits."""
+"""StopOnSignal in this process: the first signal asks, the second exits;
+the signal's name is the stop's reason."""
 
 import os
 import signal
 import time
 
 from looper import preemption
+from looper import stopping
 
 
 def wait_until(condition, timeout=5.0):
@@ -28,3 +30,15 @@ def test_first_signal_requests_a_stop_and_the_second_exits(monkeypatch):
   assert exits == [128 + signal.SIGINT]
   assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
 
+
+
+def test_the_signal_is_the_stop_flags_reason():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  stop = stopping.StopFlag(tf.distribute.get_strategy())
+  assert not stop.requested and stop.reason is None
+  with preemption.StopOnSignal(stop.request):
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert wait_until(lambda: stop.requested), "no stop was requested"
+  assert stop.reason == "SIGTERM"
+  stop.request("SIGINT")  # the first reason is kept
+  assert stop.reason == "SIGTERM" and bool(stop.flag.numpy())

@@ -7,14 +7,17 @@ import pytest
 from looper import actions
 from looper import config as lc
 from looper import profiler
+from looper import workdir
 from tests import tiny
 from tests.test_controller import make
 
 
 def window(log, trainer_of, logdir="/logs", start_step=10, num_steps=5):
-  """A Window whose profiler records ('start' | 'stop', global step)."""
+  """A Window whose profiler records ('start' | 'stop', global step); it
+  traces into workdir `logdir` (None: none, a non-chief)."""
   return profiler.Window(
-      logdir, start_step=start_step, num_steps=num_steps,
+      logdir and workdir.Workdir(logdir), start_step=start_step,
+      num_steps=num_steps,
       start=lambda d: log.append(("start", trainer_of().global_step, d)),
       stop=lambda: log.append(("stop", trainer_of().global_step)))
 
@@ -37,14 +40,14 @@ def test_loops_end_on_the_window_and_it_traces_only_its_steps():
   ctl.train()
   # Inside the window, one step per loop (a step marker each).
   assert loop_ends(trainer) == [7, 10, 11, 12, 13, 14, 15, 22, 29, 36, 40]
-  assert log == [("start", 10, "/logs"), ("stop", 15)]
+  assert log == [("start", 10, "/logs/train"), ("stop", 15)]
 
 
 def test_a_run_resumed_inside_the_window_traces_the_rest():
   ctl, trainer, log = fake_run(start_step=12)
   ctl.train()
   assert loop_ends(trainer)[:4] == [13, 14, 15, 22]
-  assert log == [("start", 12, "/logs"), ("stop", 15)]
+  assert log == [("start", 12, "/logs/train"), ("stop", 15)]
 
 
 def test_a_run_resumed_past_the_window_does_not_trace():
@@ -56,24 +59,24 @@ def test_a_run_resumed_past_the_window_does_not_trace():
 def test_the_end_or_a_signal_inside_the_window_stops_the_trace():
   ctl, _, log = fake_run(total=13)
   ctl.train()
-  assert log == [("start", 10, "/logs"), ("stop", 13)]
+  assert log == [("start", 10, "/logs/train"), ("stop", 13)]
   ctl, trainer, log = fake_run()
   original = trainer.train
 
   def train(steps):  # SIGTERM during the window's second step
     if trainer.global_step == 11:
-      ctl.request_stop("SIGTERM")
+      trainer.stop.request("SIGTERM")
       trainer.stop_after(1)
     return original(steps)
 
   trainer.train = train
   assert ctl.train()["stopped"] == "SIGTERM"
-  assert log == [("start", 10, "/logs"), ("stop", 12)]
+  assert log == [("start", 10, "/logs/train"), ("stop", 12)]
 
 
 def test_training_ending_at_the_start_step_starts_no_trace():
   early_stop = actions.Action(
-      lambda step, loop: step == 10 and ctl.end_training("early stop"),
+      lambda now: now.step == 10 and now.end_training("early stop"),
       every_steps=5)
   ctl, trainer, log = fake_run(eval_actions=[early_stop])
   assert ctl.train_and_eval()["step"] == 10

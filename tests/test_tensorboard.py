@@ -26,6 +26,7 @@ from looper import run
 from looper import runs
 from looper import summaries
 from looper import trainer as trainer_lib
+from looper import workdir as workdir_lib
 from tests import tiny
 from tests.conftest import configured, fetch, scalars, tensorboard_server
 
@@ -85,7 +86,7 @@ def test_hparams_are_the_set_fields_and_the_compared_ones_written_once(
   workdir = root / "a"
   # In its own run directory (none in the root), once: not again on resume.
   assert not list(workdir.glob("*tfevents*"))
-  [event], info = session_start(workdir / hparams.RUN)
+  [event], info = session_start(workdir / "hparams")
   values = {k: getattr(v, v.WhichOneof("kind"))
             for k, v in info.hparams.items()}
   assert event.step == 0 and info.group_name == str(workdir)
@@ -213,23 +214,26 @@ def test_a_fresh_start_replaces_what_a_killed_attempt_wrote(tmp_path):
   """No checkpoint, so the run starts over: one record, the new one."""
   for steps in (10, 20):  # the first attempt dies before its first save
     config = json.dumps({"train": {"steps": steps}})
+    wd = workdir_lib.Workdir(str(tmp_path))
     out = summaries.Summaries(
-        str(tmp_path), chief=True, total_steps=steps,
+        wd, chief=True, total_steps=steps, trains=True,
+        eval_dir=wd.eval_events,
         table=hparams.Table.of(config, "{}", ["loss"]))
     out.start_run(config, f"model {steps}")
     out.train(1, [1.0, 0.5], {"loss": 0.75, "steps_per_sec": 2.0})
     out.close()
   assert texts(tmp_path / "train", "model_summary") == ["```\nmodel 20\n```"]
-  [_], info = session_start(tmp_path / hparams.RUN)
+  [_], info = session_start(tmp_path / "hparams")
   assert info.hparams["train.steps"].number_value == 20
   assert scalars(tmp_path / "train", "loss") == {1: 1.0, 2: 0.5}
-  assert [(l["kind"], l["step"]) for l in jsonl.read(tmp_path)] == [
+  assert [(l["kind"], l["step"])
+          for l in jsonl.read(str(tmp_path / "metrics.jsonl"))] == [
       ("start", 0), ("train", 2)]
 
 
 def test_metrics_jsonl_has_a_line_per_loop_and_evaluation(sweep):
   root, _ = sweep
-  lines = jsonl.read(root / "a")
+  lines = jsonl.read(str(root / "a" / "metrics.jsonl"))
   # Run a stopped at 30 and resumed to 40: each step once, in order.
   assert [(l["kind"], l["step"]) for l in lines] == [
       ("start", 0), ("train", 10), ("train", 11), ("train", 12),
@@ -352,23 +356,24 @@ def test_the_profile_tab_measures_each_traced_step(board):
 
 
 def test_metrics_jsonl_is_cut_back_to_the_resumed_step(tmp_path):
-  log = jsonl.MetricsLog(str(tmp_path))
+  path = tmp_path / "metrics.jsonl"
+  log = jsonl.MetricsLog(str(path))
   log.start()
   for step in (10, 20, 30):
     log.write("train", step, {"loss": 1.0 / step})
   log.write("eval", 30, {"loss": 0.5})
-  with open(tmp_path / jsonl.FILE, "a") as f:
+  with open(path, "a") as f:
     f.write('{"kind": "train", "st')  # a kill -9 in the middle of a line
-  assert [l["step"] for l in jsonl.read(tmp_path)] == [0, 10, 20, 30, 30]
+  assert [l["step"] for l in jsonl.read(str(path))] == [0, 10, 20, 30, 30]
   log.truncate_after(20)
-  lines = jsonl.read(tmp_path)
+  lines = jsonl.read(str(path))
   assert [(l["kind"], l["step"]) for l in lines] == [
       ("start", 0), ("train", 10), ("train", 20)]
   assert lines[2]["loss"] == 1.0 / 20
-  assert (tmp_path / jsonl.FILE).read_text().endswith("}\n")  # whole lines
+  assert path.read_text().endswith("}\n")  # whole lines
   # A partial line alone is cut too: the next line must not glue to it.
-  with open(tmp_path / jsonl.FILE, "a") as f:
+  with open(path, "a") as f:
     f.write('{"kind": "eval", "st')
   log.truncate_after(20)
   log.write("train", 30, {"loss": 0.1})
-  assert [l["step"] for l in jsonl.read(tmp_path)] == [0, 10, 20, 30]
+  assert [l["step"] for l in jsonl.read(str(path))] == [0, 10, 20, 30]

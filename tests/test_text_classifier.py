@@ -86,7 +86,7 @@ def test_train_pipeline_feeds_four_shapes(data):
             for length in (16, 32, 48, 64)}
   assert min(counts.values()) >= BATCH  # all four buckets fill a batch
   epoch = sum(n // BATCH for n in counts.values())
-  batches = iter(trainer.train_data())
+  batches = trainer.input.train_iterator()
   shapes, fed = [], []
   for _ in range(epoch):
     tokens, _ = next(batches)
@@ -102,7 +102,7 @@ def test_train_pipeline_feeds_four_shapes(data):
   assert len(set(fed)) == len(fed) == epoch * BATCH
   assert len(fed) == NUM_TRAIN - sum(n % BATCH for n in counts.values())
   # Two replicas: each gets half of every global batch, at its length.
-  two = trainer.source(c.data.train_split).train(
+  two = trainer.input.source(c.data.train_split).train(
       tf.distribute.InputContext(1, 0, 2), global_batch_size=BATCH,
       seed=c.seed, shuffle_buffer=c.data.shuffle_buffer, position=0)
   per_replica = [x.shape for x, _ in two.take(2 * epoch)]
@@ -164,6 +164,11 @@ def test_config_checks_are_one_line(data):
     tc.dataset_fn(c, "train")
   lc.validate(tc.get_config())
   tc.check_config(tc.get_config())
+  for field in ("num_words", "max_len", "embed_dim", "filters"):
+    with pytest.raises(lc.ConfigError) as e:
+      lc.validate(configured(_config(data_dir), {f"model.{field}": 0}))
+    assert str(e.value) == (f"config.model.{field}=0: must be a whole number"
+                            f" >= 1; set --config.model.{field}")
 
 
 @pytest.mark.slow  # a subprocess

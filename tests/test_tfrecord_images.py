@@ -101,9 +101,17 @@ def test_get_config_validates():
   norms = [l for l in model.layers if l.__class__.__name__ ==
            "BatchNormalization"]
   assert len(norms) == 4 and all(l.synchronized for l in norms)
-  c.model.num_classes = 1
-  with pytest.raises(lc.ConfigError, match=r"config\.model\.num_classes=1"):
-    tfrecord_images.model_fn(c)
+  for field, value, low in (("num_classes", 1, 2), ("image_size", 15, 16),
+                            ("width", 0, 1)):
+    with pytest.raises(lc.ConfigError) as e:
+      lc.validate(configured(tfrecord_images.get_config(),
+                             {f"model.{field}": value}))
+    assert str(e.value) == (f"config.model.{field}={value}: must be a whole"
+                            f" number >= {low}; set --config.model.{field}")
+  # 16 pixels: the four 2x2 poolings leave one.
+  smallest = configured(tfrecord_images.get_config(), {"model.image_size": 16})
+  lc.validate(smallest)
+  assert tfrecord_images.model_fn(smallest).output_shape == (None, 5)
 
 
 def test_parses_and_resizes_the_records(flowers):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import errors
+from looper import evaluator as evaluator_lib
 from looper import run
 from looper import trainer as trainer_lib
 from tests import tiny
@@ -132,7 +132,7 @@ def test_an_overridden_train_step_is_called_under_accumulation():
   np.testing.assert_allclose(got, want, rtol=1e-5)
   for a, b in zip(whole.model.weights, default.model.weights):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
-  assert whole.data_position == default.data_position == 6 * 32
+  assert whole.input.data_position == default.input.data_position == 6 * 32
 
 
 def _unflip(values):
@@ -140,41 +140,6 @@ def _unflip(values):
   if tf.reduce_sum(values) < 0:  # never true; a graph-time tensor `if`
     values = -values
   return values
-
-
-def test_each_evaluation_takes_one_whole_pass_and_a_shrunk_split_is_named():
-  """Evaluations share one iterator over the eval pass repeated (a fresh
-  iterator per evaluation ran a third of them at half speed): each takes
-  exactly one pass, and a split that shrinks under the run is one line."""
-  real = tf.Variable(1001, dtype=tf.int64)  # eval examples dataset_fn gives
-
-  def dataset_fn(config, split):
-    data = tiny.dataset_fn(config, split)
-    if split == config.data.train_split:
-      return data
-    return data.enumerate().filter(lambda i, _: i < real).map(
-        lambda _, example: example)
-
-  c = tiny.get_config()
-  c.dataset_fn = dataset_fn
-  trainer = trainer_lib.Trainer(c, tf.distribute.get_strategy())
-  first = trainer.evaluate()
-  assert first["examples"] == 1001
-  assert [trainer.evaluate() for _ in range(3)] == [first] * 3
-  trainer.train(5)
-  moved = trainer.evaluate()  # new weights, the same whole pass
-  assert moved["examples"] == 1001 and moved["loss"] != first["loss"]
-  real.assign(990)
-  with pytest.raises(errors.DataError) as e:
-    for _ in range(2):  # the pass under way may hold 1001: the next cannot
-      trainer.evaluate()
-  # 990 real + 23 padding = 15 whole batches of 64; the 16th is the next
-  # pass's first.
-  assert str(e.value) == (
-      "config.data.eval_split='test' gave 1024 examples of the evaluation at"
-      " step 5, where 1001 were counted before it: make config.dataset_fn"
-      " return the same examples on every pass")
-  assert trainer.evaluate()["examples"] == 990  # counted afresh
 
 
 class BranchingTrainer(trainer_lib.Trainer):
@@ -249,12 +214,12 @@ def test_autograph_converts_the_users_code_only(conversions):
   strategy = tf.distribute.get_strategy()
   base = trainer_lib.Trainer(c, strategy)
   want, _ = base.train(3)
-  want_eval = base.evaluate()
+  want_eval = evaluator_lib.Evaluator(base).evaluate()
   assert not conversions  # looper's loops, seams and helpers: plain
   subclass = DeeperTrainer(c, strategy)
   got, _ = subclass.train(3)
   np.testing.assert_array_equal(got, want)
-  assert subclass.evaluate() == want_eval
+  assert evaluator_lib.Evaluator(subclass).evaluate() == want_eval
   assert sorted(set(conversions)) == [
       "BranchingTrainer.compute_loss", "BranchingTrainer.eval_step",
       "DeeperTrainer.train_step", "_unflip"]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from looper import evaluator as evaluator_lib
 from looper import run
 from looper import trainer as trainer_lib
 from looper.data import shards
@@ -171,7 +172,7 @@ def test_eval_is_weighted_over_the_whole_split(tmp_path, kind, mode):
   else:
     c.data.mode = mode
   t = trainer_lib.Trainer(c, tf.distribute.get_strategy())
-  got = t.evaluate()
+  got = evaluator_lib.Evaluator(t).evaluate()
   outputs = tf.nest.map_structure(lambda o: o.numpy(), t.model(x))
   want = numpy_eval(kind, outputs, y, w)
   assert got["examples"] == 1000

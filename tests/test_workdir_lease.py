@@ -21,6 +21,7 @@ from looper.errors import WorkdirError
 from tests import tiny
 from tests.conftest import checkpoint_tensors, configured, curve
 from tests.conftest import looper_lines, popen_looper, run_ok, wait_for
+from tests.test_lease import lease_file, wd
 
 # Subprocesses: the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def test_a_second_writer_is_refused_and_readers_run_beside(tmp_path):
   first = popen_looper(*ARGS, f"--workdir={workdir}", log=tmp_path / "first.log")
   try:
     wait_for(first.log, "Saved ")  # its folders are all there now
-    held = json.loads((workdir / lease.FILE).read_text())
+    held = json.loads(lease_file(workdir).read_text())
     assert held["pid"] == first.pid
     top = sorted(p.name for p in workdir.iterdir())
     config_json = (workdir / "config.json").stat().st_mtime_ns
@@ -59,14 +60,14 @@ def test_a_second_writer_is_refused_and_readers_run_beside(tmp_path):
   finally:
     first.kill()
     first.wait()
-  assert not (workdir / lease.FILE).exists()  # released at the end
+  assert not lease_file(workdir).exists()  # released at the end
   # Readers beside a writer: here the writer is this process (a live PID on
   # this host), so a reader that took the lease would be refused.
-  with lease.holding(str(workdir), 60, take=True) as held:
+  with lease.holding(wd(workdir), 60, take=True) as held:
     for mode in ("eval", "export"):
       assert run.run(config(), str(workdir), mode=mode)["step"] == 10000
     held.check()  # still this process's
-  assert not (workdir / lease.FILE).exists()  # released at the end
+  assert not lease_file(workdir).exists()  # released at the end
   run_ok(*ARGS, f"--workdir={tmp_path}/alone")
   np.testing.assert_array_equal(curve(workdir / "train"),
                                 curve(tmp_path / "alone" / "train"))
@@ -92,12 +93,12 @@ def test_a_holder_killed_with_kill9_does_not_block_the_rerun(tmp_path):
   try:
     wait_for(proc.log, "Saved ")
     proc.kill()  # not reaped yet while the rerun starts: a zombie
-    assert json.loads((workdir / lease.FILE).read_text())["pid"] == proc.pid
+    assert json.loads(lease_file(workdir).read_text())["pid"] == proc.pid
     rerun = run_ok(*args)
   finally:
     proc.wait()
   assert "Took over --workdir" in rerun.stderr
-  assert not (workdir / lease.FILE).exists()
+  assert not lease_file(workdir).exists()
   assert len(curve(workdir / "train")) == 2000
 
 
@@ -109,7 +110,7 @@ def test_a_run_whose_lease_was_taken_over_stops_without_saving(tmp_path):
   try:
     wait_for(proc.log, "Saved ")
     # What a run on another host writes once this lease lapsed.
-    (workdir / lease.FILE).write_text(json.dumps({
+    lease_file(workdir).write_text(json.dumps({
         "host": "elsewhere", "boot": "b", "pid": 4242, "pid_start": "1",
         "token": "new-run", "since": time.time(), "renewed": time.time()}))
     saved = set((workdir / "checkpoints").glob("*.index"))
@@ -124,4 +125,4 @@ def test_a_run_whose_lease_was_taken_over_stops_without_saving(tmp_path):
   assert "this run's lease lapsed" in looper_lines(log)[-1]
   # At most the save under way when the file changed got through.
   assert len(set((workdir / "checkpoints").glob("*.index")) - saved) <= 1
-  assert json.loads((workdir / lease.FILE).read_text())["token"] == "new-run"
+  assert json.loads(lease_file(workdir).read_text())["token"] == "new-run"

@@ -31,6 +31,7 @@ Scale or otherwise preprocess in the model (keras.layers.Rescaling(1 /
 import ml_collections
 import tensorflow as tf
 
+from looper import config as lc
 from looper import conversion
 from looper import errors
 from looper.data import splits
@@ -52,7 +53,7 @@ def add_fields(c: ml_collections.ConfigDict, *, name: str = "",
   """
   c.data.tfds_name = name
   c.data.tfds_keys = tuple(keys)
-  c.data.tfds_download = download
+  c.data.tfds_download = lc.boolean(download)
 
 
 def dataset_fn(config: ml_collections.ConfigDict,

@@ -208,16 +208,15 @@ def phases(model: str = "mlp", precision: str = "float32") -> str:
   times = [time.perf_counter()]
   trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
   times.append(time.perf_counter())
-  iterator = iter(trainer.train_data())
+  iterator = trainer.input.train_iterator()
   times.append(time.perf_counter())
-  trainer._train_fn.get_concrete_function(  # pylint: disable=protected-access
+  trainer._loop.function.get_concrete_function(  # pylint: disable=protected-access
       iterator, tf.constant(K))
   times.append(time.perf_counter())
-  trainer._iterator = iterator  # pylint: disable=protected-access
   for _ in range(2):
     trainer.train(K)
     times.append(time.perf_counter())
-  names = ("Trainer()", "train_data() + iterator", "trace",
+  names = ("Trainer()", "train iterator", "trace",
            "first train(K)", "second train(K)")
   return "  ".join(f"{n} {b - a:.2f}s" for n, a, b in
                    zip(names, times, times[1:]))

@@ -80,27 +80,30 @@ def _config(seed: int, precision: str):
 
 
 def run_looper(seed: int, precision: str) -> dict:
+  from looper import evaluator as evaluator_lib  # pylint: disable=g-import-not-at-top
   from looper import run  # pylint: disable=g-import-not-at-top
   from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   reached = {"imported": time.time()}
   evals = []
 
-  class UntilTarget(trainer_lib.Trainer):
+  class UntilTarget(evaluator_lib.Evaluator):
     def evaluate(self):
       start = time.time()
       results = super().evaluate()
       evals.append(time.time() - start)
       if results["accuracy"] >= TARGET and "time" not in reached:
-        reached.update(time=time.time(), step=self.global_step,
+        reached.update(time=time.time(), step=self.trainer.global_step,
                        accuracy=results["accuracy"], eval_secs=sum(evals))
-        self.request_stop()
+        self.trainer.stop.request()
       return results
 
+  class FirstLoop(trainer_lib.Trainer):
     def on_loop_end(self, step, logs):
       reached.setdefault("first_loop", time.time())
 
   config = _config(seed, precision)
-  config.trainer = UntilTarget
+  config.trainer = FirstLoop
+  evaluator_lib.Evaluator = UntilTarget  # what run builds (own process)
   with tempfile.TemporaryDirectory() as workdir:
     run.run(config, workdir, "train_and_eval")
   return reached

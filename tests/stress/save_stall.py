@@ -22,6 +22,7 @@ import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
 from looper import checkpoint
+from looper import workdir
 
 
 def main(rounds: int = 9) -> int:
@@ -34,7 +35,7 @@ def main(rounds: int = 9) -> int:
   params = sum(int(tf.size(v)) for v in model.trainable_variables)
   base = tempfile.mkdtemp(prefix="looper-stall-")
   savers = {mode: checkpoint.Checkpointer(
-      os.path.join(base, mode), {"model": model, "optimizer": optimizer},
+      workdir.Workdir(os.path.join(base, mode)), {"model": model, "optimizer": optimizer},
       keep=2, chief=True, task_id=0, async_save=mode == "async")
             for mode in ("sync", "async")}
   blocked = {"sync": [], "async": []}

@@ -1,0 +1,228 @@
+"""Every private TensorFlow or Keras API looper uses, one function each.
+
+Synopsis::
+
+    compat.after_all_reduce(optimizer, clip)     # optimizers.clip_after_sum
+    compat.in_multi_worker_mode(strategy)        # the endless train stream
+    compat.configure_coordination_service(       # distribute, multi-worker
+        leader="/job:worker/replica:0/task:0", jobs={"worker": 2},
+        register_timeout_ms=60_000, heartbeat_timeout_ms=30_000)
+    compat.disable_op_determinism()              # precision.set_deterministic
+    compat.patch_keras_async_copy()              # checkpoint, async saves
+    compat.raise_async_save_error(tf_checkpoint)  # checkpoint.wait
+    compat.mark_expected_partial(value)          # console, a failed restore
+    compat.dataset_graph(dataset)                # preflight: Python in tf.data
+    compat.function_graphs(graph)                # preflight: loop bodies
+
+Each function reaches into a name TensorFlow or Keras may move or reshape in
+any release, because no public API does what looper needs. Its docstring
+says what it touches, why looper needs it, and the versions it was checked
+on (CHECKED_ON). tests/test_compat.py fails when one of them moves: the
+name, its signature, and the behaviour looper relies on where that is cheap
+to check. After upgrading TensorFlow or Keras, run it first, then update
+CHECKED_ON and the docstrings.
+
+Private modules are imported inside the function that needs them, so a
+moved one breaks only that feature. Nothing here imports from looper.
+"""
+
+from typing import Callable
+
+import tensorflow as tf
+
+# The versions every function below was checked on (each docstring says so).
+CHECKED_ON = {"tensorflow": "2.21.0", "keras": "3.15.1"}
+
+GradsAndVars = list[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]]
+
+
+def after_all_reduce(optimizer,
+                     transform: Callable[[GradsAndVars], GradsAndVars]) -> None:
+  """Makes `optimizer` pass the gradients it summed over the replicas
+  through `transform` before it applies them.
+
+  Touches: `_all_reduce_sum_gradients(grads_and_vars)` of Keras' TensorFlow
+  optimizer (keras/src/backend/tensorflow/optimizer.py), which
+  `apply_gradients` calls in replica context and whose (gradient, variable)
+  pairs it then applies; it is replaced on this instance. A
+  LossScaleOptimizer has its inner optimizer sum (in the replica threads of
+  `call_for_each_replica`, the gradients unscaled and known finite), so
+  the hook goes on the inner one.
+
+  Why: `optimizer.clip_global_norm` clips the global batch's gradient, after
+  the sum (Keras' clipnorm clips each replica's before it), without an
+  all-reduce of its own; Keras has no public hook after its sum.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  target = getattr(optimizer, "inner_optimizer", optimizer)
+  all_reduce = target._all_reduce_sum_gradients  # pylint: disable=protected-access
+  target._all_reduce_sum_gradients = (  # pylint: disable=protected-access
+      lambda grads_and_vars: transform(all_reduce(grads_and_vars)))
+
+
+def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
+  """Whether `strategy` trains across several worker processes.
+
+  Touches: `strategy.extended._in_multi_worker_mode()`. True only for a
+  MultiWorkerMirroredStrategy with more than one worker; False for the
+  default, OneDevice, Mirrored and (whatever its hosts) TPU strategies.
+
+  Why: the train stream is declared endless only where tf.distribute asks
+  every worker at each get_next whether it still has data (the Trainer's
+  `_endless`). The public route, counting the tasks in the spec of
+  `strategy.cluster_resolver`, would restate for each strategy which jobs
+  train and that a TPU pod counts as one worker.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  return strategy.extended._in_multi_worker_mode()  # pylint: disable=protected-access
+
+
+def configure_coordination_service(*, leader: str, jobs: dict[str, int],
+                                   register_timeout_ms: int,
+                                   heartbeat_timeout_ms: int) -> None:
+  """Sets the multi-worker coordination service's limits, before the
+  strategy is built: `jobs` ({job: number of tasks}) register with `leader`
+  behind a barrier within `register_timeout_ms`, and a task whose
+  heartbeats stop for `heartbeat_timeout_ms` fails the others.
+
+  Touches: the eager context (tensorflow.python.eager.context.context()),
+  its `configure_coordination_service(service_type, service_leader,
+  cluster_register_timeout_in_ms, heartbeat_timeout_in_ms,
+  coordinated_jobs)` with CoordinatedJob protos
+  (tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2), and the
+  `cluster_register_with_barrier` field of the config it stores (the
+  context's `coordination_service`), which its ConfigProto carries to the
+  server. MultiWorkerMirroredStrategy keeps a configuration set before it.
+
+  Why: by default a missing worker is waited for an hour or more, and a
+  peer whose host went silent until heartbeats time out; no public API or
+  environment variable sets either. Without the barrier the leader waits
+  regardless of the timeout.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  ctx = context.context()
+  ctx.configure_coordination_service(
+      service_type="standalone", service_leader=leader,
+      cluster_register_timeout_in_ms=register_timeout_ms,
+      heartbeat_timeout_in_ms=heartbeat_timeout_ms,
+      coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
+          name=job, num_tasks=tasks) for job, tasks in jobs.items()])
+  ctx.coordination_service.cluster_register_with_barrier = True
+
+
+def disable_op_determinism() -> None:
+  """Turns TensorFlow's op determinism off (the default).
+
+  Touches: tensorflow.python.framework.config.disable_op_determinism();
+  only `tf.config.experimental.enable_op_determinism` is public.
+
+  Why: `train.deterministic=False` undoes what an earlier deterministic run
+  in the same process (a notebook, a test) turned on; op determinism
+  refuses `tf.timestamp`, which times the input.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  from tensorflow.python.framework import config  # pylint: disable=g-import-not-at-top
+  config.disable_op_determinism()
+
+
+def patch_keras_async_copy() -> None:
+  """Lets TensorFlow's async checkpointing copy Keras 3 variables more than
+  once (idempotent; the checkpoint format is unchanged).
+
+  Touches: `_copy_trackable_to_cpu(self, object_map)` of Keras' TensorFlow
+  Variable (keras/src/backend/tensorflow/core.py), replaced on the class
+  by one that delegates to the wrapped tf.Variable's method of that name.
+
+  Why: Keras' version creates a new CPU tf.Variable inside a tf.function
+  on every save, so the second async save fails with "tf.function only
+  supports singleton tf.Variables created on the first call"; the wrapped
+  tf.Variable updates its CPU copy in place.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  from keras.src.backend.tensorflow import core  # pylint: disable=g-import-not-at-top
+  if getattr(core.Variable, "_looper_async_patch", False):
+    return
+
+  def copy_to_cpu(self, object_map):
+    self.value._copy_trackable_to_cpu(object_map)  # pylint: disable=protected-access
+    object_map[self] = object_map[self.value]
+
+  core.Variable._copy_trackable_to_cpu = copy_to_cpu  # pylint: disable=protected-access
+  core.Variable._looper_async_patch = True  # pylint: disable=protected-access
+
+
+def raise_async_save_error(checkpoint: tf.train.Checkpoint) -> None:
+  """Raises the error of `checkpoint`'s last background write, if it
+  failed (call after `checkpoint.sync()`).
+
+  Touches: the Checkpoint's `_async_checkpointer_impl` (None until its
+  first async save) and that helper's `_check_async_thread_error()`.
+
+  Why: `sync()` does not raise a failed background write; it would surface
+  only at the next save, or be lost at exit.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  helper = checkpoint._async_checkpointer_impl  # pylint: disable=protected-access
+  if helper is not None:
+    helper._check_async_thread_error()  # pylint: disable=protected-access
+
+
+def mark_expected_partial(value) -> bool:
+  """Marks `value` expected-partial if it is TensorFlow's record of a
+  checkpoint restore; returns whether it was one.
+
+  Touches: tensorflow.python.checkpoint.checkpoint.
+  _CheckpointRestoreCoordinator and its `expect_partial` property (what
+  the public `status.expect_partial()` sets).
+
+  Why: a restore that fails (a workdir holding another model) raises
+  before it returns the status, and the record lives on in the frames of
+  the error's traceback: deleted at exit, after looper's one error line,
+  it logs "deleted with unrestored values" warnings unless marked.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  from tensorflow.python.checkpoint import checkpoint  # pylint: disable=g-import-not-at-top
+  if not isinstance(value, checkpoint._CheckpointRestoreCoordinator):  # pylint: disable=protected-access
+    return False
+  value.expect_partial = True
+  return True
+
+
+def dataset_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
+  """The GraphDef of `dataset`'s whole pipeline, its functions included.
+
+  Touches: `tf.data.Dataset._as_serialized_graph()`.
+
+  Why: `looper check` names the ops that call back into Python
+  (`py_function`, `numpy_function`, `from_generator`), which a TPU host
+  cannot run; tf.data has no public view of a pipeline's graph.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  return tf.compat.v1.GraphDef.FromString(
+      dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+
+
+def function_graphs(graph) -> list:
+  """The graphs of the functions defined in `graph` (a FuncGraph): the
+  bodies and conditions of its while loops and branches of its conds.
+
+  Touches: `FuncGraph._functions` ({name: AtomicFunction}) and each
+  function's `graph`.
+
+  Why: `looper check` finds ops with data-dependent output shapes inside
+  loops too (a train loop's body); a FuncGraph lists them nowhere public.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  bodies = (getattr(f, "graph", None) for f in graph._functions.values())  # pylint: disable=protected-access
+  return [body for body in bodies if body is not None]

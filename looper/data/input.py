@@ -1,0 +1,137 @@
+"""A run's input: the splits' sources, the data position, train and eval data.
+
+Synopsis::
+
+    input = Input(config, strategy)      # data.*, train.batch_size, eval.*
+    input.examples("test")               # one checked pass of (inputs, label)
+    batches = input.train_iterator()     # per-replica train batches, from
+                                         # the data position on; kept
+    input.advance(batches=k)             # in the loop: k batches consumed
+    input.seek(position)                 # reopen at `position` examples
+    count, steps, data = input.eval_data()  # one eval pass, repeated
+
+The data position is the count of global train examples consumed: a
+variable the checkpoint holds (`checkpoint_items`), so a resumed run opens
+the stream where it stopped, on any replica and worker count (every mode
+of `sources` resumes from it). This is the only object that calls
+`config.dataset_fn`; the Trainer, the Evaluator and the checks before a run
+(`probe`, `describe`, `preflight`, `export`) read the data through it.
+It knows no model or optimizer.
+"""
+
+import ml_collections
+import tensorflow as tf
+
+from looper import compat
+from looper import refs
+from looper.data import checks
+from looper.data import elements
+from looper.data import sources
+from looper.data import splits
+
+
+class Input:
+  """The data a run reads (see module doc)."""
+
+  def __init__(self, config: ml_collections.ConfigDict,
+               strategy: tf.distribute.Strategy):
+    self.config = config
+    self.strategy = strategy
+    self._dataset_fn = refs.resolve(config.dataset_fn, "dataset_fn")
+    self._sources = {}  # split -> its input source, made once
+    self._iterator = None  # opened by train_iterator() at the position
+    with strategy.scope():
+      self.position = tf.Variable(
+          0, name="position", dtype=tf.int64, trainable=False,
+          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  def source(self, split: str) -> sources.Source:
+    """`split`'s input source (see `sources`): what dataset_fn returned."""
+    if split not in self._sources:
+      self._sources[split] = sources.make(
+          split, splits.split_field(self.config, split), self.config.data,
+          lambda: self._dataset_fn(self.config, split))
+    return self._sources[split]
+
+  def examples(self, split: str) -> tf.data.Dataset:
+    """One pass over `split` as (inputs, label) examples, checked."""
+    return checks.checked(self.source(split).examples(), split,
+                          variable=bool(self.config.data.bucket))
+
+  @property
+  def element_spec(self):
+    """The train examples' (inputs, label[, weight]) spec."""
+    return self.examples(self.config.data.train_split).element_spec
+
+  # --- Train ------------------------------------------------------------------
+
+  @property
+  def data_position(self) -> int:
+    """Global train examples consumed (restored with the checkpoint)."""
+    return int(self.position.numpy())
+
+  def checkpoint_items(self) -> dict:
+    return {"position": self.position}
+
+  def train_data(self) -> tf.distribute.DistributedDataset:
+    """Distributed train batches of train.batch_size, from the position on."""
+    c = self.config
+    source = self.source(c.data.train_split)
+    source.check(self.strategy.num_replicas_in_sync, c.train.batch_size,
+                 "train.batch_size")
+    position = self.data_position
+    return self.strategy.distribute_datasets_from_function(
+        lambda ctx: self._endless(source.train(
+            ctx, global_batch_size=c.train.batch_size, seed=c.seed,
+            shuffle_buffer=c.data.shuffle_buffer, position=position)))
+
+  def train_iterator(self):
+    """The train batches' iterator, opened at the position on first use and
+    kept (each `next` moves it on; `advance` records that)."""
+    if self._iterator is None:
+      self._iterator = iter(self.train_data())
+    return self._iterator
+
+  def advance(self, batches) -> None:
+    """Records `batches` train batches consumed (in a tf.function too)."""
+    self.position.assign_add(
+        tf.cast(batches, tf.int64) * self.config.train.batch_size)
+
+  def seek(self, position: int) -> None:
+    """Reopens the train stream at `position` global examples."""
+    self.position.assign(position)
+    self._iterator = None
+
+  # --- Eval -------------------------------------------------------------------
+
+  def eval_data(self) -> tuple[int, int, tf.distribute.DistributedDataset]:
+    """(count, steps, data): one eval pass is `steps` batches of
+    eval.batch_size, holding `count` real examples (the rest padding with
+    mask 0); `data` repeats the pass without end."""
+    c = self.config
+    source = self.source(c.data.eval_split)
+    size = source.size or checks.num_examples(source.examples(),
+                                              c.data.eval_split)
+    count, steps = elements.eval_plan(size, c.eval.batch_size, c.eval.steps)
+    return count, steps, self.strategy.distribute_datasets_from_function(
+        lambda ctx: self._endless(source.eval(
+            ctx, global_batch_size=c.eval.batch_size, count=count,
+            steps=steps).repeat()))
+
+  def _endless(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset`, which never ends, declared so where it matters: with
+    several workers, tf.distribute asks every worker on each get_next
+    whether it still has data (an all-reduce across them, its
+    get_next_as_optional) for any stream whose end tf.data cannot see
+    (flat_map, rebatch: all of looper's). Not in one process, where the
+    check is never on for static shapes: there, freeing several Trainers'
+    Mirrored iterators stalled 20 s or more with and without it, and in
+    one measurement only with it."""
+    # A TPU strategy says it is not multi-worker whatever its hosts
+    # (TensorFlow 2.21), and checks its hosts when the batches' shapes are
+    # not static (data.bucket): declared there too, where it costs nothing.
+    if not (compat.in_multi_worker_mode(self.strategy) or
+            isinstance(self.strategy, tf.distribute.TPUStrategy)):
+      return dataset
+    return dataset.apply(tf.data.experimental.assert_cardinality(
+        tf.data.INFINITE_CARDINALITY))

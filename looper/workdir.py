@@ -1,0 +1,111 @@
+"""The workdir: one object naming every path a run reads or writes.
+
+Synopsis::
+
+    wd = workdir.Workdir("/tmp/mnist")        # or gs://bucket/mnist
+    wd.checkpoints          # /tmp/mnist/checkpoints
+    wd.metrics              # /tmp/mnist/metrics.jsonl
+    wd.export_version(500)  # /tmp/mnist/export/500
+
+Layout (every name is spelled here and nowhere else)::
+
+    config.json            the resolved config (a training run's chief)
+    lease.json             who writes here now (looper.lease)
+    metrics.jsonl          a line per train loop and evaluation (looper.jsonl)
+    checkpoints/           ckpt-<step>.* and TensorFlow's `checkpoint` index
+      best/                the best evaluation's checkpoint, history.json
+    train/ eval/           TensorBoard events of training and evaluation
+      plugins/profile/     (under train/) a profiler trace (TensorFlow's
+                           layout: looper gives it train/)
+    eval_continuous/       events of --mode=continuous_eval
+    hparams/               the run's row of TensorBoard's HParams table
+    export/<step>/         a SavedModel for serving; written as
+                           export/.partial-<step>/ and renamed into place
+    .worker<N>_checkpoints/  scratch: task N's copy of a save under
+                           multi-worker (only the chief's is kept)
+
+Paths are strings joined with os.path.join: tf.io.gfile reads them the
+same on a local disk and on object stores (gs://, ram://).
+"""
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+  """The paths of the run in `root` (see module doc)."""
+  root: str
+
+  def _path(self, *names: str) -> str:
+    return os.path.join(self.root, *names)
+
+  @property
+  def config(self) -> str:
+    return self._path("config.json")
+
+  @property
+  def lease(self) -> str:
+    return self._path("lease.json")
+
+  @property
+  def metrics(self) -> str:
+    return self._path("metrics.jsonl")
+
+  @property
+  def checkpoints(self) -> str:
+    """The chief's checkpoints: what restore, eval and export read."""
+    return self.checkpoint_saves()[0]
+
+  @property
+  def best_checkpoints(self) -> str:
+    return self.checkpoint_saves()[1]
+
+  @property
+  def best_history(self) -> str:
+    """The evaluated values of checkpoint.best_metric (looper.evaluation)."""
+    return os.path.join(self.best_checkpoints, "history.json")
+
+  def checkpoint_saves(self, task_id: int | None = None) -> tuple[str, str]:
+    """(rolling, best) checkpoint directories of the chief (None) or of
+    task `task_id`: under multi-worker every task writes each save (it is
+    a collective); the others' copies go to scratch, removed once written."""
+    rolling = (self._path("checkpoints") if task_id is None else
+               self._path(f".worker{task_id}_checkpoints"))
+    return rolling, os.path.join(rolling, "best")
+
+  @property
+  def train_events(self) -> str:
+    return self._path("train")
+
+  @property
+  def eval_events(self) -> str:
+    """Events of the evaluations of train_and_eval and --mode=eval."""
+    return self._path("eval")
+
+  @property
+  def continuous_eval_events(self) -> str:
+    """Events of --mode=continuous_eval, beside a training run's."""
+    return self._path("eval_continuous")
+
+  @property
+  def hparams_events(self) -> str:
+    return self._path("hparams")
+
+  @property
+  def profile(self) -> str:
+    """Where TensorFlow's profiler puts a trace when given `train_events`."""
+    return os.path.join(self.train_events, "plugins", "profile")
+
+  @property
+  def export(self) -> str:
+    """SavedModels by step: the versioned layout TF Serving watches."""
+    return self._path("export")
+
+  def export_version(self, step: int) -> str:
+    return os.path.join(self.export, str(step))
+
+  def export_partial(self, step: int) -> str:
+    """Where the export of `step` is written before it is renamed into
+    place; hidden, so TF Serving never loads half of one."""
+    return os.path.join(self.export, f".partial-{step}")
