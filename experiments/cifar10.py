@@ -23,7 +23,7 @@ Synopsis::
 
 Where the files come from: `config.data.dir` if it is set (never a
 download), else `config.data.cache_dir`, which is filled from
-`config.data.url` the first time (see looper/datasets.py). The files are
+`config.data.url` the first time (see looper/data/datasets.py). The files are
 the original python pickles `data_batch_1` .. `data_batch_5` (train, 10,000
 images each) and `test_batch` (test), each a dict whose b'data' is uint8
 [N, 3072]: per image the 1024 red, then green, then blue pixels, rows first.
@@ -43,8 +43,8 @@ import tensorflow as tf
 
 from experiments import common
 from looper import config as lc
-from looper import datasets
-from looper import layers
+from looper.data import datasets
+from looper.train import layers
 
 DEFAULT_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 # keras.datasets.cifar10's published sha256 of that archive.

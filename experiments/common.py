@@ -27,7 +27,7 @@ from typing import Callable
 import ml_collections
 
 from looper import config as lc
-from looper import datasets
+from looper.data import datasets
 
 
 def config(model_fn: Callable, dataset_fn: Callable, *, steps: int,
@@ -81,7 +81,7 @@ def split_name(config: ml_collections.ConfigDict, split: str, splits, *,
 def locate(data: ml_collections.ConfigDict, name: str, splits,
            load_from: Callable, *, dataset: str, what: str | None = None,
            **kwargs):
-  """Split `name`'s arrays, found by `looper.datasets.locate`.
+  """Split `name`'s arrays, found by `looper.data.datasets.locate`.
 
   Args:
     data: the config's `data` block (dir, cache_dir, url, file_hash).

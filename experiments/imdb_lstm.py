@@ -41,7 +41,7 @@ import numpy as np
 
 from experiments import common
 from looper import config as lc
-from looper import datasets
+from looper.data import datasets
 
 DEFAULT_URL = (
     "https://storage.googleapis.com/tensorflow/tf-keras-datasets/imdb.npz")
@@ -173,7 +173,7 @@ def load_imdb(name: str, data: ml_collections.ConfigDict):
 
   Args:
     name: 'train' or 'test' (no slice).
-    data: the config's `data` block (see looper/datasets.py): `dir` if set,
+    data: the config's `data` block (see looper/data/datasets.py): `dir` if set,
       else `cache_dir`, filled from `url` the first time.
 
   Raises:

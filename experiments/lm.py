@@ -57,7 +57,7 @@ from experiments.text import data
 from experiments.text import metrics
 from experiments.text import model
 from looper import config as lc
-from looper import datasets
+from looper.data import datasets
 
 
 def get_config() -> ml_collections.ConfigDict:

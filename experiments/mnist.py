@@ -49,8 +49,8 @@ import numpy as np
 
 from experiments import common
 from looper import config as lc
-from looper import datasets
-from looper import layers
+from looper.data import datasets
+from looper.train import layers
 
 DEFAULT_URL = (
     "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz")

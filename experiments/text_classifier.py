@@ -38,7 +38,7 @@ import tensorflow as tf
 from experiments import common
 from experiments import imdb_lstm
 from looper import config as lc
-from looper import datasets
+from looper.data import datasets
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -35,7 +35,7 @@ or else the files whose names start with it, `data.dir/<name>*.tfrec`,
 with an optional slice over the sorted FILES (not examples):
 'flowers[4:]' is every file but the first four.
 
-dataset_fn returns `looper.shards.Files`: file mode, where each input
+dataset_fn returns `looper.data.shards.Files`: file mode, where each input
 pipeline opens only its own files (the files are dealt into
 `data.virtual_shards` fixed groups, so the loss curve does not depend on
 the replica count; see looper/data/shards.py). Record counts are read once and
@@ -54,8 +54,8 @@ import tensorflow as tf
 
 from experiments import common
 from looper import config as lc
-from looper import layers
-from looper import shards
+from looper.train import layers
+from looper.data import shards
 
 # What each record holds (the codelab's and Kaggle's names).
 FEATURES = {"image": tf.io.FixedLenFeature([], tf.string),

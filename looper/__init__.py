@@ -4,14 +4,21 @@ Synopsis::
 
     python -m looper.main --config=experiments/mnist.py --workdir=/tmp/mnist
 
-Modules, one concept each (BUILD.md "Layout" maps them all): `errors` (the
-floor), `config` (defaults, validation), the option modules that own their
-name tables (`distribute`, `optimizers`, `precision`, `objectives`), the
-input package `data` (batching, sharding, padding, resume), `trainer` (the
-Trainer and its loops) with `ema`, `stopping` and `probe`, `checkpoint`,
-`summaries`, `actions` (what runs between loops, and when), `evaluation`
-(eval, best checkpoint, early stop), `controller` (the outer loop and the
-modes), `run` (assembly from a config) and `main` (the command line).
+Where each concern lives (BUILD.md "Layout" maps every module):
+
+    looper/
+      main.py      the absl app: flags -> a mode (`looper.cli` for the tools)
+      run.py       assembles a run from a config: strategy, Input, Trainer,
+                   Evaluator, Checkpointer, actions, Controller
+      config.py    the defaults and `validate` (fields declared once)
+      console.py   the header and summary lines a run prints
+      errors.py, names.py, compat.py, conversion.py   the floor: one-line
+                   errors, 'module:name' references, private TF/Keras API
+                   patches, AutoGraph for the user's code only
+      cli/         the command line's tools (launch, runs, describe, check)
+      data/        input: from dataset_fn to per-replica batches (`Input`)
+      train/       the Trainer, its loop, evaluation, the Controller, options
+      workdir/     what a run writes: checkpoints, lease, events, export
 """
 
 __version__ = "0.1.0"

@@ -11,8 +11,8 @@ Synopsis::
     compat.patch_keras_async_copy()              # checkpoint, async saves
     compat.raise_async_save_error(tf_checkpoint)  # checkpoint.wait
     compat.mark_expected_partial(value)          # console, a failed restore
-    compat.dataset_graph(dataset)                # preflight: Python in tf.data
-    compat.function_graphs(graph)                # preflight: loop bodies
+    compat.dataset_graph(dataset)                # tpu_check: Python in tf.data
+    compat.function_graphs(graph)                # tpu_check: loop bodies
 
 Each function reaches into a name TensorFlow or Keras may move or reshape in
 any release, because no public API does what looper needs. Its docstring

@@ -41,12 +41,12 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from looper import distribute
-from looper import evaluation
-from looper import objectives
-from looper import optimizers
-from looper import precision
-from looper import refs
+from looper.train import distribute
+from looper.train import evaluation
+from looper.train import objectives
+from looper.train import optimizers
+from looper.train import precision
+from looper import names
 # Public names for experiments (see the module doc).
 from looper.data.splits import parse_split, split_field, split_slice  # pylint: disable=unused-import
 from looper.errors import ConfigError, first_line  # pylint: disable=unused-import
@@ -67,7 +67,7 @@ class Field(config_dict.FieldReference):
   ml_collections keeps a FieldReference as the field itself: `c.x.y` reads
   its value, `c.x.y = v` and `--config.x.y=v` set it (typed by it), and
   the bounds stay for `validate` (also through deepcopy and pickle).
-  `to_dict`, `refs.to_json` and `copy_and_resolve_references` see only the
+  `to_dict`, `names.to_json` and `copy_and_resolve_references` see only the
   value. A declaration assigned to a declared field would be linked to it
   (ml_collections' rule for references), the first bounds kept: declare a
   field once.
@@ -132,8 +132,8 @@ def default_config() -> ml_collections.ConfigDict:
   # The experiment: callables or 'module:function' strings (see module doc).
   c.model_fn = _object_field(None)
   c.dataset_fn = _object_field(None)
-  # Trainer class to run; subclass looper.trainer.Trainer to change a step.
-  c.trainer = _object_field("looper.trainer:Trainer")
+  # Trainer class to run; subclass looper.train.trainer.Trainer to change a step.
+  c.trainer = _object_field("looper.train.trainer:Trainer")
   # Per-example (or per-token) loss on the model's logits: a name
   # (objectives.LOSSES) or fn(labels, logits); for a model returning a dict
   # of outputs, a dict of them by output (labels: a dict, same keys).
@@ -163,7 +163,7 @@ def default_config() -> ml_collections.ConfigDict:
   # checkpoint.best_metric (needs it set); 0: never stop early.
   c.train.early_stop_patience = whole(0, low=0)
   # float32 | mixed_bfloat16 (TPU, CPU with AMX or AVX-512 BF16) |
-  # mixed_float16 (GPU, with loss scaling): see looper/precision.py.
+  # mixed_float16 (GPU, with loss scaling): see looper/train/precision.py.
   c.train.precision = "float32"
   # XLA-compile each replica's forward and backward pass (not the loop).
   c.train.jit_compile = boolean(False)
@@ -216,7 +216,7 @@ def default_config() -> ml_collections.ConfigDict:
   # 'accuracy', or 'loss' with best_mode='min') in checkpoints/best/.
   c.checkpoint.best_metric = ""
   c.checkpoint.best_mode = "max"  # max | min
-  # A training run holds workdir/lease.json while it writes (looper.lease):
+  # A training run holds workdir/lease.json while it writes (looper.workdir.lease):
   # a second writer is refused. A holder on another host that has not
   # renewed it (every lease_secs / 4) for this long is taken to be gone.
   c.checkpoint.lease_secs = seconds(60, positive=True)
@@ -250,7 +250,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.data.eval_split = "test"
   c.data.shuffle_buffer = whole(10_000, low=0)  # 0: keep the dataset's order
   # Read each split from shards_dir/<split>, written by `python -m
-  # looper.shards write`, instead of calling dataset_fn (file mode).
+  # looper.cli.shards write`, instead of calling dataset_fn (file mode).
   c.data.shards_dir = ""
   # File mode: the files are dealt into this many fixed groups; a global
   # batch takes train.batch_size / virtual_shards examples from each, so it
@@ -355,7 +355,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   """Checks every field looper reads, and every declared field (looper's
   and the experiment's); raises ConfigError on the first bad one."""
   for field in ("model_fn", "dataset_fn", "trainer"):
-    _check(callable(refs.resolve(c[field], field)), field, c[field],
+    _check(callable(names.resolve(c[field], field)), field, c[field],
            "must name a callable")
   _validate_objectives(c)
   for path, field in declared(c):

@@ -158,7 +158,7 @@ def header(config, strategy, workdir: str | None, mode: str,
       f"  precision  {config.train.precision}"
       f"{', XLA per step' if config.train.jit_compile else ''}",
   ]
-  from looper import precision  # pylint: disable=g-import-not-at-top
+  from looper.train import precision  # pylint: disable=g-import-not-at-top
   slower = precision.slower_here(config.train.precision,
                                  accelerated=bool({"GPU", "TPU"} & set(types)))
   if slower:

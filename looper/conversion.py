@@ -79,7 +79,7 @@ def user(fn, where: str):
                       target.__qualname__, e, where)
       return target
 
-  # do_not_convert: a tf.function around it (preflight's, jit_compile's)
+  # do_not_convert: a tf.function around it (tpu_check's, jit_compile's)
   # does not convert this wrapper; the converted function turns AutoGraph
   # back on inside itself.
   @tf.autograph.experimental.do_not_convert

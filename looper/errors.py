@@ -39,7 +39,7 @@ class DataError(ValueError):
 
 class WorkdirError(ValueError):
   """Another run holds the workdir (or took it over from this one): one
-  line naming the holder and the fix (see looper.lease)."""
+  line naming the holder and the fix (see looper.workdir.lease)."""
 
 
 def first_line(e: BaseException) -> str:
@@ -93,7 +93,7 @@ def data_error(e: Exception, *, field: str, split: str, where: str
   of `split` (field: data.train_split or data.eval_split) `where` (e.g. "of
   train steps 41-50"): a label out of range, a NaN under
   tf.debugging.enable_check_numerics, a later example of another shape.
-  looper's probe checked only a split's first examples."""
+  looper's dry run checked only a split's first examples."""
   return DataError(
       f"config.{field}={split!r}: a batch {where} failed ({op_message(e)});"
       " fix what dataset_fn yields there (looper checked the first examples"

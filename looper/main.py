@@ -36,11 +36,11 @@ from absl import logging
 from ml_collections import config_flags
 import tensorflow as tf
 
-from looper import describe
-from looper import distribute
+from looper.cli import describe
+from looper.train import distribute
 from looper import errors
-from looper import flag_errors
-from looper import preflight
+from looper.cli import parsing
+from looper.cli import tpu_check
 from looper import run
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -55,8 +55,8 @@ def _describe(config) -> None:
 
 
 def _check(config) -> None:
-  problems = preflight.check(config, cores=_CORES.value)
-  print(preflight.report(problems, config, _CORES.value))
+  problems = tpu_check.check(config, cores=_CORES.value)
+  print(tpu_check.report(problems, config, _CORES.value))
   sys.exit(1 if problems else 0)
 
 
@@ -129,10 +129,11 @@ All flags: looper --helpfull.  Same as: python -m looper.main --mode=MODE ..."""
 def cli():
   """The `looper` console script: `looper MODE --config=...` is
   `python -m looper.main --mode=MODE --config=...`; `looper launch ...`
-  starts workers (see looper.launch), `looper runs DIR...` tabulates runs
-  (see looper.runs)."""
+  starts workers (see looper.cli.launch), `looper runs DIR...` tabulates runs
+  (see looper.cli.runs)."""
   if sys.argv[1:2] in (["launch"], ["runs"]):  # tools with their own flags
-    from looper import launch, runs  # pylint: disable=g-import-not-at-top
+    from looper.cli import launch  # pylint: disable=g-import-not-at-top
+    from looper.cli import runs  # pylint: disable=g-import-not-at-top
     tools = {"launch": launch, "runs": runs}
     sys.exit(tools[sys.argv[1]].main(sys.argv[2:]))
   if sys.argv[1:] in ([], ["--help"], ["-h"], ["help"]):
@@ -144,7 +145,7 @@ def cli():
   # file's own imports (`from experiments import common`) resolve the same.
   if os.getcwd() not in sys.path and "" not in sys.path:
     sys.path.insert(0, os.getcwd())
-  app.run(main, flags_parser=flag_errors.parse_flags)
+  app.run(main, flags_parser=parsing.parse_flags)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ progress line and `Trainer.on_loop_end` (every loop); evaluation with the
 best checkpoint and early stop (train_and_eval); the checkpoint save
 (`checkpoint.every_steps`, `checkpoint.every_secs`, at the end and on a
 stop signal); the export for serving (`export.at_end`). A signal
-(looper.preemption) asks the trainer's `stop` to stop.
+(looper.train.preemption) asks the trainer's `stop` to stop.
 """
 
 import dataclasses
@@ -33,24 +33,24 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
-from looper import actions
-from looper import checkpoint
+from looper.train import actions
+from looper.workdir import checkpoint
 from looper import config as config_lib
 from looper import console
-from looper import controller as controller_lib
-from looper import distribute
+from looper.train import controller as controller_lib
+from looper.train import distribute
 from looper import errors
-from looper import evaluation
-from looper import evaluator as evaluator_lib
-from looper import export
-from looper import hparams
-from looper import lease
-from looper import precision
-from looper import preemption
-from looper import probe
-from looper import profiler
-from looper import refs
-from looper import summaries
+from looper.train import evaluation
+from looper.train import evaluator as evaluator_lib
+from looper.workdir import export
+from looper.workdir import hparams
+from looper.workdir import lease
+from looper.train import precision
+from looper.train import preemption
+from looper.train import dry_run
+from looper.train import profiler
+from looper import names
+from looper.workdir import summaries
 from looper import workdir as workdir_lib
 from looper.data import input as input_lib
 
@@ -113,7 +113,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   precision.set_deterministic(config.train.deterministic)
   strategy = distribute.strategy_for(config)
   data = input_lib.Input(config, strategy)
-  trainer = refs.resolve(config.trainer, "trainer")(config, strategy, data)
+  trainer = names.resolve(config.trainer, "trainer")(config, strategy, data)
   evaluator = evaluator_lib.Evaluator(trainer, data)
   # The one task that writes files (summaries, config, checkpoints):
   # TensorFlow's chief rule (the chief task, else worker 0).
@@ -123,9 +123,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   # nothing already saved in `workdir` is touched by a bad config, and a
   # bad eval split fails now, not after hours of training.
   if training:
-    probe.check_inputs(trainer, data, config.data.train_split)
+    dry_run.check_inputs(trainer, data, config.data.train_split)
   if MODES[mode].reads_eval_split:
-    probe.check_inputs(trainer, data, config.data.eval_split)
+    dry_run.check_inputs(trainer, data, config.data.eval_split)
   evaluation.check_best_metric(config.checkpoint.best_metric,
                                evaluator.metric_names)
   cores = distribute.tpu_cores(strategy, config.distribution)
@@ -133,7 +133,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     warning = distribute.tpu_batch_warning(config.train.batch_size, cores)
     if warning:
       logging.warning("%s", warning)
-  # Before a file is written: one writing run per workdir (looper.lease);
+  # Before a file is written: one writing run per workdir (looper.workdir.lease);
   # readers and the other workers of a multi-worker run do not take it.
   wd = workdir_lib.Workdir(workdir)
   with lease.holding(wd, config.checkpoint.lease_secs,
@@ -185,7 +185,7 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
       return ctl.continuous_eval(evaluations.evaluate,
                                  timeout_secs=config.eval.timeout_secs)
     if not restored:
-      out.start_run(refs.to_json(config),
+      out.start_run(names.to_json(config),
                     summaries.model_summary(trainer.model))
     with preemption.StopOnSignal(trainer.stop.request):
       result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
@@ -218,14 +218,14 @@ def _export_checkpoint(trainer, evaluator, ckpt: checkpoint.Checkpointer,
 def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
                   *, eval_names: list[str]) -> summaries.Summaries:
   """config.json (training only) and the event writers, or one line."""
-  table = hparams.Table.of(refs.to_json(config),
-                           refs.to_json(config_lib.default_config()),
+  table = hparams.Table.of(names.to_json(config),
+                           names.to_json(config_lib.default_config()),
                            ["loss", *eval_names])
   try:
     if chief and mode.trains:
       tf.io.gfile.makedirs(wd.root)
       with tf.io.gfile.GFile(wd.config, "w") as f:
-        f.write(refs.to_json(config))
+        f.write(names.to_json(config))
     return summaries.Summaries(
         wd, chief=chief, total_steps=config.train.steps, trains=mode.trains,
         eval_dir=mode.eval_events(wd) if mode.eval_events else None,

@@ -117,7 +117,7 @@ def start_workers(args, num_workers: int, logdir, *, only=None):
   these task indices (the others never come up). Returns the Popens; end
   them with `finish`.
   """
-  from looper import launch
+  from looper.cli import launch
   configs = launch.tf_configs(num_workers)
   procs = []
   for index in (range(num_workers) if only is None else only):
@@ -195,9 +195,11 @@ def serve_in_fresh_process(export_dir, x, tmp_path) -> dict:
 
 def restored_trainer(config, prefix):
   """A one-device Trainer of `config` holding checkpoint `prefix`."""
-  from looper import checkpoint, distribute  # pylint: disable=g-import-not-at-top
-  from looper import refs, workdir  # pylint: disable=g-import-not-at-top
-  trainer = refs.resolve(config.trainer, "trainer")(
+  from looper.workdir import checkpoint  # pylint: disable=g-import-not-at-top
+  from looper.train import distribute  # pylint: disable=g-import-not-at-top
+  from looper import names  # pylint: disable=g-import-not-at-top
+  from looper import workdir  # pylint: disable=g-import-not-at-top
+  trainer = names.resolve(config.trainer, "trainer")(
       config, distribute.strategy_for(config))
   ckpt = checkpoint.Checkpointer(
       workdir.Workdir(str(pathlib.Path(prefix).parents[1])),

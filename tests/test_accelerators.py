@@ -18,9 +18,9 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
-from looper import layers
-from looper import precision
-from looper import trainer as trainer_lib
+from looper.train import layers
+from looper.train import precision
+from looper.train import trainer as trainer_lib
 from tests import tiny
 from tests.conftest import configured, curve, run_ok
 

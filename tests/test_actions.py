@@ -5,7 +5,7 @@ states by hand what an action must see at each step and what the mode
 returns.
 """
 
-from looper import actions
+from looper.train import actions
 from tests.test_controller import make
 
 

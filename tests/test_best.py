@@ -10,11 +10,11 @@ import math
 
 import pytest
 
-from looper import actions
-from looper import evaluation
-from looper import hparams
-from looper import jsonl
-from looper import runs
+from looper.train import actions
+from looper.train import evaluation
+from looper.workdir import hparams
+from looper.workdir import jsonl
+from looper.cli import runs
 from looper import workdir
 
 NAN = math.nan

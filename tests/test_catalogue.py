@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import checkpoint
+from looper.workdir import checkpoint
 from looper import config as lc
 from looper import errors
 from looper import run
@@ -176,7 +176,7 @@ def test_wrong_type_in_get_config(tmp_path, source, value):
   """ml_collections raises TypeError at the assignment in get_config().
 
   Like any other error raised by the config file's own code (see
-  test_flag_errors.test_error_in_get_config_surfaces_with_traceback) it keeps the
+  test_parsing.test_error_in_get_config_surfaces_with_traceback) it keeps the
   traceback to the file's line, then ends in the one looper line.
   """
   config_file = tmp_path / "typed.py"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import checkpoint
+from looper.workdir import checkpoint
 from looper import run
 from looper import workdir
 from tests import tiny

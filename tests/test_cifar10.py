@@ -282,8 +282,8 @@ def test_trains_end_to_end(cifar, tmp_path):
 
 def test_ready_for_a_tpu(cifar):
   """`looper check` passes the shipped config (a narrower net: same ops)."""
-  from looper import preflight  # pylint: disable=g-import-not-at-top
+  from looper.cli import tpu_check  # pylint: disable=g-import-not-at-top
   root, _ = cifar
   c = _config(root, data__augment_epochs=1)
   c.model.width, c.model.blocks = 4, 1
-  assert preflight.check(c, cores=8) == []
+  assert tpu_check.check(c, cores=8) == []

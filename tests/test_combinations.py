@@ -61,8 +61,8 @@ def _config(row):
 
 def results(strategy) -> list:
   """Each row's 6 per-step losses and eval loss under `strategy`."""
-  from looper import evaluator as evaluator_lib  # pylint: disable=g-import-not-at-top
-  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import evaluator as evaluator_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   out, trainers = [], []
   for row in COMBINATIONS:
     trainers.append(trainer_lib.Trainer(_config(row), strategy))
@@ -102,7 +102,7 @@ def test_every_combination_is_the_same_on_1_and_2_replicas():
 
 if __name__ == "__main__":
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from looper import distribute  # pylint: disable=g-import-not-at-top
+  from looper.train import distribute  # pylint: disable=g-import-not-at-top
   devices = distribute.split_cpu(int(sys.argv[1]))
   print(json.dumps(results(tf.distribute.MirroredStrategy(devices))),
         flush=True)

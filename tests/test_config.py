@@ -10,7 +10,7 @@ from ml_collections import config_flags
 import pytest
 
 from looper import config as lc
-from looper import refs
+from looper import names
 from tests import tiny
 from tests.conftest import configured
 
@@ -162,7 +162,7 @@ def test_overrides_of_declared_fields_keep_their_types(tmp_path):
 
 def test_declarations_leave_plain_values_in_json_and_copies():
   c = configured(_declaring(), {"model.layers": 3})
-  saved = json.loads(refs.to_json(c))
+  saved = json.loads(names.to_json(c))
   assert (saved["model"]["layers"], saved["train"]["steps"]) == (3, 40)
   assert saved["eval"]["timeout_secs"] == 3600.0
   resolved = c.copy_and_resolve_references()
@@ -192,35 +192,37 @@ def test_empty_split_is_an_error():
 
 
 def test_json_names_functions_so_resolve_loads_them_back():
-  saved = json.loads(refs.to_json(tiny.get_config()))
+  saved = json.loads(names.to_json(tiny.get_config()))
   assert saved["model_fn"] == "tests.tiny:model_fn"
-  assert saved["trainer"] == "looper.trainer:Trainer"
+  assert saved["trainer"] == "looper.train.trainer:Trainer"
   assert saved["metrics"] == ["accuracy"]
-  assert refs.resolve(saved["model_fn"], "model_fn") is tiny.model_fn
-  by_path = refs.resolve("tests/tiny.py:make_data", "x")
+  assert names.resolve(saved["model_fn"], "model_fn") is tiny.model_fn
+  by_path = names.resolve("tests/tiny.py:make_data", "x")
   x, y = by_path(5, seed=0)
   assert (x == tiny.make_data(5, seed=0)[0]).all()
 
 
 def test_a_misspelt_override_is_one_line_with_the_nearest_field(monkeypatch):
   """Through the parser users go through (looper.main's flags), in-process."""
-  from looper import flag_errors, main  # pylint: disable=g-import-not-at-top,unused-import
+  from looper.cli import parsing  # pylint: disable=g-import-not-at-top,unused-import
+  from looper import main  # pylint: disable=g-import-not-at-top,unused-import
   argv = ["looper", "--config=tests/tiny.py", "--config.train.stpes=5"]
   # config_flags registers the --config.* overrides it finds in sys.argv.
   monkeypatch.setattr(sys, "argv", argv)
   with pytest.raises(SystemExit) as e:
-    flag_errors.parse_flags(argv)
+    parsing.parse_flags(argv)
   assert str(e.value) == ("looper: --config.train.stpes: the config has no"
                           " field 'stpes'; did you mean"
                           " --config.train.steps?")
 
 
 def test_tool_flags_parse_with_absl_and_fail_in_one_line(capsys):
-  from looper import launch, runs  # pylint: disable=g-import-not-at-top
+  from looper.cli import launch  # pylint: disable=g-import-not-at-top
+  from looper.cli import runs  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit) as e:
     launch.main(["--workers=0", "--", "--config=tests/tiny.py"])
   usage, line = str(e.value).splitlines()[-2:]
-  assert usage.startswith("(also: python -m looper.launch")
+  assert usage.startswith("(also: python -m looper.cli.launch")
   assert line.startswith("looper: flag --workers=0: ")
   with pytest.raises(SystemExit) as e:
     runs.main([])
@@ -232,7 +234,7 @@ def test_tool_flags_parse_with_absl_and_fail_in_one_line(capsys):
 
 
 def test_launch_gives_each_worker_one_loopback_cluster():
-  from looper import launch  # pylint: disable=g-import-not-at-top
+  from looper.cli import launch  # pylint: disable=g-import-not-at-top
   configs = [json.loads(c) for c in launch.tf_configs(3)]
   addresses = configs[0]["cluster"]["worker"]
   assert all(c["cluster"] == {"worker": addresses} for c in configs)

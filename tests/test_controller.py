@@ -7,8 +7,8 @@ action fires, what a stop, an early end or a NaN roll-back does.
 import numpy as np
 import pytest
 
-from looper import actions
-from looper import controller as controller_lib
+from looper.train import actions
+from looper.train import controller as controller_lib
 
 
 class FakeTrainer:

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
-from looper import distribute
+from looper.train import distribute
 
 
 def dist(**fields):

@@ -4,8 +4,8 @@ import pytest
 import tensorflow as tf
 
 from looper import errors
-from looper import evaluator as evaluator_lib
-from looper import trainer as trainer_lib
+from looper.train import evaluator as evaluator_lib
+from looper.train import trainer as trainer_lib
 from tests import tiny
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import checkpoint
+from looper.workdir import checkpoint
 from looper import config as lc
-from looper import evaluator as evaluator_lib
+from looper.train import evaluator as evaluator_lib
 from looper import run
 from looper import workdir as workdir_lib
 from tests import conftest
@@ -91,7 +91,7 @@ def test_checkpoint_flag_is_for_eval_and_export(tmp_path):
 
 
 def test_input_signature_has_free_batch_and_named_inputs():
-  from looper import export
+  from looper.workdir import export
   spec = export.input_signature(tf.TensorSpec([28, 28, 1], tf.float32))
   assert spec.shape.as_list() == [None, 28, 28, 1] and spec.name == "inputs"
   specs = export.input_signature({"tokens": tf.TensorSpec([64], tf.int32),
@@ -106,7 +106,7 @@ def test_input_signature_has_free_batch_and_named_inputs():
 def test_tpu_export_of_a_local_workdir_goes_through_the_host(
     trained, tmp_path, monkeypatch, workdir, device):
   import keras
-  from looper import export
+  from looper.workdir import export
   seen = {}
 
   def write_out(self, path, options=None, verbose=True):
@@ -125,8 +125,8 @@ def test_tpu_export_of_a_local_workdir_goes_through_the_host(
 
 
 def test_export_in_process_serves_what_the_model_computes(tmp_path):
-  from looper import export  # pylint: disable=g-import-not-at-top
-  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from looper.workdir import export  # pylint: disable=g-import-not-at-top
+  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   trainer = trainer_lib.Trainer(tiny.get_config(), tf.distribute.get_strategy())
   trainer.train(3)
   path = export.export(trainer, evaluator_lib.Evaluator(trainer),

@@ -15,9 +15,9 @@ import pytest
 import tensorflow as tf
 
 from experiments import mnist
-from looper import preflight
+from looper.cli import tpu_check
 from looper import run
-from looper import trainer as trainer_lib
+from looper.train import trainer as trainer_lib
 from tests.conftest import ROOT, configured
 
 FASHION = ROOT.parent / "shared" / "data" / "fashion_mnist"
@@ -83,7 +83,7 @@ def test_the_recipe_network_flips_and_passes_looper_check():
                  "data.train_split": "train[:512]",
                  "data.eval_split": "test[:400]",
                  "train.precision": "mixed_bfloat16"})
-  assert preflight.check(c) == []
+  assert tpu_check.check(c) == []
   c.train.precision = "float32"  # bfloat16 would round the pixels
   t = trainer_lib.Trainer(c, tf.distribute.get_strategy())
   images, _ = mnist.dataset_fn(c, "test[:8]")

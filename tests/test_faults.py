@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import checkpoint
+from looper.workdir import checkpoint
 from looper import run
 from tests import tiny
 from tests.conftest import checkpoint_tensors, curve, popen_looper, run_ok

@@ -226,5 +226,5 @@ def test_trains_end_to_end_under_xla(data_dir, tmp_path):
 
 def test_ready_for_a_tpu(data_dir):
   """`looper check` passes the shipped config (a smaller LSTM: same ops)."""
-  from looper import preflight  # pylint: disable=g-import-not-at-top
-  assert preflight.check(_config(data_dir), cores=8) == []
+  from looper.cli import tpu_check  # pylint: disable=g-import-not-at-top
+  assert tpu_check.check(_config(data_dir), cores=8) == []

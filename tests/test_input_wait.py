@@ -6,8 +6,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from looper import summaries
-from looper import trainer as trainer_lib
+from looper.workdir import summaries
+from looper.train import trainer as trainer_lib
 from looper import workdir
 from tests import tiny
 

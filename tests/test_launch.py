@@ -1,4 +1,4 @@
-"""`python -m looper.launch`: N workers on loopback, all-or-nothing, and
+"""`python -m looper.cli.launch`: N workers on loopback, all-or-nothing, and
 their shares of the host's GPUs."""
 
 import json
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from looper import launch as launch_lib
+from looper.cli import launch as launch_lib
 from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok
 
 TINY = ("--config=tests/tiny.py", "--config.train.steps_per_loop=10")
@@ -22,7 +22,7 @@ def launch(*args, workers=2, **env_vars):
   env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV, **env_vars)
   env.pop("TF_CONFIG", None)
   return subprocess.Popen(
-      [sys.executable, "-m", "looper.launch", f"--workers={workers}", "--",
+      [sys.executable, "-m", "looper.cli.launch", f"--workers={workers}", "--",
        *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True)
 

@@ -1,4 +1,4 @@
-"""looper.lease in-process: who may write a workdir, and when a holder is gone.
+"""looper.workdir.lease in-process: who may write a workdir, and when a holder is gone.
 
 The processes' side (two runs on one workdir, a kill -9, readers beside a
 writer, a lapsed lease at the next save) is tests/test_workdir_lease.py.
@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from looper import checkpoint
-from looper import lease
+from looper.workdir import checkpoint
+from looper.workdir import lease
 from looper import workdir
 from looper.errors import WorkdirError
 

@@ -26,9 +26,9 @@ from experiments.text import data
 from experiments.text import metrics
 from experiments.text import sample
 from looper import config as lc
-from looper import objectives
-from looper import precision
-from looper import preflight
+from looper.train import objectives
+from looper.train import precision
+from looper.cli import tpu_check
 from looper import run
 from tests.conftest import ROOT, configured, loopback_server, \
     restored_trainer
@@ -470,5 +470,5 @@ def test_pydocs_splits_faq_for_eval():
 def test_the_default_config_is_ready_for_8_tpu_cores():
   """`looper check`: static shapes, batch 8 per core, int32 labels, the
   attention's train step compiles with XLA."""
-  assert preflight.check(configured(lm.get_config(),
+  assert tpu_check.check(configured(lm.get_config(),
                                     {"data.dir": str(PYDOCS)})) == []

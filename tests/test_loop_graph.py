@@ -57,9 +57,9 @@ def _walk(fdef, library, out) -> None:
 def loop_facts(fields: dict) -> dict:
   """What the while body of tiny's train loop does outside the replica step."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from looper import distribute  # pylint: disable=g-import-not-at-top
-  from looper import loop as loop_lib  # pylint: disable=g-import-not-at-top
-  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import distribute  # pylint: disable=g-import-not-at-top
+  from looper.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from tests import tiny  # pylint: disable=g-import-not-at-top
   from tests.conftest import configured  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
@@ -171,7 +171,7 @@ def test_the_loop_body_is_next_and_the_replica_step_only():
 
 
 def test_no_collective_between_workers_outside_the_replica_step():
-  from looper.launch import free_ports  # pylint: disable=g-import-not-at-top
+  from looper.cli.launch import free_ports  # pylint: disable=g-import-not-at-top
   cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
   workers = [_facts("worker", env={"TF_CONFIG": json.dumps(
       {"cluster": cluster, "task": {"type": "worker", "index": i}})})

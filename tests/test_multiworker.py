@@ -1,4 +1,4 @@
-"""Multi-worker through `looper.launch` on 127.0.0.1: resume across topologies.
+"""Multi-worker through `looper.cli.launch` on 127.0.0.1: resume across topologies.
 
 On CPU each worker is one replica. A run resumes across topologies (the
 data position is in global examples), its per-step losses those of one

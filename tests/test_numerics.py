@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import distribute
-from looper import layers
-from looper import precision
+from looper.train import distribute
+from looper.train import layers
+from looper.train import precision
 from looper import run
-from looper import evaluator as evaluator_lib
-from looper import trainer as trainer_lib
+from looper.train import evaluator as evaluator_lib
+from looper.train import trainer as trainer_lib
 from tests import tiny
 from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok, scalars
 
@@ -114,7 +114,8 @@ def test_checkpoints_move_between_precisions(tmp_path):
 # Run in its own process: it needs 2 logical CPUs before TensorFlow starts.
 _INF_ON_REPLICA_ONE = """
 import json, numpy as np, tensorflow as tf
-from looper import distribute, trainer as trainer_lib
+from looper.train import distribute
+from looper.train import trainer as trainer_lib
 from tests import tiny
 devices = distribute.split_cpu(2)
 strategy = tf.distribute.MirroredStrategy(devices)
@@ -236,7 +237,7 @@ def test_random_flip_mirrors_about_half_of_the_images_in_training_only():
 _DETERMINISTIC = """
 import tensorflow as tf
 from tensorflow.python.framework import config
-from looper import precision
+from looper.train import precision
 def show():
   print(config.is_op_determinism_enabled(),
         tf.config.experimental.tensor_float_32_execution_enabled())

@@ -1,9 +1,9 @@
-"""looper.objectives: metric names that would collide in the logs."""
+"""looper.train.objectives: metric names that would collide in the logs."""
 
 import pytest
 
 from looper import config as lc
-from looper import objectives
+from looper.train import objectives
 
 
 # --- Metric names that collide with looper's own log keys ------------------

@@ -5,8 +5,8 @@ import os
 import signal
 import time
 
-from looper import preemption
-from looper import stopping
+from looper.train import preemption
+from looper.train import stopping
 
 
 def wait_until(condition, timeout=5.0):

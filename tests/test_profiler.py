@@ -4,9 +4,9 @@ test_tensorboard.py), and its config fields."""
 
 import pytest
 
-from looper import actions
+from looper.train import actions
 from looper import config as lc
-from looper import profiler
+from looper.train import profiler
 from looper import workdir
 from tests import tiny
 from tests.test_controller import make

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from looper.data import arrays
 from looper import config as lc
-from looper import shards
+from looper.data import shards
 from looper.data import sources
 from tests import tiny
 
@@ -173,7 +173,7 @@ def test_what_dataset_fn_returns_selects_the_mode(shard_dir):
 def test_the_writer_command_writes_both_splits(tmp_path):
   out = tmp_path / "out"
   proc = subprocess.run(
-      [sys.executable, "-m", "looper.shards", "write", "--config=tests/tiny.py",
+      [sys.executable, "-m", "looper.cli.shards", "write", "--config=tests/tiny.py",
        f"--out={out}", "--min_shards=8", "--config.model.num_examples=100"],
       capture_output=True, text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -19,9 +19,9 @@ import tensorflow as tf
 
 from experiments import text_classifier as tc
 from looper import config as lc
-from looper import distribute
+from looper.train import distribute
 from looper import run
-from looper import trainer as trainer_lib
+from looper.train import trainer as trainer_lib
 from tests.conftest import configured, curve, run_ok, scalars
 
 POSITIVE, NEGATIVE = (11, 12, 13, 14, 15), (16, 17, 18, 19, 20)
@@ -199,7 +199,7 @@ def test_trains_end_to_end_with_the_same_curve_on_two_replicas(data,
 
 def test_ready_for_a_tpu(data):
   """`looper check` passes it: 8 per core, at most max_len / bucket shapes."""
-  from looper import preflight  # pylint: disable=g-import-not-at-top
+  from looper.cli import tpu_check  # pylint: disable=g-import-not-at-top
   c = _config(data[0])
   c.train.batch_size = c.eval.batch_size = 64
-  assert preflight.check(c, cores=8) == []
+  assert tpu_check.check(c, cores=8) == []

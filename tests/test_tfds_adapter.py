@@ -1,4 +1,4 @@
-"""Tests of looper/tfds_adapter.py: TFDS datasets through looper, offline.
+"""Tests of looper/data/tfds_adapter.py: TFDS datasets through looper, offline.
 
 Run::
 
@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper import run
-from looper import tfds_adapter
+from looper.data import tfds_adapter
 from tests import tiny
 from tests.conftest import configured
 
@@ -66,7 +66,7 @@ def tiny_dir(tfds, tmp_path_factory):
 
 def _tiny_config(data_dir, **fields):
   c = tiny.get_config()
-  c.dataset_fn = "looper.tfds_adapter:dataset_fn"
+  c.dataset_fn = "looper.data.tfds_adapter:dataset_fn"
   tfds_adapter.add_fields(c, name="looper_tiny", keys=("x", "label"),
                           download=False)
   return configured(c, {"data.dir": str(data_dir),
@@ -90,7 +90,7 @@ def test_missing_package_is_one_line(monkeypatch):
 def test_fields_must_be_set():
   c = tiny.get_config()
   with pytest.raises(lc.ConfigError, match=r"config\.data\.tfds_name is not"
-                     r" set; call looper\.tfds_adapter\.add_fields"):
+                     r" set; call looper\.data\.tfds_adapter\.add_fields"):
     tfds_adapter.dataset_fn(c, "train")
   tfds_adapter.add_fields(c)
   with pytest.raises(lc.ConfigError, match=r"tfds_name is empty; set"):
@@ -161,7 +161,7 @@ def test_catalog_mnist_plugs_in_with_mock_data(tfds, tmp_path):
   c.model_fn = lambda config: keras.Sequential([
       keras.Input((28, 28, 1), dtype="uint8"), keras.layers.Rescaling(1 / 255),
       keras.layers.Flatten(), keras.layers.Dense(10)])
-  c.dataset_fn = "looper.tfds_adapter:dataset_fn"
+  c.dataset_fn = "looper.data.tfds_adapter:dataset_fn"
   tfds_adapter.add_fields(c, name="mnist", keys=("image", "label"),
                           download=False)
   c.data.dir = str(tmp_path / "tfds")

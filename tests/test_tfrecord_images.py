@@ -20,7 +20,7 @@ import tensorflow as tf
 from experiments import tfrecord_images
 from looper import config as lc
 from looper import run
-from looper import shards
+from looper.data import shards
 from tests.conftest import configured
 
 FILES, PER_FILE, SIZE = 10, 40, 32
@@ -208,13 +208,13 @@ def test_trains_end_to_end(flowers, tmp_path):
 
 def test_ready_for_a_tpu(flowers):
   """`looper check` passes the shipped config (16-pixel images: same ops)."""
-  from looper import preflight  # pylint: disable=g-import-not-at-top
+  from looper.cli import tpu_check  # pylint: disable=g-import-not-at-top
   root, _, _ = flowers
   c = _config(root, width=4)
   # The shipped data.virtual_shards=8 needs 8 train files: 2 of the 10
   # evaluate.
   c.data.train_split, c.data.eval_split = "flowers[2:]", "flowers[:2]"
-  assert preflight.check(c, cores=8) == []
+  assert tpu_check.check(c, cores=8) == []
   c.data.train_split = "flowers[4:]"  # 6 files for 8 groups
-  problems = preflight.check(c, cores=8)
+  problems = tpu_check.check(c, cores=8)
   assert len(problems) == 1 and "data.virtual_shards" in problems[0], problems

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import evaluator as evaluator_lib
+from looper.train import evaluator as evaluator_lib
 from looper import run
-from looper import trainer as trainer_lib
+from looper.train import trainer as trainer_lib
 from looper.data import shards
 from tests import weighted
 from tests.conftest import ROOT, configured, restored_trainer, scalars
@@ -43,8 +43,8 @@ CASES = [
 _SCRIPT = """
 import json, sys
 import tensorflow as tf
-from looper import distribute
-from looper import trainer as trainer_lib
+from looper.train import distribute
+from looper.train import trainer as trainer_lib
 from tests import weighted
 from tests.conftest import configured
 n = int(sys.argv[2])

@@ -1,4 +1,4 @@
-"""One writer per workdir, with real processes (looper.lease).
+"""One writer per workdir, with real processes (looper.workdir.lease).
 
 A second training run on a held workdir is refused in one line and writes
 nothing, while the first trains on unharmed (bit-exact against an
@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from looper import lease
+from looper.workdir import lease
 from looper import run
 from looper.errors import WorkdirError
 from tests import tiny

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from looper import config as lc
-from looper import layers
+from looper.train import layers
 
 NUM_CLASSES = 4
 FEATURES = 8

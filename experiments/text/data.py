@@ -17,7 +17,7 @@ for every text file below it) picks the eval files, every other one is
 train: whole files apart. `data.eval_glob=''` holds out the last
 `data.eval_fraction` of the bytes instead, which is also how TinyShakespeare
 (no data.dir: found in `data.cache_dir` or downloaded, as
-`looper.datasets.locate` does) is split, as nanoGPT does. A split is its
+`looper.data.datasets.locate` does) is split, as nanoGPT does. A split is its
 files in sorted order, joined with one NUL byte (which UTF-8 text never
 holds: GPT-2's <|endoftext|>).
 
@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 
 from looper import config as lc
-from looper import datasets
+from looper.data import datasets
 
 # The split names a corpus has.
 SPLITS = ("train", "eval")

@@ -17,7 +17,7 @@ nanoGPT) or a Dense of its own. Positions are a learned vector each
 import keras
 import ml_collections
 
-from looper import layers
+from looper.train import layers
 
 # GPT-2's initializer scale for every kernel and embedding.
 _INIT_STDDEV = 0.02

@@ -2,7 +2,7 @@
 
 Synopsis (in an experiment's loader)::
 
-    from looper import datasets
+    from looper.data import datasets
 
     def get_config():
       c = lc.default_config()

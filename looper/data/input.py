@@ -15,7 +15,7 @@ variable the checkpoint holds (`checkpoint_items`), so a resumed run opens
 the stream where it stopped, on any replica and worker count (every mode
 of `sources` resumes from it). This is the only object that calls
 `config.dataset_fn`; the Trainer, the Evaluator and the checks before a run
-(`probe`, `describe`, `preflight`, `export`) read the data through it.
+(`dry_run`, `describe`, `tpu_check`, `export`) read the data through it.
 It knows no model or optimizer.
 """
 
@@ -23,7 +23,7 @@ import ml_collections
 import tensorflow as tf
 
 from looper import compat
-from looper import refs
+from looper import names
 from looper.data import checks
 from looper.data import elements
 from looper.data import sources
@@ -37,7 +37,7 @@ class Input:
                strategy: tf.distribute.Strategy):
     self.config = config
     self.strategy = strategy
-    self._dataset_fn = refs.resolve(config.dataset_fn, "dataset_fn")
+    self._dataset_fn = names.resolve(config.dataset_fn, "dataset_fn")
     self._sources = {}  # split -> its input source, made once
     self._iterator = None  # opened by train_iterator() at the position
     with strategy.scope():

@@ -2,8 +2,9 @@
 
 Synopsis::
 
-    # Write an experiment's splits as shards (+ index.json), once:
-    python -m looper.shards write --config=experiments/mnist.py --out=/data/mnist
+    # Write an experiment's splits as shards (+ index.json), once
+    # (looper.cli.shards):
+    python -m looper.cli.shards write --config=experiments/mnist.py --out=/data/mnist
     # Train from them (any experiment, no code change):
     python -m looper.main --config=experiments/mnist.py --workdir=/tmp/m \\
         --config.data.shards_dir=/data/mnist
@@ -34,14 +35,11 @@ is bit-exact for any dtype; index.json keeps the nest structure and specs.
 import json
 import math
 import os
-import sys
 from typing import Callable
 
 import tensorflow as tf
 
 from looper import conversion
-from looper import flag_errors
-from looper import refs
 from looper.data import arrays
 from looper.data import checks
 from looper.data import elements
@@ -141,7 +139,7 @@ def read(directory: str, split: str | None = None) -> "Files":
   if index is None or index.get("format") != FORMAT:
     raise ConfigError(
         f"{directory} has no complete looper shards (no {INDEX}); write them"
-        " with `python -m looper.shards write` or return shards.Files(...,"
+        " with `python -m looper.cli.shards write` or return shards.Files(...,"
         " parse=...) from dataset_fn")
   spec = _decode_spec(index["spec"])
   return Files([os.path.join(directory, name) for name, _ in index["files"]],
@@ -301,8 +299,6 @@ class Files:
                              count=count, steps=steps)
 
 
-# --- The command line -----------------------------------------------------------
-
 def as_dataset(value, split: str) -> tf.data.Dataset:
   """What a dataset_fn returned (Dataset, arrays or Files) as one pass."""
   if isinstance(value, Files):
@@ -310,48 +306,3 @@ def as_dataset(value, split: str) -> tf.data.Dataset:
   if arrays.is_arrays(value):
     return tf.data.Dataset.from_tensor_slices(value)
   return checks.checked(value, split)
-
-
-def main(argv):
-  """`python -m looper.shards write`: an experiment's splits as shards."""
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from absl import flags
-  from ml_collections import config_flags
-  config = config_flags.DEFINE_config_file(
-      "config", None, "Experiment config file (a .py with get_config()).",
-      lock_config=True)
-  out = flags.DEFINE_string(
-      "out", None, "Directory: each split goes to <out>/<split>; train with"
-      " --config.data.shards_dir=<out>.")
-  splits = flags.DEFINE_list(
-      "splits", None, "Splits to write (default: config.data.train_split"
-      " and config.data.eval_split).")
-  shard_mb = flags.DEFINE_float("shard_mb", DEFAULT_SHARD_BYTES / 2**20,
-                                "Target size of one shard, in MiB.")
-  min_shards = flags.DEFINE_integer(
-      "min_shards", DEFAULT_MIN_SHARDS,
-      "At least this many shards per split (data.virtual_shards <= it).")
-  flags.mark_flags_as_required(["config", "out"])
-
-  def write_splits(args):
-    if args[1:] != ["write"]:
-      raise app.UsageError("usage: python -m looper.shards write"
-                           " --config=FILE --out=DIR [--splits=a,b]")
-    c = config.value
-    dataset_fn = refs.resolve(c.dataset_fn, "dataset_fn")
-    try:
-      for split in splits.value or (c.data.train_split, c.data.eval_split):
-        directory = os.path.join(out.value, split)
-        index = write(as_dataset(dataset_fn(c, split), split), directory,
-                      shard_bytes=int(shard_mb.value * 2**20),
-                      min_shards=min_shards.value)
-        print(f"{directory}: {index['examples']} examples in"
-              f" {len(index['files'])} shards")
-    except ConfigError as e:
-      sys.exit(f"looper: {e}")
-
-  app.run(write_splits, argv, flags_parser=flag_errors.parse_flags)
-
-
-if __name__ == "__main__":
-  main(sys.argv)

@@ -130,13 +130,13 @@ def make(split: str, field: str, options: ml_collections.ConfigDict,
     raise ConfigError(
         f"config.dataset_fn returned {type(value).__name__} for split"
         f" {split!r}; return a tf.data.Dataset of (inputs, label) examples,"
-        " (inputs, label) numpy arrays, or looper.shards.Files")
+        " (inputs, label) numpy arrays, or looper.data.shards.Files")
   if options.bucket and not isinstance(source, Elements):
     if options.shards_dir:
       kind, fix = "the files of config.data.shards_dir", "unset it"
     else:
       kind = ("numpy arrays" if isinstance(source, arrays.Arrays)
-              else "looper.shards.Files")
+              else "looper.data.shards.Files")
       fix = "return a tf.data.Dataset from dataset_fn"
     raise ConfigError(
         f"config.data.bucket={options.bucket} pads the variable-length"

@@ -4,12 +4,12 @@ Synopsis::
 
     # pip install "looper[tfds]"
     from looper import config as lc
-    from looper import tfds_adapter
+    from looper.data import tfds_adapter
 
     def get_config():
       c = lc.default_config()
       c.model_fn = model_fn          # takes the TFDS features as they come
-      c.dataset_fn = "looper.tfds_adapter:dataset_fn"
+      c.dataset_fn = "looper.data.tfds_adapter:dataset_fn"
       tfds_adapter.add_fields(c, name="mnist", keys=("image", "label"))
       c.data.train_split = "train[:90%]"   # TFDS slicing, passed through
       c.data.eval_split = "train[90%:]"
@@ -78,7 +78,7 @@ def dataset_fn(config: ml_collections.ConfigDict,
   for field in ("tfds_name", "tfds_keys", "tfds_download"):
     if field not in data:
       raise errors.ConfigError(
-          f"config.data.{field} is not set; call looper.tfds_adapter."
+          f"config.data.{field} is not set; call looper.data.tfds_adapter."
           "add_fields(c, name=..., keys=...) in get_config()")
   if not data.tfds_name:
     raise errors.ConfigError(
@@ -106,7 +106,7 @@ def _import_tfds():
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise errors.ConfigError(
-        "config.dataset_fn=looper.tfds_adapter:dataset_fn needs"
+        "config.dataset_fn=looper.data.tfds_adapter:dataset_fn needs"
         f" tensorflow-datasets, which is not installed; {INSTALL}") from None
   return tfds
 

@@ -7,7 +7,7 @@ Synopsis::
 
 Writes the bundled MNIST test set (10,000 images) as 64 TFRecord shards, then
 trains the MNIST CNN from them in `--mode=train` on 1 process and on 2
-workers (`looper.launch`), reading them two ways:
+workers (`looper.cli.launch`), reading them two ways:
   element  dataset_fn returns the parsed TFRecordDataset (every pipeline
            reads every file and keeps 1/N);
   file     `--config.data.shards_dir` (each pipeline reads only its files).
@@ -36,13 +36,13 @@ def get_config():
 
 
 def element_dataset_fn(config, split):
-  from looper import shards  # pylint: disable=g-import-not-at-top
+  from looper.data import shards  # pylint: disable=g-import-not-at-top
   return shards.read(os.path.join(config.data.records, split)).examples()
 
 
 def write_records(directory: str) -> None:
   from experiments import mnist  # pylint: disable=g-import-not-at-top
-  from looper import shards  # pylint: disable=g-import-not-at-top
+  from looper.data import shards  # pylint: disable=g-import-not-at-top
   c = mnist.get_config()
   c.data.dir = str(MNIST_DIR)
   for split in ("train", "test"):  # both from the 10k test images
@@ -61,7 +61,7 @@ def run(mode: str, workers: int, records: str, workdir: str, args) -> dict:
            "--config.train.steps_per_loop=50",
            f"--config.model.width={args.width}",
            "--config.checkpoint.every_steps=100000"]
-  command = ([sys.executable, "-m", "looper.launch", f"--workers={workers}",
+  command = ([sys.executable, "-m", "looper.cli.launch", f"--workers={workers}",
               "--"] if workers > 1 else [sys.executable, "-m", "looper.main"])
   env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
   env.pop("TF_CONFIG", None)

@@ -77,9 +77,9 @@ def _contenders(model, replicas, precision, clip=0.0):
   """{name: (build() -> step()), ...}; step() runs K steps and returns."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from looper import distribute  # pylint: disable=g-import-not-at-top
-  from looper import precision as precision_lib  # pylint: disable=g-import-not-at-top
-  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import distribute  # pylint: disable=g-import-not-at-top
+  from looper.train import precision as precision_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
 
   strategy = (tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
               if replicas > 1 else tf.distribute.get_strategy())
@@ -202,7 +202,7 @@ def first_loop(model: str, replicas: int, precision: str, name: str,
 def phases(model: str = "mlp", precision: str = "float32") -> str:
   """Where looper's first loop goes, one replica, in this (fresh) process."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   images, labels = _data()
   config = _config(model, precision, images, labels)
   times = [time.perf_counter()]

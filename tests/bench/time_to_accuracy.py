@@ -80,9 +80,9 @@ def _config(seed: int, precision: str):
 
 
 def run_looper(seed: int, precision: str) -> dict:
-  from looper import evaluator as evaluator_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import evaluator as evaluator_lib  # pylint: disable=g-import-not-at-top
   from looper import run  # pylint: disable=g-import-not-at-top
-  from looper import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   reached = {"imported": time.time()}
   evals = []
 
@@ -113,7 +113,7 @@ def run_fit(seed: int, precision: str) -> dict:
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from experiments import mnist  # pylint: disable=g-import-not-at-top
-  from looper import precision as precision_lib  # pylint: disable=g-import-not-at-top
+  from looper.train import precision as precision_lib  # pylint: disable=g-import-not-at-top
   from looper.data import arrays  # pylint: disable=g-import-not-at-top
   reached = {"imported": time.time()}
   config = _config(seed, precision)

@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
-from looper import checkpoint
+from looper.workdir import checkpoint
 from looper import workdir
 
 

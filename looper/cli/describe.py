@@ -15,9 +15,9 @@ one-line error) but reads no checkpoint and writes nothing.
 
 from looper import config as config_lib
 from looper import console
-from looper import distribute
-from looper import refs
-from looper import summaries
+from looper.train import distribute
+from looper import names
+from looper.workdir import summaries
 from looper.data import checks
 from looper.data import input as input_lib
 
@@ -27,7 +27,7 @@ def describe(config) -> str:
   config_lib.validate(config)
   strategy = distribute.strategy_for(config)
   data = input_lib.Input(config, strategy)
-  trainer = refs.resolve(config.trainer, "trainer")(config, strategy, data)
+  trainer = names.resolve(config.trainer, "trainer")(config, strategy, data)
   lines = [console.header(config, strategy, None, "describe", None,
                           trainer.model), "", "data"]
   for field in ("data.train_split", "data.eval_split"):
@@ -44,7 +44,7 @@ def describe(config) -> str:
     lines.append(f"  {field}={split!r}: {size:,} examples, {mode} mode;"
                  f" inputs {_spec(inputs)}, labels {_spec(labels)}{weighted}")
   lines += ["", "model", summaries.model_summary(trainer.model), "",
-            "config", refs.to_json(config)]
+            "config", names.to_json(config)]
   return "\n".join(lines)
 
 

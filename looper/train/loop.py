@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from looper import conversion
 from looper import errors
-from looper import precision
+from looper.train import precision
 
 
 # The name scope of the replica function's ops (the graph test finds the
@@ -41,7 +41,7 @@ REPLICA_STEP = "replica_step"
 
 
 class TrainLoop:
-  """Runs a `looper.trainer.Trainer`'s `train_step` (see module doc)."""
+  """Runs a `looper.train.trainer.Trainer`'s `train_step` (see module doc)."""
 
   def __init__(self, trainer):
     self._trainer = trainer

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    python -m looper.launch --workers=2 -- --config=tests/tiny.py \
+    python -m looper.cli.launch --workers=2 -- --config=tests/tiny.py \
         --workdir=/tmp/tiny2
     looper launch --workers=2 -- --config=tests/tiny.py --workdir=/tmp/tiny2
 
@@ -38,7 +38,7 @@ import time
 
 from absl import flags
 
-from looper import flag_errors
+from looper.cli import parsing
 
 _GRACE_SECS = 30  # after a failure: how long the others get to exit
 
@@ -205,12 +205,12 @@ flags.DEFINE_integer("workers", None, "how many worker processes (>= 1)",
                      lower_bound=1, flag_values=FLAGS)
 flags.mark_flag_as_required("workers", flag_values=FLAGS)
 USAGE = ("usage: looper launch --workers=N -- <python -m looper.main flags>"
-         "\n(also: python -m looper.launch --workers=N -- ...)")
+         "\n(also: python -m looper.cli.launch --workers=N -- ...)")
 
 
 def main(argv=None) -> int:
   """`looper launch --workers=N -- FLAGS`; returns the exit code."""
-  args = flag_errors.parse_tool_flags(
+  args = parsing.parse_tool_flags(
       argv, FLAGS, USAGE, "give looper's flags after --, e.g. --"
       " --config=... --workdir=...")
   launcher = Launcher(FLAGS.workers, args)

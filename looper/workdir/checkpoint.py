@@ -63,7 +63,7 @@ class Checkpointer:
     self.directory = workdir.checkpoints  # what restore reads
     self._workdir = workdir.root
     # Called before each save; raises to stop a run that must not write
-    # (another run took the workdir over: looper.lease).
+    # (another run took the workdir over: looper.workdir.lease).
     self._guard = guard or (lambda: None)
     self._checkpoint = tf.train.Checkpoint(**items)
     self._save_dir, self._best_dir = workdir.checkpoint_saves(

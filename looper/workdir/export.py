@@ -32,7 +32,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from looper import checkpoint
+from looper.workdir import checkpoint
 from looper import workdir as workdir_lib
 
 SIGNATURE = "serving_default"
@@ -57,9 +57,9 @@ def export(trainer, evaluator, workdir: workdir_lib.Workdir, *,
   """Writes the trainer's model for serving; returns the SavedModel folder.
 
   Args:
-    trainer: a built `looper.trainer.Trainer`; its `serve(inputs)` is the
+    trainer: a built `looper.train.trainer.Trainer`; its `serve(inputs)` is the
       signature's function (override it to add pre- or post-processing).
-    evaluator: its `looper.evaluator.Evaluator`: the weights eval sees
+    evaluator: its `looper.train.evaluator.Evaluator`: the weights eval sees
       (`averaged_weights`), the eval split's spec from its Input.
     workdir: the run's `looper.workdir.Workdir`; the export goes to its
       `export_version(step)`.

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    looper runs /tmp/mnist /tmp/sweep/*     # or: python -m looper.runs ...
+    looper runs /tmp/mnist /tmp/sweep/*     # or: python -m looper.cli.runs ...
     looper runs /tmp/sweep                  # the workdirs one level down
 
     | run          | step | accuracy | loss    | best accuracy | wall time |
@@ -11,7 +11,7 @@ Synopsis::
     | /tmp/sweep/b | 1000 | 0.9613   | 0.1302  | 0.9655 @800   | 0:01:05   |
 
 One row per workdir (a directory holding `train/` or `eval/`), from its
-`metrics.jsonl` (see `looper.jsonl`; no event file is read): the last
+`metrics.jsonl` (see `looper.workdir.jsonl`; no event file is read): the last
 step, the last value of every eval metric, the best evaluation by
 `evaluation.Best.of` (`checkpoint.best_metric` from its config.json; else
 `accuracy`; else the loss) with its step, and the time from the run's
@@ -29,9 +29,9 @@ import sys
 
 from absl import flags
 
-from looper import evaluation
-from looper import flag_errors
-from looper import jsonl
+from looper.train import evaluation
+from looper.cli import parsing
+from looper.workdir import jsonl
 from looper import workdir as workdir_lib
 
 # What an eval line holds beside its metrics: not a column.
@@ -129,7 +129,7 @@ USAGE = ("usage: looper runs WORKDIR_OR_PARENT...\n"
 
 def main(argv=None) -> int:
   """`looper runs DIR...`; returns the exit code."""
-  dirs = flag_errors.parse_tool_flags(argv, FLAGS, USAGE,
+  dirs = parsing.parse_tool_flags(argv, FLAGS, USAGE,
                                       "give at least one DIR")
   rows, problems, seen = [], [], set()
   for path in dirs:

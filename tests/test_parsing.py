@@ -1,4 +1,4 @@
-"""looper.flag_errors: what a config file's own error and an override typo
+"""looper.cli.parsing: what a config file's own error and an override typo
 end in on the command line (the traceback from the file's frame, or one
 line)."""
 

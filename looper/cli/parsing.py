@@ -2,8 +2,8 @@
 
 Synopsis::
 
-    app.run(main, flags_parser=flag_errors.parse_flags)   # looper.main
-    args = flag_errors.parse_tool_flags(argv, FLAGS, usage)  # looper launch,
+    app.run(main, flags_parser=parsing.parse_flags)   # looper.main
+    args = parsing.parse_tool_flags(argv, FLAGS, usage)  # looper launch,
                                                               # looper runs
 
 `--config.train.stpes=5` makes ml_collections raise a multi-line KeyError;

@@ -23,10 +23,10 @@ Workdir's (looper.workdir).
 
 What a run is, written once as it starts from step 0 (`start_run`): the
 resolved config and the model summary as text in `train/`, and the run's
-row of the HParams table in `workdir/hparams/` (see `looper.hparams`),
+row of the HParams table in `workdir/hparams/` (see `looper.workdir.hparams`),
 whose metric columns (`hparams/eval_accuracy`, ..., `hparams/train_loss`)
 are written there as the run goes. Every train loop and evaluation is also
-a line of `workdir/metrics.jsonl` (see `looper.jsonl`).
+a line of `workdir/metrics.jsonl` (see `looper.workdir.jsonl`).
 
 Replays: a run killed after its last checkpoint wrote events for steps it
 will redo when resumed. `purge_after(step)` rewrites the event files without
@@ -44,8 +44,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from looper import hparams
-from looper import jsonl
+from looper.workdir import hparams
+from looper.workdir import jsonl
 from looper import workdir as workdir_lib
 
 
@@ -120,7 +120,7 @@ class Summaries:
       run, metrics.jsonl and the HParams row (with `table`).
     eval_dir: where eval events go (one of the workdir's: an evaluator
       beside training has its own); None: none are written.
-    table: the run's HParams row (looper.hparams).
+    table: the run's HParams row (looper.workdir.hparams).
   """
 
   def __init__(self, workdir: workdir_lib.Workdir, *, chief: bool,

@@ -9,7 +9,7 @@ Why a thread: Python runs signal handlers only between bytecodes of the
 main thread, and the main thread spends a train loop inside one TensorFlow
 call. `signal.set_wakeup_fd` makes the C-level handler write the signal
 number to a pipe at once; a watcher thread reads it and calls
-`request_stop(signal_name)` (the trainer's `stop.request`, looper.stopping),
+`request_stop(signal_name)` (the trainer's `stop.request`, looper.train.stopping),
 which sets a variable the running train loop reads before every step. So a
 loop of any length stops within a step, and the Controller then saves a
 checkpoint at the step reached. A second signal ends the process

@@ -1,5 +1,12 @@
 """The workdir: one object naming every path a run reads or writes.
 
+This package holds what is written there, a module each: `checkpoint`
+(saves, restores, the best one), `lease` (one writer per workdir),
+`summaries` (TensorBoard events, the progress line) with `jsonl`
+(metrics.jsonl) and `hparams` (the HParams row), `export` (a SavedModel
+for serving). They, and the profiler window (looper.train.profiler), take
+their paths from the `Workdir` defined here.
+
 Synopsis::
 
     wd = workdir.Workdir("/tmp/mnist")        # or gs://bucket/mnist
@@ -10,8 +17,8 @@ Synopsis::
 Layout (every name is spelled here and nowhere else)::
 
     config.json            the resolved config (a training run's chief)
-    lease.json             who writes here now (looper.lease)
-    metrics.jsonl          a line per train loop and evaluation (looper.jsonl)
+    lease.json             who writes here now (lease)
+    metrics.jsonl          a line per train loop and evaluation (jsonl)
     checkpoints/           ckpt-<step>.* and TensorFlow's `checkpoint` index
       best/                the best evaluation's checkpoint, history.json
     train/ eval/           TensorBoard events of training and evaluation
@@ -63,7 +70,7 @@ class Workdir:
 
   @property
   def best_history(self) -> str:
-    """The evaluated values of checkpoint.best_metric (looper.evaluation)."""
+    """The evaluated values of checkpoint.best_metric (looper.train.evaluation)."""
     return os.path.join(self.best_checkpoints, "history.json")
 
   def checkpoint_saves(self, task_id: int | None = None) -> tuple[str, str]:

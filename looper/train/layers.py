@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    from looper import layers
+    from looper.train import layers
     x = layers.Dropout(0.3, seed=1)(x)    # instead of keras.layers.Dropout
     x = layers.RandomFlip(seed=2)(images) # left-right, half of the images
 

@@ -32,7 +32,7 @@ from looper.data import input as input_lib
 
 
 class Evaluator:
-  """Evaluates a `looper.trainer.Trainer`'s model (see module doc)."""
+  """Evaluates a `looper.train.trainer.Trainer`'s model (see module doc)."""
 
   def __init__(self, trainer, input: input_lib.Input | None = None):  # pylint: disable=redefined-builtin
     self.trainer = trainer

@@ -5,7 +5,7 @@ Synopsis::
     looper check --config=experiments/mnist.py [--cores=8]
     python -m looper.main --config=... --mode=check --cores=32
 
-    problems = preflight.check(config, cores=8)   # [] means ready
+    problems = tpu_check.check(config, cores=8)   # [] means ready
 
 Prints "ready: ..." and exits 0, or one line per problem (naming the layer
 or op, or the dataset field, and the fix) and exits 1. What it checks, each
@@ -42,10 +42,10 @@ import tensorflow as tf
 
 from looper import compat
 from looper import config as config_lib
-from looper import distribute
+from looper.train import distribute
 from looper import errors
-from looper import precision
-from looper import refs
+from looper.train import precision
+from looper import names
 from looper.data import checks
 from looper.data import input as input_lib
 
@@ -73,7 +73,7 @@ def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
   # Traced here, on the CPU's default strategy, whatever the config asks
   # for; the steps are compiled below one at a time (train.jit_compile
   # only affects the train loop, which is not run).
-  trainer_cls = refs.resolve(config.trainer, "trainer")
+  trainer_cls = names.resolve(config.trainer, "trainer")
   data = input_lib.Input(config, tf.distribute.get_strategy())
   trainer = trainer_cls(config, data.strategy, data)
   splits = {"train": config.data.train_split, "eval": config.data.eval_split}
@@ -190,7 +190,7 @@ def _python_in_pipeline(dataset, split: str, field: str) -> list[str]:
   return [f"config.dataset_fn: split {split!r} ({field}) runs Python through"
           f" {' and '.join(sorted(found))}, which a TPU host cannot; build the"
           f" pipeline from tf.data and tf ops only (or write shards: python -m"
-          f" looper.shards write)"]
+          f" looper.cli.shards write)"]
 
 
 def _shapes(dataset, batches: int, split: str):

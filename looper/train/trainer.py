@@ -4,10 +4,10 @@ Synopsis::
 
     trainer = Trainer(config, strategy)       # or (config, strategy, input)
     losses, logs = trainer.train(steps=100)   # one tf.function call
-    eval_logs = Evaluator(trainer).evaluate() # looper.evaluator
+    eval_logs = Evaluator(trainer).evaluate() # looper.train.evaluator
 
 The data come from an `Input` (`looper.data.input`); one `train` call runs
-`steps` steps inside one tf.function (`looper.loop`: no host sync per
+`steps` steps inside one tf.function (`looper.train.loop`: no host sync per
 step), and returns each step's global mean loss.
 
 One replica's step (`train_step`) is three seams::
@@ -33,13 +33,13 @@ import numpy as np
 import tensorflow as tf
 
 from looper import conversion
-from looper import ema as ema_lib
-from looper import loop
-from looper import objectives
-from looper import optimizers
-from looper import precision
-from looper import refs
-from looper import stopping
+from looper.train import ema as ema_lib
+from looper.train import loop
+from looper.train import objectives
+from looper.train import optimizers
+from looper.train import precision
+from looper import names
+from looper.train import stopping
 from looper.data import checks
 from looper.data import input as input_lib
 
@@ -70,7 +70,7 @@ class Trainer:
                            "train.batch_size")
     checks.check_divisible(config.eval.batch_size, replicas, "eval.batch_size")
     self._micro_rows = config.train.batch_size // replicas  # static shape
-    self.model_fn = refs.resolve(config.model_fn, "model_fn")
+    self.model_fn = names.resolve(config.model_fn, "model_fn")
     self._loss_fn = objectives.losses(config.loss)
     # data.class_weights as a table by class id (None: off).
     self._class_weights = objectives.class_weight_table(
@@ -266,7 +266,7 @@ class Trainer:
 
   @conversion.plain
   def serve(self, inputs) -> dict[str, tf.Tensor]:
-    """What an export computes for a batch of `inputs` (see looper.export):
+    """What an export computes for a batch of `inputs` (see looper.workdir.export):
     {"logits": ...}, or every output of a model with a dict of them.
 
     Override to serve probabilities, decoded labels or preprocessing; the

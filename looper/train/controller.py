@@ -24,7 +24,7 @@ Synopsis (what `looper.run.run` assembles from a config)::
         result[action.name] = action(now)   # if it fired and returned one
 
 A stop is requested on the trainer (`trainer.stop.request(reason)`, e.g.
-from a signal handler: looper.preemption); an early end by an action
+from a signal handler: looper.train.preemption); an early end by an action
 (`now.end_training(reason)`, e.g. early stopping). The Controller knows
 nothing of tf.distribute or Keras: the Trainer runs steps, the
 Checkpointer saves and restores, actions do everything else. What it needs
@@ -39,16 +39,16 @@ from typing import Callable, Protocol, Sequence
 from absl import logging
 import numpy as np
 
-from looper import actions as actions_lib
+from looper.train import actions as actions_lib
 from looper import errors
 
 
 class TrainerSurface(Protocol):
-  """What the Controller calls on a trainer (`looper.trainer.Trainer`)."""
+  """What the Controller calls on a trainer (`looper.train.trainer.Trainer`)."""
   global_step: int  # updates done (a property on the Trainer)
   global_batch_size: int  # examples per update
   weights_finite: bool  # after the last `train` call
-  stop: "StopSurface"  # the stop request (`looper.stopping.StopFlag`)
+  stop: "StopSurface"  # the stop request (`looper.train.stopping.StopFlag`)
 
   def train(self, steps: int) -> tuple[np.ndarray, dict[str, float]]:
     """Runs up to `steps` steps; (per-step global mean losses, logs)."""
@@ -63,7 +63,7 @@ class TrainerSurface(Protocol):
 
 
 class StopSurface(Protocol):
-  """The trainer's stop request (`looper.stopping.StopFlag`)."""
+  """The trainer's stop request (`looper.train.stopping.StopFlag`)."""
   requested: bool  # a stop took effect (all workers agreed)
   reason: str | None  # why, once requested
 
@@ -75,7 +75,7 @@ class StopSurface(Protocol):
 
 
 class CheckpointerSurface(Protocol):
-  """What the Controller calls on a `looper.checkpoint.Checkpointer`."""
+  """What the Controller calls on a `looper.workdir.checkpoint.Checkpointer`."""
   directory: str
 
   def restore(self, path: str | None = None) -> str | None:

@@ -11,7 +11,7 @@ Synopsis::
 
 Best: one rule (`Best`) says which evaluation is a run's best: here for the
 best checkpoint and early stopping, and for the best columns of
-TensorBoard's HParams table (looper.hparams) and of `looper runs`.
+TensorBoard's HParams table (looper.workdir.hparams) and of `looper runs`.
 
 Best checkpoint: after each evaluation that improves `best.metric`, the
 state is saved to `checkpoints/best/` (one kept, apart from the rolling
@@ -94,9 +94,9 @@ class EvalAction:
   """Evaluates the trainer's current state once per step (see module doc).
 
   Args:
-    evaluator: a `looper.evaluator.Evaluator`.
-    out: the run's `looper.summaries.Summaries` (eval events).
-    checkpointer: its `looper.checkpoint.Checkpointer` (the best one).
+    evaluator: a `looper.train.evaluator.Evaluator`.
+    out: the run's `looper.workdir.summaries.Summaries` (eval events).
+    checkpointer: its `looper.workdir.checkpoint.Checkpointer` (the best one).
     history: the history file's path (`Workdir.best_history`).
     best: what is tracked (its metric must be an eval metric, see
       `check_best_metric`); None: no best checkpoint, no early stop.

@@ -32,7 +32,7 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
-from looper import actions
+from looper.train import actions
 from looper import workdir as workdir_lib
 
 

@@ -60,7 +60,7 @@ LOSSES = {
 }
 
 # The LOSSES that read logits (from_logits=True): a model ending in a
-# softmax or sigmoid would feed them probabilities (see `probe`).
+# softmax or sigmoid would feed them probabilities (see `dry_run`).
 FROM_LOGITS = ("sparse_categorical_crossentropy",)
 
 # config.loss_normalization -> the denominator of the global batch's loss,

@@ -11,7 +11,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from looper import preflight
+from looper.cli import tpu_check
 from tests import conftest
 from tests import tiny
 
@@ -91,7 +91,7 @@ _IF_LINE = inspect.getsourcelines(PythonIf.call)[1] + 1
 CASES = {
     "python_if": (dict(model_fn=_model_with(PythonIf)),
                   r"\(train step and eval step\): a Python if/while/bool\(\) reads a"
-                  rf" tensor's value at test_preflight.py:{_IF_LINE};"),
+                  rf" tensor's value at test_tpu_check.py:{_IF_LINE};"),
     "data_dependent_shape": (
         dict(model_fn=_model_with(DataDependentShape)),
         r"\(train step and eval step\): op Where \(.*boolean_mask.*\) has a"
@@ -134,8 +134,8 @@ CASES = {
 
 def test_the_tiny_experiment_is_ready():
   config = _config()
-  assert preflight.check(config) == []
-  assert preflight.report([], config, 8).startswith(
+  assert tpu_check.check(config) == []
+  assert tpu_check.report([], config, 8).startswith(
       "ready: the train and eval steps compile with XLA")
 
 
@@ -143,10 +143,10 @@ def test_the_tiny_experiment_is_ready():
                          ids=["cpu-without-bf16", "cpu-with-amx"])
 def test_a_precision_slower_on_this_machine_is_noted(monkeypatch, flags,
                                                      noted):
-  from looper import precision  # pylint: disable=g-import-not-at-top
+  from looper.train import precision  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
   config = _config(**{"train.precision": "mixed_bfloat16"})
-  lines = preflight.report([], config, 8).splitlines()
+  lines = tpu_check.report([], config, 8).splitlines()
   assert lines[0].startswith("ready: ")
   assert lines[1:] == ([
       "note: train.precision=mixed_bfloat16 on this machine: ~0.7x float32"
@@ -159,7 +159,7 @@ def test_a_precision_slower_on_this_machine_is_noted(monkeypatch, flags,
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_violation_gives_exactly_its_line(case):
   changes, pattern = CASES[case]
-  problems = preflight.check(_config(**changes))
+  problems = tpu_check.check(_config(**changes))
   assert len(problems) == 1, problems
   assert "\n" not in problems[0]
   assert re.search(pattern, problems[0]), problems[0]
@@ -188,11 +188,11 @@ def test_mnist_is_ready():
   c.data.dir = str(conftest.MNIST_DIR)
   c.data.train_split, c.data.eval_split = "test[:8000]", "test[8000:]"
   c.model.width = 8
-  assert preflight.check(c, cores=8) == []
+  assert tpu_check.check(c, cores=8) == []
 
 
 def test_describe_names_the_modes_sizes_and_specs_in_process():
-  from looper import describe  # pylint: disable=g-import-not-at-top
+  from looper.cli import describe  # pylint: disable=g-import-not-at-top
   c = tiny.get_config()
   c.data.as_arrays = True
   text = describe.describe(c)
@@ -220,13 +220,13 @@ def test_describe_names_the_modes_sizes_and_specs_in_process():
 ])
 def test_a_precision_slower_than_float32_here_is_named(name, accelerated,
                                                        flags, want):
-  from looper import precision  # pylint: disable=g-import-not-at-top
+  from looper.train import precision  # pylint: disable=g-import-not-at-top
   assert precision.slower_here(name, accelerated=accelerated,
                                flags=flags) == want
 
 
 def test_describe_says_when_the_precision_is_slower_on_this_machine():
-  from looper import describe  # pylint: disable=g-import-not-at-top
+  from looper.cli import describe  # pylint: disable=g-import-not-at-top
   if tf.config.list_physical_devices("GPU"):
     pytest.skip("a GPU run: float16 is its precision")
   c = tiny.get_config()

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    probe.check_inputs(trainer, input, config.data.train_split)  # or ConfigError
+    dry_run.check_inputs(trainer, input, config.data.train_split)  # or ConfigError
 
 A mismatch between `dataset_fn`, `model_fn` and the loss would otherwise
 surface as a multi-page trace from inside the first train loop (or, for
@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from looper import errors
-from looper import objectives
+from looper.train import objectives
 from looper.data import checks
 from looper.data import splits
 
@@ -24,7 +24,7 @@ def check_inputs(trainer, input, split: str, probe: int = 256) -> None:  # pylin
   """Runs `trainer`'s model and loss eagerly on the first `probe` examples.
 
   Args:
-    trainer: a built `looper.trainer.Trainer` (its `model`, `compute_loss`).
+    trainer: a built `looper.train.trainer.Trainer` (its `model`, `compute_loss`).
     input: the run's `looper.data.input.Input`.
     split: a split its config names (train or eval).
     probe: how many examples to run.

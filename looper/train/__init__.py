@@ -1,0 +1,17 @@
+"""The training loop: the Trainer, its loop and evaluation, and when things run.
+
+| module | owns |
+|---|---|
+| `trainer` | the `Trainer`: state built in scope, the seams a subclass overrides |
+| `loop` | `TrainLoop`: K replica steps in one tf.function, the loss buffer |
+| `evaluator` | `Evaluator`: one exact pass over the eval split, the weight-average swap |
+| `controller` | the outer loop and the modes (no TensorFlow) |
+| `actions` | what runs between loops and when (`Action`, `Moment`) |
+| `evaluation` | evaluation as an action: eval events, the best checkpoint (`Best`), early stop |
+| `stopping`, `preemption` | a stop request agreed across workers; signals that ask for one |
+| `distribute`, `optimizers`, `precision`, `objectives` | the options: each owns its name table |
+| `ema`, `layers`, `dry_run` | the weight average; replica-invariant noise layers; the model and loss run on a split's first examples before a run |
+| `profiler` | the profiler window (`profile.*`): an action whose edges end loops |
+
+Data come from `looper.data`; what is written goes through `looper.workdir`.
+"""
