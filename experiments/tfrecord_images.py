@@ -54,8 +54,8 @@ import tensorflow as tf
 
 from experiments import common
 from looper import config as lc
-from looper.train import layers
 from looper.data import shards
+from looper.train import layers
 
 # What each record holds (the codelab's and Kaggle's names).
 FEATURES = {"image": tf.io.FixedLenFeature([], tf.string),

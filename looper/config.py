@@ -41,12 +41,12 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+from looper import names
 from looper.train import distribute
 from looper.train import evaluation
 from looper.train import objectives
 from looper.train import optimizers
 from looper.train import precision
-from looper import names
 # Public names for experiments (see the module doc).
 from looper.data.splits import parse_split, split_field, split_slice  # pylint: disable=unused-import
 from looper.errors import ConfigError, first_line  # pylint: disable=unused-import

@@ -36,12 +36,12 @@ from absl import logging
 from ml_collections import config_flags
 import tensorflow as tf
 
-from looper.cli import describe
-from looper.train import distribute
 from looper import errors
+from looper import run
+from looper.cli import describe
 from looper.cli import parsing
 from looper.cli import tpu_check
-from looper import run
+from looper.train import distribute
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (a .py with get_config()).",

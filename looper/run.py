@@ -33,26 +33,26 @@ from absl import logging
 import ml_collections
 import tensorflow as tf
 
-from looper.train import actions
-from looper.workdir import checkpoint
 from looper import config as config_lib
 from looper import console
+from looper import errors
+from looper import names
+from looper import workdir as workdir_lib
+from looper.data import input as input_lib
+from looper.train import actions
 from looper.train import controller as controller_lib
 from looper.train import distribute
-from looper import errors
+from looper.train import dry_run
 from looper.train import evaluation
 from looper.train import evaluator as evaluator_lib
+from looper.train import precision
+from looper.train import preemption
+from looper.train import profiler
+from looper.workdir import checkpoint
 from looper.workdir import export
 from looper.workdir import hparams
 from looper.workdir import lease
-from looper.train import precision
-from looper.train import preemption
-from looper.train import dry_run
-from looper.train import profiler
-from looper import names
 from looper.workdir import summaries
-from looper import workdir as workdir_lib
-from looper.data import input as input_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,12 +10,12 @@ import math
 
 import pytest
 
+from looper import workdir
+from looper.cli import runs
 from looper.train import actions
 from looper.train import evaluation
 from looper.workdir import hparams
 from looper.workdir import jsonl
-from looper.cli import runs
-from looper import workdir
 
 NAN = math.nan
 

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper.workdir import checkpoint
 from looper import config as lc
 from looper import errors
 from looper import run
+from looper.workdir import checkpoint
 from tests import tiny
 from tests.conftest import configured, run_looper
 from tests.test_cli import error_line

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper.workdir import checkpoint
 from looper import run
 from looper import workdir
+from looper.workdir import checkpoint
 from tests import tiny
 from tests.conftest import checkpoint_tensors
 

@@ -265,6 +265,7 @@ def test_model_fn_returns_float32_logits():
   assert len(norms) == 21 and all(l.synchronized for l in norms)
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_trains_end_to_end(cifar, tmp_path):
   root, _ = cifar
   c = _config(root, model__width=8, model__blocks=1, model__dropout=0.1,
@@ -280,6 +281,7 @@ def test_trains_end_to_end(cifar, tmp_path):
   assert result["eval"]["accuracy"] >= 0.5, result["eval"]
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_ready_for_a_tpu(cifar):
   """`looper check` passes the shipped config (a narrower net: same ops)."""
   from looper.cli import tpu_check  # pylint: disable=g-import-not-at-top

@@ -5,11 +5,11 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
+from looper.config import ConfigError
 from looper.data import checks
 from looper.data import elements
 from looper.data import sources
 from tests import tiny
-from looper.config import ConfigError
 
 N = 101  # examples; not a multiple of any batch below
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper.workdir import checkpoint
 from looper import config as lc
-from looper.train import evaluator as evaluator_lib
 from looper import run
 from looper import workdir as workdir_lib
+from looper.train import evaluator as evaluator_lib
+from looper.workdir import checkpoint
 from tests import conftest
 from tests import tiny
 

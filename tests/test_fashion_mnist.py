@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 from experiments import mnist
-from looper.cli import tpu_check
 from looper import run
+from looper.cli import tpu_check
 from looper.train import trainer as trainer_lib
 from tests.conftest import ROOT, configured
 
@@ -40,6 +40,7 @@ def _raw(name: str) -> bytes:
     return f.read()
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_the_full_splits_read_as_the_readme_says():
   for name, digest in MD5.items():
     assert hashlib.md5(_raw(name)).hexdigest() == digest, name
@@ -56,6 +57,7 @@ def test_the_full_splits_read_as_the_readme_says():
         labels, np.frombuffer(_raw(f"{prefix}-labels"), np.uint8, offset=8))
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_the_tutorial_cnn_learns_real_clothes(tmp_path):
   """80 steps of the TensorFlow tutorial's CNN on 5,120 real train images;
   eval on 1,000 real test images, each counted once."""
@@ -75,6 +77,7 @@ def test_the_tutorial_cnn_learns_real_clothes(tmp_path):
           1024 * 10 + 10)
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_the_recipe_network_flips_and_passes_looper_check():
   """tutorial_bn with flips: synchronized batch norm and looper's
   RandomFlip compile for 8 TPU cores; flips change the training step

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper.workdir import checkpoint
 from looper import run
+from looper.workdir import checkpoint
 from tests import tiny
 from tests.conftest import checkpoint_tensors, curve, popen_looper, run_ok
-from tests.conftest import scalars
+from tests.conftest import run_here, scalars
 from tests.stress import kill9
 
 TINY = "--config=tests/tiny.py"
@@ -59,7 +59,7 @@ def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path):
           "--config.train.steps_per_loop=8000",
           "--config.checkpoint.every_steps=0", "--config.eval.every_steps=0")
   whole, split = tmp_path / "whole", tmp_path / "split"
-  run_ok(*args, f"--workdir={whole}")
+  run_here(*args, f"--workdir={whole}")
 
   proc = popen_looper(*args, f"--workdir={split}")
   try:

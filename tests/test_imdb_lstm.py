@@ -224,6 +224,7 @@ def test_trains_end_to_end_under_xla(data_dir, tmp_path):
                                atol=1e-5)
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_ready_for_a_tpu(data_dir):
   """`looper check` passes the shipped config (a smaller LSTM: same ops)."""
   from looper.cli import tpu_check  # pylint: disable=g-import-not-at-top

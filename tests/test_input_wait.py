@@ -4,11 +4,12 @@ import logging
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from looper.workdir import summaries
-from looper.train import trainer as trainer_lib
 from looper import workdir
+from looper.train import trainer as trainer_lib
+from looper.workdir import summaries
 from tests import tiny
 
 
@@ -27,6 +28,7 @@ def _fraction(config):
                     for _ in range(3)])
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_a_slow_dataset_waits_and_a_resident_one_does_not():
   slow = tiny.get_config()
   slow.dataset_fn = _slow_dataset_fn

@@ -14,10 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from looper.workdir import checkpoint
-from looper.workdir import lease
 from looper import workdir
 from looper.errors import WorkdirError
+from looper.workdir import checkpoint
+from looper.workdir import lease
 
 
 def wd(path) -> workdir.Workdir:

@@ -26,10 +26,10 @@ from experiments.text import data
 from experiments.text import metrics
 from experiments.text import sample
 from looper import config as lc
+from looper import run
+from looper.cli import tpu_check
 from looper.train import objectives
 from looper.train import precision
-from looper.cli import tpu_check
-from looper import run
 from tests.conftest import ROOT, configured, loopback_server, \
     restored_trainer
 
@@ -278,6 +278,7 @@ def test_tied_logits_are_the_embedding_transposed():
   assert untied.get_layer("logits").kernel.shape == (16, 256)
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_forward_and_backward_compile_with_xla(policy):
   keras.utils.set_random_seed(3)
@@ -364,6 +365,7 @@ def test_greedy_generation_is_the_argmax_loop(tiny_model, prompt):
                          seed=9) == got
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_sampling_is_deterministic_per_seed(tiny_model):
   def draw(seed, prompt=b"x" * 20):
     return sample.generate(tiny_model, prompt, 16, context=T,
@@ -392,6 +394,7 @@ def trained(tmp_path_factory):
   return c, workdir, run.run(c, str(workdir), "train_and_eval")
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_eval_loss_is_the_mean_over_every_eval_byte(trained):
   """The eval loss, bits_per_byte and accuracy, recomputed here from the
   checkpoint over every eval window: each eval byte counted once, padding
@@ -416,6 +419,7 @@ def test_eval_loss_is_the_mean_over_every_eval_byte(trained):
   assert logs["eval"]["loss"] < math.log(256)  # it learned something
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_looper_export_serves_the_trained_model(trained):
   c, workdir, _ = trained
   run.run(c, str(workdir), "export")
@@ -467,6 +471,7 @@ def test_pydocs_splits_faq_for_eval():
 
 @pytest.mark.skipif(not PYDOCS.is_dir(),
                     reason=f"the shared text corpus is not at {PYDOCS}")
+@pytest.mark.slow  # trains or compiles for seconds
 def test_the_default_config_is_ready_for_8_tpu_cores():
   """`looper check`: static shapes, batch 8 per core, int32 labels, the
   attention's train step compiles with XLA."""

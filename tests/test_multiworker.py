@@ -11,7 +11,7 @@ tests/test_hosts.py.
 import numpy as np
 import pytest
 
-from tests.conftest import curve, run_ok
+from tests.conftest import curve, run_here
 from tests.test_launch import launch
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
@@ -34,12 +34,12 @@ def launched(workers, *args):
 
 
 def test_resume_across_topologies(tmp_path):
-  run_ok(*ARGS, "--config.train.steps=20", f"--workdir={tmp_path}/whole")
+  run_here(*ARGS, "--config.train.steps=20", f"--workdir={tmp_path}/whole")
   whole = curve(tmp_path / "whole" / "train")
   # 2 workers, then 1 process; and 1 process, then 2 workers.
   launched(2, "--config.train.steps=10", f"--workdir={tmp_path}/a")
-  run_ok(*ARGS, "--config.train.steps=20", f"--workdir={tmp_path}/a")
-  run_ok(*ARGS, "--config.train.steps=10", f"--workdir={tmp_path}/b")
+  run_here(*ARGS, "--config.train.steps=20", f"--workdir={tmp_path}/a")
+  run_here(*ARGS, "--config.train.steps=10", f"--workdir={tmp_path}/b")
   launched(2, "--config.train.steps=20", f"--workdir={tmp_path}/b")
   for run in ("a", "b"):
     np.testing.assert_allclose(curve(tmp_path / run / "train"), whole,

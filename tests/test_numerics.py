@@ -1,6 +1,6 @@
-"""Numerics under distribution: dropout and clipping on 1/2/4 replicas,
-mixed precision (and its all-replica finiteness vote), XLA per step,
-train.deterministic."""
+"""Numerics: dropout masks, mixed precision (and its all-replica finiteness
+vote), XLA per step, accumulation, the weight average, train.deterministic.
+(The same numerics on 1/2/4 replicas: tests/test_replicas.py.)"""
 
 import json
 import subprocess
@@ -12,50 +12,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from looper import run
 from looper.train import distribute
+from looper.train import evaluator as evaluator_lib
 from looper.train import layers
 from looper.train import precision
-from looper import run
-from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
 from tests import tiny
-from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok, scalars
-
-REPLICAS = (1, 2, 4)
-# Dropout, an active clip (the tiny run's gradient norms are ~0.5-2),
-# 2 micro-batches per update and a weight average (which eval uses).
-NUMERICS = ("--config=tests/tiny.py", "--config.model.dropout=0.3",
-            "--config.optimizer.clip_global_norm=0.3",
-            "--config.train.grad_accum_steps=2",
-            "--config.optimizer.ema_decay=0.9", "--config.train.steps=20")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  out = {}
-  for n in REPLICAS:
-    out[n] = tmp_path_factory.mktemp(f"numerics{n}")
-    run_ok(*NUMERICS, f"--workdir={out[n]}",
-           f"--config.distribution.num_cpu_devices={n}")
-  out["plain"] = tmp_path_factory.mktemp("plain")
-  run_ok("--config=tests/tiny.py", "--config.train.steps=20",
-         f"--workdir={out['plain']}")
-  return out
-
-
-@pytest.mark.slow  # a subprocess
-def test_dropout_clipping_accumulation_ema_are_the_same_on_1_2_4_replicas(
-    runs):
-  reference = curve(runs[1] / "train")
-  eval_loss = scalars(runs[1] / "eval", "loss")
-  for n in REPLICAS[1:]:
-    np.testing.assert_allclose(curve(runs[n] / "train"), reference,
-                               rtol=1e-5, err_msg=f"{n} replicas")
-    got = scalars(runs[n] / "eval", "loss")
-    assert got.keys() == eval_loss.keys() == {20}
-    np.testing.assert_allclose(got[20], eval_loss[20], rtol=1e-5)
-  # And they did something: the curve is not the plain run's.
-  assert np.abs(reference - curve(runs["plain"] / "train")).max() > 1e-3
+from tests.conftest import LOOPBACK_ENV, ROOT, curve
 
 
 def test_dropout_masks_differ_between_examples_and_steps():

@@ -4,10 +4,10 @@ test_tensorboard.py), and its config fields."""
 
 import pytest
 
-from looper.train import actions
 from looper import config as lc
-from looper.train import profiler
 from looper import workdir
+from looper.train import actions
+from looper.train import profiler
 from tests import tiny
 from tests.test_controller import make
 

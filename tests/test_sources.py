@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper.data import arrays
 from looper import config as lc
+from looper.data import arrays
 from looper.data import shards
 from looper.data import sources
 from tests import tiny

@@ -19,14 +19,14 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import metadata
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from looper.workdir import hparams
-from looper.workdir import jsonl
 from looper import main
 from looper import run
-from looper.cli import runs
-from looper.workdir import summaries
-from looper.train import trainer as trainer_lib
 from looper import workdir as workdir_lib
+from looper.cli import runs
+from looper.train import trainer as trainer_lib
+from looper.workdir import hparams
+from looper.workdir import jsonl
+from looper.workdir import summaries
 from tests import tiny
 from tests.conftest import configured, fetch, scalars, tensorboard_server
 

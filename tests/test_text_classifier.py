@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from experiments import text_classifier as tc
 from looper import config as lc
-from looper.train import distribute
 from looper import run
+from looper.train import distribute
 from looper.train import trainer as trainer_lib
 from tests.conftest import configured, curve, run_ok, scalars
 
@@ -197,6 +197,7 @@ def test_trains_end_to_end_with_the_same_curve_on_two_replicas(data,
       result["eval"]["accuracy"])
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_ready_for_a_tpu(data):
   """`looper check` passes it: 8 per core, at most max_len / bucket shapes."""
   from looper.cli import tpu_check  # pylint: disable=g-import-not-at-top

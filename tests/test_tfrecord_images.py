@@ -191,6 +191,7 @@ def test_files_of_another_format(flowers, tmp_path):
   assert "\n" not in str(e.value) and "junk00.tfrec" in str(e.value)
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_trains_end_to_end(flowers, tmp_path):
   root, _, _ = flowers
   c = _config(root, width=8, num_classes=4, dropout=0.1)
@@ -206,6 +207,7 @@ def test_trains_end_to_end(flowers, tmp_path):
   assert result["eval"]["accuracy"] >= 0.6, result["eval"]
 
 
+@pytest.mark.slow  # trains or compiles for seconds
 def test_ready_for_a_tpu(flowers):
   """`looper check` passes the shipped config (16-pixel images: same ops)."""
   from looper.cli import tpu_check  # pylint: disable=g-import-not-at-top

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper.train import evaluator as evaluator_lib
 from looper import run
+from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
 from tests import tiny
 from tests.conftest import curve, scalars

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper.train import evaluator as evaluator_lib
 from looper import run
-from looper.train import trainer as trainer_lib
 from looper.data import shards
+from looper.train import evaluator as evaluator_lib
+from looper.train import trainer as trainer_lib
 from tests import weighted
 from tests.conftest import ROOT, configured, restored_trainer, scalars
 
@@ -41,7 +41,7 @@ CASES = [
 ]
 
 _SCRIPT = """
-import json, sys
+import json, os, sys
 import tensorflow as tf
 from looper.train import distribute
 from looper.train import trainer as trainer_lib
@@ -49,7 +49,7 @@ from tests import weighted
 from tests.conftest import configured
 n = int(sys.argv[2])
 strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(n))
-out = {}
+out, kept = {}, []
 for name, kind, fields, replicas in json.loads(sys.argv[1]):
   if n in replicas:
     c = configured(weighted.get_config(kind), fields)
@@ -60,7 +60,9 @@ for name, kind, fields, replicas in json.loads(sys.argv[1]):
     out[f"{name}/{n}"] = dict(
         losses=losses.tolist(),
         weights=[v.numpy().tolist() for v in t.model.trainable_variables])
-print(json.dumps(out))
+    kept.append(t)  # a Mirrored iterator freed while others run stalls
+print(json.dumps(out), flush=True)
+os._exit(0)  # pylint: disable=protected-access  (the same at exit)
 """ % STEPS
 
 

@@ -15,12 +15,13 @@ import time
 import numpy as np
 import pytest
 
-from looper.workdir import lease
 from looper import run
 from looper.errors import WorkdirError
+from looper.workdir import lease
 from tests import tiny
 from tests.conftest import checkpoint_tensors, configured, curve
-from tests.conftest import looper_lines, popen_looper, run_ok, wait_for
+from tests.conftest import looper_lines, popen_looper, run_here, run_ok
+from tests.conftest import wait_for
 from tests.test_lease import lease_file, wd
 
 # Subprocesses: the slow lane (BUILD.md).
@@ -68,7 +69,7 @@ def test_a_second_writer_is_refused_and_readers_run_beside(tmp_path):
       assert run.run(config(), str(workdir), mode=mode)["step"] == 10000
     held.check()  # still this process's
   assert not lease_file(workdir).exists()  # released at the end
-  run_ok(*ARGS, f"--workdir={tmp_path}/alone")
+  run_here(*ARGS, f"--workdir={tmp_path}/alone")
   np.testing.assert_array_equal(curve(workdir / "train"),
                                 curve(tmp_path / "alone" / "train"))
   steps = ARGS[1].split("=")[1]

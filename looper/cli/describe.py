@@ -15,11 +15,11 @@ one-line error) but reads no checkpoint and writes nothing.
 
 from looper import config as config_lib
 from looper import console
-from looper.train import distribute
 from looper import names
-from looper.workdir import summaries
 from looper.data import checks
 from looper.data import input as input_lib
+from looper.train import distribute
+from looper.workdir import summaries
 
 
 def describe(config) -> str:

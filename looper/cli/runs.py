@@ -29,10 +29,10 @@ import sys
 
 from absl import flags
 
-from looper.train import evaluation
-from looper.cli import parsing
-from looper.workdir import jsonl
 from looper import workdir as workdir_lib
+from looper.cli import parsing
+from looper.train import evaluation
+from looper.workdir import jsonl
 
 # What an eval line holds beside its metrics: not a column.
 _NOT_METRICS = ("kind", "step", "time", "examples")

@@ -42,12 +42,12 @@ import tensorflow as tf
 
 from looper import compat
 from looper import config as config_lib
-from looper.train import distribute
 from looper import errors
-from looper.train import precision
 from looper import names
 from looper.data import checks
 from looper.data import input as input_lib
+from looper.train import distribute
+from looper.train import precision
 
 # Ops that run Python: a TPU host runs only the graph.
 _PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":

@@ -39,8 +39,8 @@ from typing import Callable, Protocol, Sequence
 from absl import logging
 import numpy as np
 
-from looper.train import actions as actions_lib
 from looper import errors
+from looper.train import actions as actions_lib
 
 
 class TrainerSurface(Protocol):

@@ -15,9 +15,9 @@ import keras
 import tensorflow as tf
 
 from looper import errors
-from looper.train import objectives
 from looper.data import checks
 from looper.data import splits
+from looper.train import objectives
 
 
 def check_inputs(trainer, input, split: str, probe: int = 256) -> None:  # pylint: disable=redefined-builtin

@@ -32,8 +32,8 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
-from looper.train import actions
 from looper import workdir as workdir_lib
+from looper.train import actions
 
 
 class Window(actions.Action):

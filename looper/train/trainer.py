@@ -33,15 +33,15 @@ import numpy as np
 import tensorflow as tf
 
 from looper import conversion
+from looper import names
+from looper.data import checks
+from looper.data import input as input_lib
 from looper.train import ema as ema_lib
 from looper.train import loop
 from looper.train import objectives
 from looper.train import optimizers
 from looper.train import precision
-from looper import names
 from looper.train import stopping
-from looper.data import checks
-from looper.data import input as input_lib
 
 
 class Trainer:

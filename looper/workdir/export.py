@@ -32,8 +32,8 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from looper.workdir import checkpoint
 from looper import workdir as workdir_lib
+from looper.workdir import checkpoint
 
 SIGNATURE = "serving_default"
 

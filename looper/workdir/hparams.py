@@ -45,8 +45,8 @@ from tensorboard.plugins.hparams import metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 import tensorflow as tf
 
-from looper.train import evaluation
 from looper import names
+from looper.train import evaluation
 
 PREFIX = "hparams"  # of the metric columns' tags
 # The typed columns, with their titles.

@@ -44,9 +44,9 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from looper import workdir as workdir_lib
 from looper.workdir import hparams
 from looper.workdir import jsonl
-from looper import workdir as workdir_lib
 
 
 # Above this share of a loop spent waiting for batches, the progress line

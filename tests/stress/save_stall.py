@@ -21,8 +21,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
-from looper.workdir import checkpoint
 from looper import workdir
+from looper.workdir import checkpoint
 
 
 def main(rounds: int = 9) -> int:
