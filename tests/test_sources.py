@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
+from looper.cli import shards as shards_cli
 from looper.data import arrays
 from looper.data import shards
 from looper.data import sources
@@ -182,6 +183,19 @@ def test_the_writer_command_writes_both_splits(tmp_path):
   test = list(shards.read(str(out / "test")).examples().as_numpy_iterator())
   np.testing.assert_array_equal(np.stack([a for a, _ in test]), x)
   np.testing.assert_array_equal([b for _, b in test], y)
+
+
+def test_the_writer_writes_the_splits_it_is_given(tmp_path):
+  c = tiny.get_config()
+  c.model.num_examples = 100
+  lines = list(shards_cli.write(c, str(tmp_path), ["test[:40]"],
+                                min_shards=4))
+  assert lines == [f"{tmp_path}/test[:40]: 40 examples in 4 shards"]
+  x, y = tiny.make_data(100, seed=1)
+  back = list(shards.read(str(tmp_path / "test[:40]")).examples()
+              .as_numpy_iterator())
+  np.testing.assert_array_equal(np.stack([a for a, _ in back]), x[:40])
+  np.testing.assert_array_equal([b for _, b in back], y[:40])
 
 
 def test_shards_dir_never_calls_dataset_fn(shard_dir):

@@ -46,21 +46,28 @@ def main(argv):
     if args[1:] != ["write"]:
       raise app.UsageError("usage: python -m looper.cli.shards write"
                            " --config=FILE --out=DIR [--splits=a,b]")
-    c = config.value
-    dataset_fn = names.resolve(c.dataset_fn, "dataset_fn")
     try:
-      for split in splits.value or (c.data.train_split, c.data.eval_split):
-        directory = os.path.join(out.value, split)
-        index = shards.write(
-            shards.as_dataset(dataset_fn(c, split), split), directory,
-            shard_bytes=int(shard_mb.value * 2**20),
-            min_shards=min_shards.value)
-        print(f"{directory}: {index['examples']} examples in"
-              f" {len(index['files'])} shards")
+      for line in write(config.value, out.value, splits.value,
+                        shard_bytes=int(shard_mb.value * 2**20),
+                        min_shards=min_shards.value):
+        print(line)
     except ConfigError as e:
       sys.exit(f"looper: {e}")
 
   app.run(write_splits, argv, flags_parser=parsing.parse_flags)
+
+
+def write(config, out: str, splits=None, **options):
+  """Writes each of `splits` (default: the train and eval split) of
+  `config`'s dataset_fn to out/<split>; yields a line per split.
+  `options`: `shard_bytes`, `min_shards` of `looper.data.shards.write`."""
+  dataset_fn = names.resolve(config.dataset_fn, "dataset_fn")
+  for split in splits or (config.data.train_split, config.data.eval_split):
+    directory = os.path.join(out, split)
+    index = shards.write(shards.as_dataset(dataset_fn(config, split), split),
+                         directory, **options)
+    yield (f"{directory}: {index['examples']} examples in"
+           f" {len(index['files'])} shards")
 
 
 if __name__ == "__main__":
