@@ -13,6 +13,7 @@ Synopsis::
     compat.mark_expected_partial(value)          # console, a failed restore
     compat.dataset_graph(dataset)                # tpu_check: Python in tf.data
     compat.function_graphs(graph)                # tpu_check: loop bodies
+    compat.on_gce()                              # notices: a GCE VM?
 
 Each function reaches into a name TensorFlow or Keras may move or reshape in
 any release, because no public API does what looper needs. Its docstring
@@ -226,3 +227,25 @@ def function_graphs(graph) -> list:
   """
   bodies = (getattr(f, "graph", None) for f in graph._functions.values())  # pylint: disable=protected-access
   return [body for body in bodies if body is not None]
+
+
+def on_gce() -> bool:
+  """Whether this process runs on a Google Compute Engine VM (a Cloud TPU
+  VM is one), decided as TensorFlow's preemption handler decides it.
+
+  Touches: `on_gcp()` of tensorflow/python/distribute/failure_handling/
+  failure_handling_util.py (PreemptionCheckpointHandler's
+  `detect_platform` asks it): one GET of
+  `http://$GCE_METADATA_IP/computeMetadata/v1/instance/hostname` (host
+  metadata.google.internal when unset) with `Metadata-Flavor: Google`,
+  through `requests` with a 5 s timeout; True on status 200, False on
+  another status or any requests error (a refused connection at once).
+
+  Why: looper watches the metadata server's preemption and maintenance
+  notices (looper.train.notices) exactly where TensorFlow would; no public
+  API says whether this is a GCE VM.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  from tensorflow.python.distribute.failure_handling import failure_handling_util  # pylint: disable=g-import-not-at-top
+  return failure_handling_util.on_gcp()

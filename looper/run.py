@@ -22,7 +22,8 @@ progress line and `Trainer.on_loop_end` (every loop); evaluation with the
 best checkpoint and early stop (train_and_eval); the checkpoint save
 (`checkpoint.every_steps`, `checkpoint.every_secs`, at the end and on a
 stop signal); the export for serving (`export.at_end`). A signal
-(looper.train.preemption) asks the trainer's `stop` to stop.
+(looper.train.preemption) or, on a Google Cloud VM, a preemption or
+maintenance notice (looper.train.notices) asks the trainer's `stop` to stop.
 """
 
 import dataclasses
@@ -45,6 +46,7 @@ from looper.train import distribute
 from looper.train import dry_run
 from looper.train import evaluation
 from looper.train import evaluator as evaluator_lib
+from looper.train import notices
 from looper.train import precision
 from looper.train import preemption
 from looper.train import profiler
@@ -187,7 +189,8 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
     if not restored:
       out.start_run(names.to_json(config),
                     summaries.model_summary(trainer.model))
-    with preemption.StopOnSignal(trainer.stop.request):
+    with (preemption.StopOnSignal(trainer.stop.request),
+          notices.WatchNotices(trainer.stop.request)):
       result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
     ckpt.wait()
     if chief:
@@ -196,6 +199,12 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
           best=evaluations.best,
           checkpoint=ckpt.latest(), export=result.get("export")))
     return result
+  except Exception:
+    # A background save in flight ends before the process does: what it met
+    # (the full disk that stopped the run) is raised here, not lost in a
+    # traceback at exit after looper's line.
+    ckpt.wait()
+    raise
   finally:
     out.close()
 
@@ -223,9 +232,9 @@ def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
                            ["loss", *eval_names])
   try:
     if chief and mode.trains:
-      tf.io.gfile.makedirs(wd.root)
-      with tf.io.gfile.GFile(wd.config, "w") as f:
-        f.write(names.to_json(config))
+      with checkpoint.on_full_disk(wd.root, "config.json", wd.checkpoints):
+        tf.io.gfile.makedirs(wd.root)
+        workdir_lib.write_file(wd.config, names.to_json(config))
     return summaries.Summaries(
         wd, chief=chief, total_steps=config.train.steps, trains=mode.trains,
         eval_dir=mode.eval_events(wd) if mode.eval_events else None,

@@ -7,6 +7,7 @@ says what it touches and why); fix it in looper/compat.py alone.
 
 import inspect
 import pathlib
+import time
 import types
 from unittest import mock
 
@@ -16,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from looper import compat
+from tests.conftest import loopback_server
 
 
 def _parameters(fn) -> list[str]:
@@ -229,3 +231,23 @@ def test_a_loops_body_is_a_function_graph():
   assert len(bodies) == 2  # the loop's condition and body
   assert "Unique" in {op.type for body in bodies
                       for op in body.get_operations()}
+
+
+# --- on_gce: TensorFlow's GCE test asks instance/hostname --------------------
+
+
+def test_on_gce_is_instance_hostname_answering_at_gce_metadata_ip(
+    tmp_path, monkeypatch):
+  hostname = tmp_path / "computeMetadata" / "v1" / "instance" / "hostname"
+  hostname.parent.mkdir(parents=True)
+  hostname.write_text("fake.c.looper.internal")
+  with loopback_server(tmp_path) as url:
+    monkeypatch.setenv("GCE_METADATA_IP", url.removeprefix("http://"))
+    assert compat.on_gce()
+    hostname.unlink()  # a 404
+    assert not compat.on_gce()
+  # What the test environment sets: nothing listens there.
+  monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+  start = time.monotonic()
+  assert not compat.on_gce()
+  assert time.monotonic() - start < 0.5

@@ -1,6 +1,8 @@
 """Strategy choice, the TPU path (real resolver, mocked TPU system), chief."""
 
 import json
+import os
+import socket
 import types
 from unittest import mock
 
@@ -9,6 +11,7 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper.train import distribute
+from looper.train import slurm
 
 
 def dist(**fields):
@@ -230,3 +233,174 @@ def test_multi_worker_is_built_with_the_all_reduce(monkeypatch):
     distribute._multi_worker(dist(), FAKE_GPUS)  # pylint: disable=protected-access
   options = strategy.call_args.kwargs["communication_options"]
   assert options.implementation == KIND.NCCL
+
+
+# --- Slurm: a step's environment as one cluster (looper.train.slurm). A real
+# Slurm runs looper in tests/test_slurm.py; here each variable's reading.
+
+NODES = {"n[9-10]": ("n9", "n10"), "vm": ("vm",)}  # as scontrol expands them
+
+
+@pytest.fixture
+def nodes(monkeypatch):
+  monkeypatch.setattr(slurm, "hostnames", NODES.__getitem__)
+
+
+def step_env(rank, local, node, nodelist="n[9-10]", tasks="2(x2)", **more):
+  """A task's SLURM_* variables as srun sets them (job 4242, step 0)."""
+  env = {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local),
+         "SLURMD_NODENAME": node, "SLURM_STEP_NODELIST": nodelist,
+         "SLURM_STEP_TASKS_PER_NODE": tasks, "SLURM_JOB_ID": "4242",
+         "SLURM_STEP_ID": "0"}
+  env["SLURM_STEP_NUM_TASKS"] = env["SLURM_NTASKS"] = str(
+      sum(slurm.tasks_per_node(tasks)))
+  return {**env, **more}
+
+
+# Block order: ranks 0, 1 on n9, then 2, 3 on n10. Ports by the rule
+# 16384 + 16 * ((job + 31 * step) mod 1024): (4242 + 0) mod 1024 = 146 for
+# step 0, (4242 + 93) mod 1024 = 239 for step 3.
+@pytest.mark.parametrize("step,port", [("0", 18720), ("3", 20208)])
+def test_a_slurm_step_is_one_cluster_in_slurms_node_order(nodes, step, port):
+  for rank, (node, local) in enumerate([("n9", 0), ("n9", 1), ("n10", 0),
+                                        ("n10", 1)]):
+    env = step_env(rank, local, node, SLURM_STEP_ID=step)
+    slurm.join_step("auto", env)
+    assert json.loads(env["TF_CONFIG"]) == {
+        "cluster": {"worker": [f"n9:{port}", f"n9:{port + 1}",
+                               f"n10:{port}", f"n10:{port + 1}"]},
+        "task": {"type": "worker", "index": rank}}
+
+
+def test_tensorflows_slurm_resolver_misplaces_tasks_and_fails_on_cpus(
+    monkeypatch, tmp_path):
+  """Why looper builds TF_CONFIG itself (looper.train.slurm's doc)."""
+  for name, value in step_env(0, 0, "n9").items():
+    monkeypatch.setenv(name, value)
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  resolver = tf.distribute.cluster_resolver.SlurmClusterResolver
+  # Told of one GPU per task, it sorts the nodes by name: Slurm's task 0
+  # runs on n9, TensorFlow puts it at n10.
+  spec = resolver(port_base=18720, gpus_per_node=2, gpus_per_task=1,
+                  auto_set_gpu=False).cluster_spec().as_dict()
+  assert spec == {"worker": ["n10:18720", "n10:18721", "n9:18720",
+                             "n9:18721"]}
+  with pytest.raises(ValueError):  # told of no GPUs
+    resolver(port_base=18720, gpus_per_node=0).cluster_spec()
+  monkeypatch.setenv("PATH", str(tmp_path))  # a CPU node: no nvidia-smi
+  with pytest.raises(FileNotFoundError):
+    resolver()
+
+
+def test_ports_slurm_reserved_come_first(nodes):
+  env = step_env(3, 1, "n10", SLURM_STEP_RESV_PORTS="12001-12003")
+  slurm.join_step("multi_worker", env)
+  assert json.loads(env["TF_CONFIG"])["cluster"]["worker"] == [
+      "n9:12001", "n9:12002", "n10:12001", "n10:12002"]
+
+
+@pytest.mark.parametrize("env,error", [
+    (step_env(1, 0, "n10"), "SLURM_PROCID=1 runs on n10 as its task 0, but"
+     " looper places rank 1 on n9 as task 1 (Slurm's block order); run srun"
+     " with --distribution=block (the default)"),
+    (step_env(0, 0, "n9", SLURM_STEP_RESV_PORTS="12001"),
+     "SLURM_STEP_RESV_PORTS=12001 holds 1 ports for up to 2 tasks on a node;"
+     " run srun with --resv-ports=2"),
+    (step_env(0, 0, "vm", "vm", "17"), "17 tasks on a node: looper's port"
+     " rule gives a step 16 ports per node; reserve Slurm's own with srun"
+     " --resv-ports (slurm.conf MpiParams=ports=12000-12999)"),
+    ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "7"},
+     "SLURM_NTASKS=2: this Slurm job has several tasks but looper runs as"
+     " one process outside srun (the batch script itself); start it with"
+     " `srun python -m looper.main ...`, or give the job --ntasks=1"),
+], ids=["cyclic", "few-reserved-ports", "17-per-node", "outside-srun"])
+def test_a_misconfigured_slurm_step_is_one_line(nodes, env, error):
+  with pytest.raises(lc.ConfigError) as raised:
+    slurm.join_step("auto", env)
+  assert str(raised.value) == error
+  assert "TF_CONFIG" not in env
+
+
+def test_a_one_process_strategy_under_srun_is_one_line(nodes):
+  with pytest.raises(lc.ConfigError) as raised:
+    slurm.join_step("mirrored", step_env(0, 0, "n9"))
+  assert str(raised.value) == (
+      "config.distribution.strategy='mirrored' trains in one process, but"
+      " srun started 4 tasks: each would train alone; set"
+      " --config.distribution.strategy=auto, or run srun --ntasks=1")
+
+
+@pytest.mark.parametrize("env", [
+    {},  # not under Slurm
+    {"SLURM_NTASKS": "1", "SLURM_JOB_ID": "7"},  # a one-task job's script
+    step_env(0, 0, "vm", "vm", "1"),  # srun -n1
+    step_env(0, 0, "n9", TF_CONFIG=TWO_WORKERS),  # the user's own cluster
+], ids=["no-slurm", "one-task-job", "srun-n1", "tf-config"])
+def test_one_task_or_a_users_tf_config_is_left_as_it_is(nodes, env):
+  before = dict(env)
+  assert slurm.join_step("mirrored", env) == 1
+  assert env == before
+
+
+def test_a_port_another_step_holds_is_one_line(nodes):
+  env = step_env(0, 0, "vm", "vm", "2")
+  with socket.socket() as taken:
+    taken.bind(("", 18720))
+    taken.listen()
+    with pytest.raises(lc.ConfigError) as raised:
+      slurm.join_step("auto", env)
+  assert str(raised.value) == (
+      "port 18720 of Slurm step 4242.0 (task 0) is taken on vm (Address"
+      " already in use): another job's step got the same ports; reserve"
+      " Slurm's own with srun --resv-ports (slurm.conf"
+      " MpiParams=ports=12000-12999), or rerun")
+
+
+# (CUDA_VISIBLE_DEVICES as Slurm set it, SLURM_GPUS_PER_TASK, this task's
+# local index of 2 on its node; None: unset) -> what the task uses, how many
+# tasks share them.
+@pytest.mark.parametrize("listed,per_task,local,want,sharing", [
+    ("0,1,2,3", None, 1, "2,3", 1),  # --gres=gpu:4: half each
+    ("4,5", None, 0, "4", 1),
+    ("GPU-a1,GPU-b2", None, 1, "GPU-b2", 1),
+    ("3", "1", 1, "3", 1),  # --gpus-per-task=1: Slurm bound it already
+    ("0,1,2", None, 0, "0,1,2", 2),  # no even split: both use all
+    (None, None, 0, None, 2),  # no --gres: TensorFlow's count decides
+    ("", None, 1, "", 1),  # no GPU
+], ids=["gres-4", "gres-2", "uuids", "gpus-per-task", "uneven", "no-gres",
+        "no-gpu"])
+def test_each_task_gets_its_share_of_the_nodes_gpus(nodes, listed, per_task,
+                                                    local, want, sharing):
+  env = step_env(local, local, "vm", "vm", "2")
+  for name, value in (("CUDA_VISIBLE_DEVICES", listed),
+                      ("SLURM_GPUS_PER_TASK", per_task)):
+    if value is not None:
+      env[name] = value
+  assert slurm.join_step("auto", env) == sharing
+  assert env.get("CUDA_VISIBLE_DEVICES") == want
+
+
+def test_tasks_sharing_gpus_all_reduce_over_ring(monkeypatch, nodes, caplog):
+  monkeypatch.setenv("TF_CONFIG", "")  # unset, and unset again after
+  for name, value in step_env(1, 1, "vm", "vm", "2").items():
+    monkeypatch.setenv(name, value)
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  c = lc.default_config()
+  with mock.patch.object(tf.config, "list_physical_devices",
+                         lambda kind: FAKE_GPUS if kind == "GPU" else []), \
+       mock.patch.object(tf.config.experimental, "set_memory_growth"), \
+       mock.patch.object(distribute, "_bound_cluster_waits"), \
+       mock.patch.object(tf.distribute,
+                         "MultiWorkerMirroredStrategy") as strategy, \
+       caplog.at_level("WARNING"):
+    distribute.strategy_for(c)
+  assert json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1
+  options = strategy.call_args.kwargs["communication_options"]
+  assert options.implementation == KIND.RING
+  assert c.distribution.all_reduce == "ring"  # as config.json will say
+  assert [r.getMessage() for r in caplog.records] == [
+      "2 GPU(s) shared by the 2 tasks of this node (not an even split):"
+      " every task uses all of them (memory grows as needed; ring"
+      " all-reduce, as NCCL refuses two workers on one GPU); for one share"
+      " each, run srun with --gpus-per-task or a --ntasks-per-node that"
+      " divides 2"]

@@ -115,7 +115,7 @@ def test_tpu_export_of_a_local_workdir_goes_through_the_host(
   # ExportArchive() returns the backend's subclass: patch what it returns.
   monkeypatch.setattr(type(keras.export.ExportArchive()), "write_out",
                       write_out)
-  monkeypatch.setattr(tf.io.gfile, "rename", lambda a, b: None)
+  monkeypatch.setattr(export, "_move", lambda partial, final: None)
   trainer = _restored_trainer(trained, trained / "checkpoints" / "ckpt-10")
   workdir = str(tmp_path) if workdir == "LOCAL" else workdir
   monkeypatch.setattr(tf.io.gfile, "exists", lambda path: False)

@@ -13,9 +13,9 @@ from tests.conftest import ROOT
 GROUPS = (
     ("looper.errors", "looper.names", "looper.compat", "looper.conversion",
      "looper.data.splits"),
-    ("looper.train.distribute", "looper.train.optimizers",
-     "looper.train.precision", "looper.train.objectives",
-     "looper.train.evaluation"),
+    ("looper.train.distribute", "looper.train.slurm",
+     "looper.train.optimizers", "looper.train.precision",
+     "looper.train.objectives", "looper.train.evaluation"),
     ("looper.config",),
     ("looper.data",),
     ("looper.workdir",),

@@ -24,7 +24,6 @@ launcher only ever uses loopback addresses.
 """
 
 import dataclasses
-import itertools
 import json
 import os
 import re
@@ -39,6 +38,7 @@ import time
 from absl import flags
 
 from looper.cli import parsing
+from looper.train import slurm
 
 _GRACE_SECS = 30  # after a failure: how long the others get to exit
 
@@ -74,9 +74,7 @@ def visible_gpus() -> list[str]:
   """
   listed = os.environ.get("CUDA_VISIBLE_DEVICES")
   if listed is not None:
-    return list(itertools.takewhile(
-        lambda d: d and not d.startswith("-"),
-        (d.strip() for d in listed.split(","))))
+    return slurm.listed_gpus(listed)
   smi = shutil.which("nvidia-smi")
   if smi is None:
     return []
@@ -102,11 +100,10 @@ def gpu_shares(num_workers: int, gpus: list[str]) -> GpuShares:
   (distribute.grow_gpu_memory); their all-reduce must be ring, since NCCL
   refuses two workers on one GPU.
   """
-  share, rest = divmod(len(gpus), num_workers)
-  if not rest:
-    return GpuShares(
-        [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * share:(i + 1) * share])}
-         if share else {} for i in range(num_workers)], [], None)
+  shares = [slurm.gpu_share(gpus, num_workers, i) for i in range(num_workers)]
+  if None not in shares:
+    return GpuShares([{"CUDA_VISIBLE_DEVICES": ",".join(share)} if share
+                      else {} for share in shares], [], None)
   return GpuShares(
       [{}] * num_workers, ["--config.distribution.all_reduce=ring"],
       f"[launch] {len(gpus)} GPU{'s' * (len(gpus) > 1)} ({','.join(gpus)})"

@@ -4,6 +4,7 @@ Synopsis::
 
     looper runs /tmp/mnist /tmp/sweep/*     # or: python -m looper.cli.runs ...
     looper runs /tmp/sweep                  # the workdirs one level down
+    looper runs gs://bucket/sweep           # read through tf.io.gfile
 
     | run          | step | accuracy | loss    | best accuracy | wall time |
     |--------------|------|----------|---------|---------------|-----------|
@@ -28,6 +29,7 @@ import os
 import sys
 
 from absl import flags
+import tensorflow as tf
 
 from looper import workdir as workdir_lib
 from looper.cli import parsing
@@ -40,23 +42,32 @@ _NOT_METRICS = ("kind", "step", "time", "examples")
 
 def is_workdir(path: str) -> bool:
   wd = workdir_lib.Workdir(path)
-  return any(os.path.isdir(d) for d in (wd.train_events, wd.eval_events))
+  return any(tf.io.gfile.isdir(d) for d in (wd.train_events, wd.eval_events))
 
 
 def workdirs(path: str) -> list[str]:
   """`path` if it is a workdir, else the workdirs one level down."""
   if is_workdir(path):
     return [path]
-  return [os.path.join(path, name) for name in sorted(os.listdir(path))
+  # An object store lists a folder with a trailing slash.
+  names = sorted(name.rstrip("/") for name in tf.io.gfile.listdir(path))
+  return [os.path.join(path, name) for name in names
           if is_workdir(os.path.join(path, name))]
+
+
+def _identity(path: str) -> str:
+  """One spelling per workdir, to show it once however it was named."""
+  if workdir_lib.posix(path):
+    return os.path.realpath(path)
+  return path.rstrip("/")
 
 
 def _checkpoint_config(wd: workdir_lib.Workdir) -> dict:
   """config.json's `checkpoint` section ({} if unreadable)."""
   try:
-    with open(wd.config) as f:
+    with tf.io.gfile.GFile(wd.config) as f:
       return json.load(f).get("checkpoint", {})
-  except (OSError, ValueError):  # no or unreadable config: the defaults
+  except (tf.errors.OpError, ValueError):  # none or unreadable: the defaults
     return {}
 
 
@@ -100,18 +111,18 @@ def table(rows: list[dict[str, str]]) -> str:
 def _collect(path: str, seen: set[str]) -> tuple[list[dict[str, str]],
                                                  list[str]]:
   """(rows, problems) of one command-line path; skips workdirs in `seen`."""
-  if not os.path.isdir(path):
-    return [], [f"{path} is not a directory" if os.path.exists(path) else
-                f"{path} does not exist"]
+  if not tf.io.gfile.isdir(path):
+    return [], [f"{path} is not a directory" if tf.io.gfile.exists(path)
+                else f"{path} does not exist"]
   found = workdirs(path)
   if not found:
     return [], [f"{path} holds no looper workdir (train/ or eval/), here or"
                 " one level down"]
   rows, problems = [], []
   for workdir in found:
-    if os.path.realpath(workdir) in seen:  # named twice (itself and parent)
+    if _identity(workdir) in seen:  # named twice (itself and parent)
       continue
-    seen.add(os.path.realpath(workdir))
+    seen.add(_identity(workdir))
     row = summarize(workdir)
     if row is None:
       metrics = os.path.basename(workdir_lib.Workdir(workdir).metrics)

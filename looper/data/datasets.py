@@ -13,7 +13,7 @@ Synopsis (in an experiment's loader)::
 
     def _find(directory):      # the dataset's own reader: None if absent
       path = os.path.join(directory, "data_batch_1")
-      return _read(directory) if os.path.isfile(path) else None
+      return _read(directory) if tf.io.gfile.exists(path) else None
 
     arrays = datasets.locate(config.data, "CIFAR-10", _find,
                              expected="data_batch_1..5 and test_batch",
@@ -30,14 +30,19 @@ Where `locate` looks, in order, each place stopping the search:
 Each place is searched two folder levels deep, so pointing `data.dir` at the
 folder an archive was extracted into (or one above it) works. Every failure
 is one ConfigError line naming the field and the fix.
+
+Folders are searched through tf.io.gfile, so `data.dir` may be on an object
+store (gs://bucket/cifar10): `find` then gets that URL, and reads it
+through tf.io.gfile too. The cache is a local folder by nature (Keras
+downloads and extracts on the local disk).
 """
 
 import os
-import shutil
 from typing import Callable, TypeVar
 
 import keras
 import ml_collections
+import tensorflow as tf
 
 from looper import errors
 
@@ -78,10 +83,11 @@ def locate(data: ml_collections.ConfigDict, dataset: str,
       and the download failed or does not hold the files.
   """
   if data.get("dir"):
-    directory = os.path.abspath(os.path.expanduser(data.dir))
+    directory = (data.dir if "://" in data.dir  # an object store's URL
+                 else os.path.abspath(os.path.expanduser(data.dir)))
     found = _search(directory, find)
     if found is None:
-      missing = ("" if os.path.isdir(directory)
+      missing = ("" if tf.io.gfile.isdir(directory)
                  else " (the directory does not exist)")
       raise errors.ConfigError(
           f"config.data.dir={data.dir!r} ({directory}) has no {dataset}"
@@ -89,6 +95,11 @@ def locate(data: ml_collections.ConfigDict, dataset: str,
           f" the folder holding them")
     return found
 
+  if "://" in data.cache_dir:
+    raise errors.ConfigError(
+        f"config.data.cache_dir={data.cache_dir!r} is not a local folder, and"
+        " Keras downloads only to a local disk; set --config.data.cache_dir to"
+        " one, or copy the files to the bucket and set --config.data.dir")
   cache = os.path.abspath(os.path.expanduser(data.cache_dir))
   found = _search(cache, find)
   if found is not None:
@@ -97,7 +108,7 @@ def locate(data: ml_collections.ConfigDict, dataset: str,
   try:
     # Keras falls back to /tmp/.keras for a cache folder that does not
     # exist yet (it tests os.access first): create it.
-    os.makedirs(cache, exist_ok=True)
+    tf.io.gfile.makedirs(cache)
     path = keras.utils.get_file(
         fname=local, origin=data.url, file_hash=data.get("file_hash") or None,
         cache_dir=cache, cache_subdir="", extract=extract)
@@ -119,10 +130,10 @@ def locate(data: ml_collections.ConfigDict, dataset: str,
 
 def _remove(*paths: str) -> None:
   for path in paths:
-    if os.path.isdir(path):
-      shutil.rmtree(path)
-    elif os.path.exists(path):
-      os.remove(path)
+    if tf.io.gfile.isdir(path):
+      tf.io.gfile.rmtree(path)
+    elif tf.io.gfile.exists(path):
+      tf.io.gfile.remove(path)
 
 
 def _local_name(url: str, extract: bool) -> str:
@@ -141,13 +152,15 @@ def _search(directory: str, find: Callable[[str], T | None]) -> T | None:
   for _ in range(_DEPTH + 1):
     next_level = []
     for folder in level:
-      if not os.path.isdir(folder):
+      if not tf.io.gfile.isdir(folder):
         continue
       found = find(folder)
       if found is not None:
         return found
+      # An object store lists a folder with a trailing slash.
       next_level += sorted(
-          os.path.join(folder, name) for name in os.listdir(folder)
-          if os.path.isdir(os.path.join(folder, name)))
+          os.path.join(folder, name.rstrip("/"))
+          for name in tf.io.gfile.listdir(folder)
+          if tf.io.gfile.isdir(os.path.join(folder, name)))
     level = next_level
   return None

@@ -10,6 +10,7 @@
 | `evaluation` | evaluation as an action: eval events, the best checkpoint (`Best`), early stop |
 | `stopping`, `preemption` | a stop request agreed across workers; signals that ask for one |
 | `distribute`, `optimizers`, `precision`, `objectives` | the options: each owns its name table |
+| `slurm` | a Slurm step's tasks as one multi-worker cluster: TF_CONFIG, ports, each task's GPUs |
 | `ema`, `layers`, `dry_run` | the weight average; replica-invariant noise layers; the model and loss run on a split's first examples before a run |
 | `profiler` | the profiler window (`profile.*`): an action whose edges end loops |
 

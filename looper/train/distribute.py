@@ -8,8 +8,10 @@ Synopsis::
 
 `distribution.strategy`:
   auto          tpu if `distribution.tpu` is set; multi_worker if TF_CONFIG
-                names more than one task; mirrored if there are several GPUs
-                or `num_cpu_devices` > 1; else default.
+                names more than one task (under `srun` with several tasks,
+                looper.train.slurm writes it from Slurm's environment);
+                mirrored if there are several GPUs or `num_cpu_devices` > 1;
+                else default.
   default       tf.distribute's default (no-op) strategy.
   one_device    OneDeviceStrategy on the first GPU, else the CPU.
   mirrored      MirroredStrategy over all GPUs, else over `num_cpu_devices`
@@ -36,6 +38,7 @@ import tensorflow as tf
 
 from looper import compat
 from looper.errors import ConfigError
+from looper.train import slurm
 
 
 def _cluster() -> dict:
@@ -181,7 +184,11 @@ def grow_gpu_memory(gpus: list) -> None:
 def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
   """Builds the strategy `config.distribution` asks for (see module doc)."""
   dist = config.distribution
+  # Under srun: this task's TF_CONFIG and GPUs, before TensorFlow sees them.
+  sharing = slurm.join_step(dist.strategy)
   gpus = tf.config.list_physical_devices("GPU")
+  if sharing > 1 and gpus:
+    _share_gpus(dist, len(gpus), sharing)
   grow_gpu_memory(gpus)
   if dist.num_cpu_devices > 1:
     split_cpu(dist.num_cpu_devices)
@@ -189,6 +196,21 @@ def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
   logging.debug("distribution.strategy=%r resolved to %r", dist.strategy,
                 name)  # the run's header names the strategy
   return STRATEGIES[name](dist, gpus)
+
+
+def _share_gpus(dist: ml_collections.ConfigDict, num_gpus: int,
+                tasks: int) -> None:
+  """Tasks of a Slurm step that all use their node's GPUs: ring all-reduce
+  (as `looper launch` makes it for workers sharing GPUs: NCCL refuses two
+  workers on one GPU), and one line saying so."""
+  logging.warning(
+      "%d GPU(s) shared by the %d tasks of this node (not an even split):"
+      " every task uses all of them (memory grows as needed; ring"
+      " all-reduce, as NCCL refuses two workers on one GPU); for one share"
+      " each, run srun with --gpus-per-task or a --ntasks-per-node that"
+      " divides %d", num_gpus, tasks, num_gpus)
+  if dist.all_reduce == "auto":
+    dist.all_reduce = "ring"
 
 
 def coordination_leader() -> str | None:

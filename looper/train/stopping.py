@@ -71,7 +71,7 @@ class StopFlag:
     multi-worker, on another worker); None while it does not."""
     if not self.requested:
       return None
-    return self._reason or "a signal to another worker"
+    return self._reason or "a stop request on another worker"
 
   def agree(self, flag: bool) -> bool:
     """True if `flag` is true on any worker (one all-reduce under

@@ -18,7 +18,8 @@ Layout (every name is spelled here and nowhere else)::
 
     config.json            the resolved config (a training run's chief)
     lease.json             who writes here now (lease)
-    metrics.jsonl          a line per train loop and evaluation (jsonl)
+    metrics.jsonl          a line per train loop and evaluation (jsonl); on
+                           an object store a folder of parts <N>.jsonl
     checkpoints/           ckpt-<step>.* and TensorFlow's `checkpoint` index
       best/                the best evaluation's checkpoint, history.json
     train/ eval/           TensorBoard events of training and evaluation
@@ -28,15 +29,51 @@ Layout (every name is spelled here and nowhere else)::
     hparams/               the run's row of TensorBoard's HParams table
     export/<step>/         a SavedModel for serving; written as
                            export/.partial-<step>/ and renamed into place
+                           (file by file on an object store, saved_model.pb
+                           last)
     .worker<N>_checkpoints/  scratch: task N's copy of a save under
                            multi-worker (only the chief's is kept)
 
-Paths are strings joined with os.path.join: tf.io.gfile reads them the
-same on a local disk and on object stores (gs://, ram://).
+Paths are strings joined with os.path.join: every read and write goes
+through tf.io.gfile, the same on a local disk and on object stores (gs://,
+s3://; ram:// in the tests). An object store writes an object whole and
+replaces one whole by a rename (a copy, then a delete), but it renames a
+folder object by object, appends by rewriting the object, and has no
+exclusive create: `posix` tells them apart, and `write_file` replaces a
+file the one way that holds on both (BUILD.md "Object storage": what holds
+where).
 """
 
 import dataclasses
 import os
+import uuid
+
+
+def posix(path: str) -> bool:
+  """Whether `path` is a local path, on a file system that renames a
+  folder at once, appends to a file in place and makes a hard link
+  exclusively; a path with a scheme (gs://, s3://, ram://) is taken for an
+  object store."""
+  return "://" not in path
+
+
+def write_file(path: str, text: str) -> None:
+  """Replaces the file at `path` by `text`, whole, on any store: a
+  temporary file of this writer's renamed over it. A local rename is
+  atomic; an object store's copies the file whole, then deletes the
+  temporary; and TensorFlow's ram:// would append to a file opened anew."""
+  # Imported here: this package is read before TensorFlow starts (the
+  # console quiets its start-up lines first: looper.console).
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+  try:
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(text)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+  except (tf.errors.OpError, OSError):
+    if tf.io.gfile.exists(tmp):  # e.g. a full disk: nothing left behind
+      tf.io.gfile.remove(tmp)
+    raise
 
 
 @dataclasses.dataclass(frozen=True)

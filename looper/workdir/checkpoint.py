@@ -25,12 +25,18 @@ next save, `wait()` and a stop wait for it, and the index moves only once
 the files are complete. A newest checkpoint that cannot be read (a disk
 fault) is skipped with a warning for the one before it.
 
+A save the storage refuses (full, over quota, read-only) leaves nothing
+and ends in one line (errors.DiskFull), an async one at the next save or
+`wait()`; the run's other writers get the same from `on_full_disk`.
+
 Under multi-worker every task must call `save` (it is a collective), but
 only the chief's copy is kept: the others write to a scratch directory
 (`Workdir.checkpoint_saves(task_id)`) that is removed once the write is
 complete.
 """
 
+import contextlib
+import os
 from typing import Any, Callable
 
 from absl import logging
@@ -38,6 +44,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from looper import compat
+from looper import errors
 from looper import workdir as workdir_lib
 from looper.errors import CheckpointError
 from looper.errors import CheckpointMissing
@@ -168,12 +175,13 @@ class Checkpointer:
     if self._saved_step == step and not force:
       return None
     self._guard()
-    path = self._manager.save(
-        checkpoint_number=step,
-        options=self._sync_options if sync or not self._async
-        else self._options)
+    background = self._async and not sync
+    with self._saving(self._save_dir, step):
+      path = self._manager.save(
+          checkpoint_number=step,
+          options=self._options if background else self._sync_options)
     self._saved_step = step
-    if self._async and not sync:
+    if background:
       self._pending = path
     else:
       self._finish(path)
@@ -186,9 +194,36 @@ class Checkpointer:
     if self._best is None:
       self._best = tf.train.CheckpointManager(self._checkpoint,
                                               self._best_dir, max_to_keep=1)
-    path = self._best.save(checkpoint_number=step, options=self._sync_options)
+    with self._saving(self._best_dir, step):
+      path = self._best.save(checkpoint_number=step,
+                             options=self._sync_options)
     self._finish(path)
     return path
+
+  @contextlib.contextmanager
+  def _saving(self, directory: str, step: int):
+    """A save of `ckpt-{step}` into `directory`: if it fails, see `_failed`."""
+    try:
+      yield
+    except (tf.errors.OpError, OSError) as e:
+      self._failed(os.path.join(directory, f"ckpt-{step}"), e)
+      raise
+
+  def _failed(self, prefix: str, e: BaseException) -> None:
+    """Removes what the failed save of `prefix` wrote; raises the one line
+    (errors.DiskFull) if the storage refused it, else returns."""
+    _discard(prefix)
+    if errors.storage_refused(e) is None:
+      return
+    directory = os.path.dirname(prefix)
+    # The same state saves to about the size of the last save.
+    last = tf.train.latest_checkpoint(directory) or self.latest()
+    needed = None if not last else (
+        sum(tf.io.gfile.stat(p).length for p in tf.io.gfile.glob(last + ".*")),
+        f"the size of {os.path.basename(last)}")
+    raise errors.disk_full(
+        directory, e, writing=f"checkpoint {os.path.basename(prefix)}",
+        kept=self.latest(), needed=needed) from None
 
   def wait(self) -> None:
     """Blocks until an async save is complete; raises if its write failed.
@@ -205,6 +240,7 @@ class Checkpointer:
     try:
       compat.raise_async_save_error(self._checkpoint)
     except Exception as e:  # pylint: disable=broad-except
+      self._failed(path, e)  # a full disk: its own line
       error = first_line(e)
     if error is None and tf.train.latest_checkpoint(self._save_dir) != path:
       error = f"{self._save_dir}/checkpoint does not name it"
@@ -225,6 +261,42 @@ class Checkpointer:
 def _step_of(path: str) -> int | None:
   tail = path.rsplit("-", 1)[-1]
   return int(tail) if tail.isdigit() else None
+
+
+def _discard(prefix: str) -> None:
+  """Removes what a failed save of `prefix` wrote: `<prefix>_temp/`, the
+  files if the index does not name them, the index's `checkpoint.tmp<hex>`.
+  A store refusing this too is only logged: the save's error is reported."""
+  directory = os.path.dirname(prefix)
+  try:
+    state = tf.train.get_checkpoint_state(directory)
+    paths = (tf.io.gfile.glob(prefix + "_temp*") +
+             tf.io.gfile.glob(os.path.join(directory, "checkpoint.tmp*")))
+    if not state or prefix not in state.all_model_checkpoint_paths:
+      paths += tf.io.gfile.glob(prefix + ".*")
+    for path in paths:
+      if tf.io.gfile.isdir(path):
+        tf.io.gfile.rmtree(path)
+      else:
+        tf.io.gfile.remove(path)
+  except (tf.errors.OpError, OSError) as e:
+    logging.warning("Could not remove what the failed save of %s wrote: %s",
+                    prefix, first_line(e))
+
+
+@contextlib.contextmanager
+def on_full_disk(directory: str, writing: str, checkpoints: str):
+  """A write of `writing` ("metrics.jsonl") into `directory` that the
+  storage refuses ends in errors.DiskFull, naming the newest checkpoint in
+  `checkpoints` (`Workdir.checkpoints`) as kept; other errors pass."""
+  try:
+    yield
+  except (tf.errors.OpError, OSError) as e:
+    if errors.storage_refused(e) is None:
+      raise
+    raise errors.disk_full(directory, e, writing=writing,
+                           kept=tf.train.latest_checkpoint(checkpoints)
+                           ) from None
 
 
 def variable_keys(path: str, prefix: str) -> dict[str, str]:

@@ -22,11 +22,16 @@ the moving average when `optimizer.ema_decay` is set (as eval sees them).
 Layout: `workdir/export/<step>/` (`Workdir.export_version`), the versioned
 layout TF Serving watches. The SavedModel is written to a hidden folder
 beside it (`Workdir.export_partial`) and renamed into place, so a reader
-never sees half an export. On a TPU a local workdir is
-written through the host (`experimental_io_device='/job:localhost'`).
+never sees half an export. An object store renames a folder object by
+object (a copy, then a delete): there the files move one by one with
+`saved_model.pb`, which a loader opens first, last, so a reader that
+finds it finds the rest; a folder without it may be in mid-move. On a
+TPU a local workdir is written through the host
+(`experimental_io_device='/job:localhost'`).
 """
 
 import logging as std_logging
+import os
 
 from absl import logging
 import keras
@@ -86,10 +91,31 @@ def export(trainer, evaluator, workdir: workdir_lib.Workdir, *,
   absl_logger = std_logging.getLogger("absl")
   level = absl_logger.level
   try:
-    with evaluator.averaged_weights():
-      archive.write_out(partial, options=options, verbose=False)
+    with checkpoint.on_full_disk(workdir.export, f"the export of step {step}",
+                                 workdir.checkpoints):
+      with evaluator.averaged_weights():
+        archive.write_out(partial, options=options, verbose=False)
+      _move(partial, final)
+  except Exception:  # a half-written export is never left behind
+    if tf.io.gfile.exists(partial):
+      tf.io.gfile.rmtree(partial)
+    raise
   finally:
     absl_logger.setLevel(level)
-  tf.io.gfile.rename(partial, final)
   logging.info("Exported step %d for serving to %s", step, final)
   return final
+
+
+def _move(partial: str, final: str) -> None:
+  """Renames the folder `partial` to `final` (see module doc)."""
+  if workdir_lib.posix(final):
+    tf.io.gfile.rename(partial, final)
+    return
+  files = [os.path.join(folder, name)
+           for folder, _, names in tf.io.gfile.walk(partial) for name in names]
+  files.sort(key=lambda path: os.path.basename(path) == "saved_model.pb")
+  for path in files:
+    target = final + path[len(partial):]
+    tf.io.gfile.makedirs(os.path.dirname(target))
+    tf.io.gfile.rename(path, target)
+  tf.io.gfile.rmtree(partial)

@@ -21,17 +21,34 @@ written as the run goes (a line is flushed when written) and truncated on
 resume exactly like the event files, so no step appears twice. `looper
 runs` reads it. Only training runs write it (the chief); an evaluator
 beside training writes only events.
+
+On an object store (`workdir.posix` is False: gs://, s3://) an append
+rewrites the whole object (GCS reads it back and uploads it again), so a
+long run's file would be uploaded again at every line. There
+`metrics.jsonl` is a folder of parts `<N>.jsonl` of at most PART_LINES
+lines: a line replaces only the newest part, whole (no reader sees a part
+of one), each run attempt starts a new part, and a truncation replaces
+only the parts holding later steps. `read` joins them in number order
+(zero-padded names: `gsutil cat` of the folder gives the same file).
 """
 
 import json
+import os
 import time
 
 import tensorflow as tf
+
+from looper import workdir as workdir_lib
+
+# Lines in a part: a write uploads at most this many (~30 KB).
+PART_LINES = 100
 
 
 def read(path: str) -> list[dict]:
   """The lines of the metrics.jsonl at `path` (`Workdir.metrics`; [] if
   there is none); a last line cut short by a crash is skipped."""
+  if tf.io.gfile.isdir(path):
+    return [line for part in _parts(path) for line in _parse(part)[0]]
   return _parse(path)[0]
 
 
@@ -49,32 +66,76 @@ def _parse(path: str) -> tuple[list[dict], bool]:
   return out, True
 
 
+def _parts(folder: str) -> list[str]:
+  """The parts of the folder form, in number order (not by name: the
+  numbers outgrow their zero padding)."""
+  names = [n for n in tf.io.gfile.listdir(folder) if n.endswith(".jsonl")]
+  return [os.path.join(folder, n)
+          for n in sorted(names, key=lambda n: int(n.split(".")[0]))]
+
+
 class MetricsLog:
   """Appends to the metrics.jsonl at `path` (see module doc)."""
 
   def __init__(self, path: str):
     self.path = path
+    self._in_parts = not workdir_lib.posix(path)
+    self._part = None  # in parts: the part this attempt writes...
+    self._lines = []  # ...and its lines
 
   def start(self) -> None:
     """A run from step 0: what a killed attempt wrote is replaced."""
+    line = _line("start", 0, {})
+    if self._in_parts:
+      if tf.io.gfile.exists(self.path):
+        tf.io.gfile.rmtree(self.path)
+      self._part = None
+      self._append(line)
+      return
     with tf.io.gfile.GFile(self.path, "w") as f:
-      f.write(_line("start", 0, {}))
+      f.write(line)
 
   def write(self, kind: str, step: int, logs: dict[str, float]) -> None:
+    line = _line(kind, step, logs)
+    if self._in_parts:
+      self._append(line)
+      return
     with tf.io.gfile.GFile(self.path, "a") as f:
-      f.write(_line(kind, step, logs))
+      f.write(line)
 
   def truncate_after(self, step: int) -> None:
     """Drops the lines of steps after `step` (and a line a crash cut
-    short, which would glue itself to the next), atomically."""
-    lines, whole = _parse(self.path)
-    kept = [l for l in lines if l["step"] <= step]
-    if whole and len(kept) == len(lines):
+    short, which would glue itself to the next), atomically: the file, or
+    each part holding any, replaced whole."""
+    if not self._in_parts:
+      _keep_up_to(self.path, step)
       return
-    tmp = self.path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-      f.write("".join(json.dumps(l) + "\n" for l in kept))
-    tf.io.gfile.rename(tmp, self.path, overwrite=True)
+    if tf.io.gfile.isdir(self.path):
+      for part in _parts(self.path):
+        if not _keep_up_to(part, step):
+          tf.io.gfile.remove(part)
+    self._part = None  # the resumed attempt writes a part of its own
+
+  def _append(self, line: str) -> None:
+    """Adds `line` to this attempt's part, a new one when it is full."""
+    if self._part is None or len(self._lines) == PART_LINES:
+      tf.io.gfile.makedirs(self.path)
+      parts = _parts(self.path)
+      last = int(os.path.basename(parts[-1]).split(".")[0]) if parts else 0
+      self._part = os.path.join(self.path, f"{last + 1:06d}.jsonl")
+      self._lines = []
+    self._lines.append(line)
+    workdir_lib.write_file(self._part, "".join(self._lines))
+
+
+def _keep_up_to(path: str, step: int) -> bool:
+  """Drops the lines of the file at `path` after `step`, and a cut one;
+  whether any line is left."""
+  lines, whole = _parse(path)
+  kept = [l for l in lines if l["step"] <= step]
+  if not whole or len(kept) < len(lines):
+    workdir_lib.write_file(path, "".join(json.dumps(l) + "\n" for l in kept))
+  return bool(kept)
 
 
 def _line(kind: str, step: int, logs: dict[str, float]) -> str:

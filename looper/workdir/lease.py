@@ -30,9 +30,12 @@ the run that replaced it.
 
 On a local disk the file appears whole and only once (a hard link of a
 finished file; a stale one is first renamed aside and checked to be the
-one judged stale). Object stores (gs://) have no exclusive create: two
-starts within the same second can both write it; the check before each
-save then stops the one whose token was overwritten.
+one judged stale). On an object store (gs://, s3://; `workdir.posix`) the
+lease is advisory, and a run says so in one line as it takes it: there is
+no exclusive create (a look, then a write) and a rename is a copy and a
+delete, so two runs started within seconds of each other can both take it;
+the check before each save then stops the one whose token was overwritten,
+but both may have written metrics and events by then.
 """
 
 import contextlib
@@ -50,6 +53,7 @@ import tensorflow as tf
 from looper import errors
 from looper import workdir as workdir_lib
 from looper.errors import WorkdirError
+from looper.workdir import checkpoint
 
 
 def _boot_id() -> str:
@@ -107,10 +111,6 @@ def stale(holder: dict, lease_secs: float, now: float | None = None
   return now - holder.get("renewed", 0) > lease_secs
 
 
-def _local(path: str) -> bool:
-  return "://" not in path
-
-
 class Lease:
   """The workdir lease of this run; see the module doc."""
 
@@ -134,6 +134,11 @@ class Lease:
       tf.io.gfile.makedirs(workdir.root)
     except (tf.errors.OpError, OSError) as e:
       raise errors.unwritable_workdir(workdir.root, e) from None
+    if not workdir_lib.posix(path):
+      logging.info(
+          "--workdir=%s is on an object store: its lease is advisory (no"
+          " exclusive create there); start one run per workdir (BUILD.md"
+          " 'Object storage')", workdir.root)
     now = time.time()
     record = {**_me(), "token": uuid.uuid4().hex, "since": now,
               "renewed": now}
@@ -148,7 +153,10 @@ class Lease:
             "Took over --workdir=%s from a run that is gone (host %s, pid %s,"
             " since %s)", workdir.root, holder.get("host"), holder.get("pid"),
             _since(holder.get("since", 0)))
-      if _create(path, record):
+      with checkpoint.on_full_disk(workdir.root, "lease.json",
+                                   workdir.checkpoints):
+        created = _create(path, record)
+      if created:
         return cls(workdir, record, lease_secs)
     raise WorkdirError(
         f"--workdir={workdir.root}: another run is taking {path} at this"
@@ -209,11 +217,7 @@ def _read(path: str) -> dict | None:
 
 
 def _write(path: str, record: dict) -> None:
-  """Replaces the file whole (a temporary file renamed over it)."""
-  tmp = f"{path}.tmp-{record['token']}"
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write(json.dumps(record))
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  workdir_lib.write_file(path, json.dumps(record))
 
 
 def _create(path: str, record: dict) -> bool:
@@ -222,20 +226,23 @@ def _create(path: str, record: dict) -> bool:
   Locally a hard link of a finished temporary file: atomic, and it fails
   if the name exists, so no reader ever sees a half-written lease.
   """
-  if not _local(path):
+  if not workdir_lib.posix(path):  # a look, then a write: see module doc
     if tf.io.gfile.exists(path):
       return False
     _write(path, record)
     return True
   tmp = f"{path}.tmp-{record['token']}"
-  with open(tmp, "w") as f:
-    f.write(json.dumps(record))
   try:
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(json.dumps(record))
+    # The one call past tf.io.gfile, on a local path only: gfile has no
+    # exclusive create.
     os.link(tmp, path)
   except FileExistsError:
     return False
   finally:
-    os.remove(tmp)
+    if tf.io.gfile.exists(tmp):  # also when a full disk refused it
+      tf.io.gfile.remove(tmp)
   return True
 
 

@@ -26,7 +26,9 @@ resolved config and the model summary as text in `train/`, and the run's
 row of the HParams table in `workdir/hparams/` (see `looper.workdir.hparams`),
 whose metric columns (`hparams/eval_accuracy`, ..., `hparams/train_loss`)
 are written there as the run goes. Every train loop and evaluation is also
-a line of `workdir/metrics.jsonl` (see `looper.workdir.jsonl`).
+a line of `workdir/metrics.jsonl` (see `looper.workdir.jsonl`). A write
+the storage refuses (a full disk) ends the run in one line naming the
+directory and the checkpoint kept (`checkpoint.on_full_disk`).
 
 Replays: a run killed after its last checkpoint wrote events for steps it
 will redo when resumed. `purge_after(step)` rewrites the event files without
@@ -38,13 +40,16 @@ events works with every reader.)
 """
 
 import datetime
+import functools
 import os
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from looper import errors
 from looper import workdir as workdir_lib
+from looper.workdir import checkpoint
 from looper.workdir import hparams
 from looper.workdir import jsonl
 
@@ -76,10 +81,13 @@ class _GraphWriter:
   Eager `tf.summary.scalar` costs ~0.8 ms a call, more than the step of a
   small model; the graph loop below writes 100 per-step losses in ~3 ms
   (measured). Built per writer: a traced function keeps the writer it saw.
+  A write the storage refuses ends in one line (checkpoint.on_full_disk).
   """
 
-  def __init__(self, writer):
+  def __init__(self, writer, directory: str | None, checkpoints: str):
     self._writer = writer
+    self._full_disk = functools.partial(checkpoint.on_full_disk, directory,
+                                        "events", checkpoints)
 
   # Any loop length, one trace: clamped loops vary in length. No AutoGraph
   # (an explicit loop): its rewrite would be most of the first write's time.
@@ -103,10 +111,20 @@ class _GraphWriter:
       for name, value in values.items():
         tf.summary.scalar(name, value, step=step)
 
+  def write_losses(self, losses: np.ndarray, first_step: int) -> None:
+    with self._full_disk():
+      self.series(tf.constant(losses, tf.float32),
+                  tf.constant(first_step, tf.int64))
+
   def write(self, logs: dict[str, float], step: int) -> None:
-    self.scalars({k: tf.constant(v, tf.float32) for k, v in logs.items()},
-                 tf.constant(step, tf.int64))
-    self._writer.flush()
+    with self._full_disk():
+      self.scalars({k: tf.constant(v, tf.float32) for k, v in logs.items()},
+                   tf.constant(step, tf.int64))
+      self._writer.flush()
+
+  def flush(self) -> None:
+    with self._full_disk():
+      self._writer.flush()
 
 
 class Summaries:
@@ -142,11 +160,18 @@ class Summaries:
     self._open()
 
   def _open(self) -> None:
-    self._writers = [tf.summary.create_file_writer(d) if d else
-                     tf.summary.create_noop_writer() for d in self._dirs]
+    with self._full_disk(self._workdir.root, "event files"):
+      self._writers = [tf.summary.create_file_writer(d) if d else
+                       tf.summary.create_noop_writer() for d in self._dirs]
     self._train, self._eval, self._hparams = self._writers
     self._train_scalars, self._eval_scalars, self._hparams_scalars = [
-        _GraphWriter(w) for w in self._writers]
+        _GraphWriter(w, d, self._workdir.checkpoints)
+        for w, d in zip(self._writers, self._dirs)]
+
+  def _full_disk(self, directory: str, writing: str):
+    """A write the storage refuses ends in one line naming `directory`."""
+    return checkpoint.on_full_disk(directory, writing,
+                                   self._workdir.checkpoints)
 
   def text(self, tag: str, text: str, step: int = 0) -> None:
     """`text` in a markdown code block, which TensorBoard shows verbatim."""
@@ -170,12 +195,14 @@ class Summaries:
     self._open()
     self.text("config", config_json)
     self.text("model_summary", model_text)
+    self._train_scalars.flush()
     if self._table is not None:
       with self._hparams.as_default():
         self._table.write_start(trial_id=self._workdir.root)
-      self._hparams.flush()
+      self._hparams_scalars.flush()
     if self._log is not None:
-      self._log.start()
+      with self._full_disk(self._workdir.root, "metrics.jsonl"):
+        self._log.start()
     self._fresh = True
 
   def purge_after(self, step: int) -> None:
@@ -188,10 +215,12 @@ class Summaries:
     if not self._chief or self._fresh:
       return  # a run start_run began has nothing past its first step yet
     if self._log is not None:
-      self._log.truncate_after(step)
+      with self._full_disk(self._workdir.root, "metrics.jsonl"):
+        self._log.truncate_after(step)
       if self._table is not None:
         self._best = self._best_in(jsonl.read(self._workdir.metrics))
-    for writer in self._writers:
+    for writer in (self._train_scalars, self._eval_scalars,
+                   self._hparams_scalars):
       writer.flush()
     stale = {}
     for directory in filter(None, self._dirs):
@@ -202,7 +231,8 @@ class Summaries:
     if stale:
       self.close()
       for path, kept in stale.items():
-        _rewrite(path, kept)
+        with self._full_disk(os.path.dirname(path), "events"):
+          _rewrite(path, kept)
       self._open()
 
   def train(self, first_step: int, losses: np.ndarray,
@@ -216,16 +246,20 @@ class Summaries:
       # finds no step; see Trainer._train_loop).
       self._train_scalars.write({"loss": losses[0]}, step=last)
     else:
-      self._train_scalars.series(tf.constant(losses, tf.float32),
-                                 tf.constant(first_step, tf.int64))
+      self._train_scalars.write_losses(losses, first_step)
     # The per-step series above is the loss curve; the loop mean is logged.
     self._train_scalars.write(
         {k: v for k, v in logs.items() if k != "loss"}, step=last)
     if self._table is not None:
       self._hparams_scalars.write({self._table.train_loss_tag: logs["loss"]},
                                   step=last)
+    self._metrics_line("train", last, logs)
+
+  def _metrics_line(self, kind: str, step: int, logs: dict[str, float]
+                    ) -> None:
     if self._log is not None:
-      self._log.write("train", last, logs)
+      with self._full_disk(self._workdir.root, "metrics.jsonl"):
+        self._log.write(kind, step, logs)
 
   def progress(self, step: int, logs: dict[str, float]) -> None:
     """The progress line; `logs` must hold 'steps_per_sec' for the ETA.
@@ -253,8 +287,7 @@ class Summaries:
       results = self._table.eval_results(logs, self._best)
       self._best = results.get(self._table.best_tag, self._best)
       self._hparams_scalars.write(results, step)
-    if self._log is not None:
-      self._log.write("eval", step, logs)
+    self._metrics_line("eval", step, logs)
     if self._chief:
       logging.info("eval at step %d: %s", step, _format(logs))
 
@@ -268,8 +301,15 @@ class Summaries:
     return best
 
   def close(self) -> None:
+    """Closes the writers. Each write was flushed as it was made, so only
+    a write that already failed (and ended the run in its one line) can
+    fail here again: that is not raised a second time."""
     for writer in self._writers:
-      writer.close()
+      try:
+        writer.close()
+      except tf.errors.OpError as e:
+        if errors.storage_refused(e) is None:
+          raise
 
 
 def _events_up_to(path: str, step: int) -> list[bytes] | None:
@@ -294,7 +334,12 @@ def _rewrite(path: str, records: list[bytes]) -> None:
   """Replaces an event file atomically by one holding `records`."""
   # No 'tfevents' in the name: TensorBoard must not read the partial copy.
   tmp = os.path.join(os.path.dirname(path), ".looper-purge.tmp")
-  with tf.io.TFRecordWriter(tmp) as writer:
-    for record in records:
-      writer.write(record)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  try:
+    with tf.io.TFRecordWriter(tmp) as writer:
+      for record in records:
+        writer.write(record)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+  except (tf.errors.OpError, OSError):  # a full disk: leave no copy
+    if tf.io.gfile.exists(tmp):
+      tf.io.gfile.remove(tmp)
+    raise
