@@ -168,7 +168,7 @@ def header(config, strategy, workdir: str | None, mode: str,
 
 def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
             best: tuple[str, int, float] | None, checkpoint: str | None,
-            export: str | None) -> str:
+            export: str | None, goodput: str | None = None) -> str:
   """The lines that close a run: what it reached and where things are."""
   ended = result.get("stopped") or result.get("ended")
   lines = [f"looper done: step {result['step']} in"
@@ -186,5 +186,7 @@ def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
                f" {workdir.eval_events}")
   if export:
     lines.append(f"  export      {export}")
+  if goodput:
+    lines.append(f"  goodput     {goodput}")
   lines.append(f"  tensorboard --logdir={workdir.root}")
   return "\n".join(lines)

@@ -42,6 +42,7 @@ from looper.cli import describe
 from looper.cli import parsing
 from looper.cli import tpu_check
 from looper.train import distribute
+from looper.train import goodput
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (a .py with get_config()).",
@@ -86,7 +87,9 @@ def main(argv):
     if inspect is not None:
       inspect(_CONFIG.value)
     else:
-      run.run(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value)
+      # The attempt's goodput counts its start-up from the process' start.
+      run.run(_CONFIG.value, _WORKDIR.value, _MODE.value, _CHECKPOINT.value,
+              started=goodput.process_started())
   except (errors.ConfigError, errors.CheckpointError, errors.DataError,
           errors.WorkdirError, FloatingPointError) as e:
     _exit(e, str(e))

@@ -46,6 +46,7 @@ from looper.train import distribute
 from looper.train import dry_run
 from looper.train import evaluation
 from looper.train import evaluator as evaluator_lib
+from looper.train import goodput
 from looper.train import notices
 from looper.train import precision
 from looper.train import preemption
@@ -84,8 +85,8 @@ MODES = {
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
-        mode: str = "train_and_eval", checkpoint_path: str | None = None
-        ) -> dict:
+        mode: str = "train_and_eval", checkpoint_path: str | None = None,
+        *, started: float | None = None) -> dict:
   """Runs an experiment in `workdir`, resuming from its last checkpoint.
 
   Args:
@@ -94,6 +95,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     mode: one of MODES (see module doc).
     checkpoint_path: for modes 'eval' and 'export', a checkpoint prefix to
       use instead of the latest.
+    started: when the attempt started, on the `time.monotonic()` clock
+      (looper.main: the process' start); default: now. Its goodput's
+      start-up is counted from there (looper.train.goodput).
 
   Returns:
     {'step': the final step, 'train': the last loop's logs (if trained),
@@ -109,7 +113,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         f"--checkpoint={checkpoint_path} is only read by --mode=eval and"
         " --mode=export; to start training from it set"
         " --config.init.checkpoint instead")
-  started = time.monotonic()
+  started = time.monotonic() if started is None else started
   config_lib.validate(config)
   # Process-wide settings the kernels read: before anything runs an op.
   precision.set_deterministic(config.train.deterministic)
@@ -173,6 +177,7 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
                                     restored, trainer.model))
   out = _open_workdir(wd, config, MODES[mode], chief,
                       eval_names=evaluator.metric_names)
+  ledger = None
   try:
     ctl = controller_lib.Controller(
         trainer, ckpt, total_steps=config.train.steps,
@@ -189,24 +194,72 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
     if not restored:
       out.start_run(names.to_json(config),
                     summaries.model_summary(trainer.model))
+    ledger = goodput.Ledger(wd, started=started) if chief else None
+    if ledger:
+      ctl.add_actions(save=[_accounting(ledger, out)])
     with (preemption.StopOnSignal(trainer.stop.request),
           notices.WatchNotices(trainer.stop.request)):
       result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
+    waited = time.monotonic()
     ckpt.wait()
-    if chief:
+    if ledger:
+      ledger.add("checkpoint", time.monotonic() - waited)
+      totals = ledger.close(_how_it_ended(result))
+      out.goodput(result["step"], totals.fractions())
       logging.info("%s", console.summary(
           result, wd, time.monotonic() - started,
-          best=evaluations.best,
-          checkpoint=ckpt.latest(), export=result.get("export")))
+          best=evaluations.best, checkpoint=ckpt.latest(),
+          export=result.get("export"), goodput=totals.line()))
     return result
-  except Exception:
+  except Exception as e:
     # A background save in flight ends before the process does: what it met
     # (the full disk that stopped the run) is raised here, not lost in a
     # traceback at exit after looper's line.
     ckpt.wait()
+    if ledger:
+      _close_failed(ledger, e)
     raise
   finally:
     out.close()
+
+
+def _accounting(ledger: goodput.Ledger, out: summaries.Summaries
+                ) -> actions.Action:
+  """The last action after each loop: the loop's and the actions' time to
+  the goodput ledger, its totals to TensorBoard when it writes them."""
+
+  def account(now: actions.Moment) -> None:
+    loop = now.loop
+    ledger.loop(loop.first_step, len(loop.losses), loop.seconds,
+                loop.logs.get("input_wait_fraction", 0.0))
+    for name, seconds in now.spent.items():
+      ledger.add(name, seconds)
+    # The last record is close()'s, after the final save's wait.
+    totals = None if now.end or now.stopping else ledger.write()
+    if totals:
+      out.goodput(now.step, totals.fractions())
+
+  return actions.Action(account, every_loop=True,
+                        on_start=lambda now: ledger.start(now.step),
+                        name="goodput")
+
+
+def _how_it_ended(result: dict) -> str:
+  if result.get("stopped"):
+    return f"stopped by {result['stopped']}"
+  if result.get("ended"):
+    return f"ended early: {result['ended']}"
+  return "finished"
+
+
+def _close_failed(ledger: goodput.Ledger, error: Exception) -> None:
+  """The failed attempt's last record, if the storage takes it: the error
+  that ended the run is the one shown."""
+  try:
+    ledger.close(f"failed: {type(error).__name__}")
+  except (tf.errors.OpError, OSError, errors.WorkdirError) as e:
+    logging.warning("Could not write the goodput record: %s",
+                    errors.first_line(e))
 
 
 def _export_checkpoint(trainer, evaluator, ckpt: checkpoint.Checkpointer,

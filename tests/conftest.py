@@ -294,3 +294,58 @@ def fetch(url, path, body=None):
     if response.headers.get("Content-Encoding") == "gzip":  # the profile's
       data = gzip.decompress(data)
     return json.loads(data)
+
+
+def stop_and_resume(tmp_path, stop, reason: str, before_resume=None) -> int:
+  """A tiny run stopped by `stop(proc)` inside its second loop of 8000
+  steps, then resumed (after `before_resume()`, if given): exit 0 with one "Stopped by `reason`" line and a
+  save at that step, the resumed run equal to an unstopped one (every
+  step's loss, the last checkpoint), and the stop in the goodput records
+  (nothing recomputed). Returns the step it stopped at."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from looper import workdir  # pylint: disable=g-import-not-at-top
+  from looper.train import goodput  # pylint: disable=g-import-not-at-top
+  # The stop lands inside the second loop, which must end at once rather
+  # than finish.
+  args = ("--config=tests/tiny.py", "--config.train.steps=16000",
+          "--config.train.steps_per_loop=8000",
+          "--config.checkpoint.every_steps=0", "--config.eval.every_steps=0")
+  whole, split = tmp_path / "whole", tmp_path / "split"
+  run_here(*args, f"--workdir={whole}")
+  proc = popen_looper(*args, f"--workdir={split}")
+  try:
+    for line in proc.stderr:
+      if "train step 8000/16000" in line:
+        break
+    time.sleep(0.5)
+    sent = time.monotonic()
+    stop(proc)
+    rest = proc.communicate(timeout=120)[1]
+    seconds = time.monotonic() - sent
+  finally:
+    proc.kill()
+  assert proc.returncode == 0, rest[-2000:]
+  stopped = [l for l in rest.splitlines() if "Stopped by" in l]
+  assert len(stopped) == 1, rest[-2000:]
+  assert f"Stopped by {reason} at step " in stopped[0]
+  step = int(stopped[0].split(" at step ")[1].split(";")[0])
+  assert 8000 < step < 16000, step  # cut inside the second loop
+  prefix = split / "checkpoints" / f"ckpt-{step}"
+  assert f"saved {prefix};" in stopped[0]
+  assert tf.train.latest_checkpoint(str(split / "checkpoints")) == str(prefix)
+  print(f"{reason} to exit: {seconds:.2f} s, stopped at step {step}")
+
+  if before_resume:
+    before_resume()
+  run_ok(*args, f"--workdir={split}")
+  np.testing.assert_array_equal(curve(split / "train"), curve(whole / "train"))
+  want = checkpoint_tensors(whole / "checkpoints" / "ckpt-16000")
+  got = checkpoint_tensors(split / "checkpoints" / "ckpt-16000")
+  assert sorted(want) == sorted(got)
+  for key in want:
+    np.testing.assert_array_equal(want[key], got[key], err_msg=key)
+  first, second = goodput.read(workdir.Workdir(str(split)))
+  assert (first["ended"], first["reached"]) == (f"stopped by {reason}", step)
+  assert (second["first_step"], second["steps"],
+          second["recomputed_steps"]) == (step, 16000 - step, 0)
+  return step

@@ -4,6 +4,8 @@ import re
 
 import pytest
 
+from looper import workdir as workdir_lib
+from looper.train import goodput
 from tests.conftest import run_looper, run_ok
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
@@ -37,10 +39,14 @@ def test_first_screen_header_progress_and_summary(tmp_path):
                       lines[done + 1])
   assert last and lines[done + 2] == (
       f"  best eval   accuracy={last.group(1)} at step 20")
+  # The goodput line is the one attempt's record, read back.
+  totals = goodput.Totals.of(goodput.read(workdir_lib.Workdir(str(workdir))))
+  assert totals.attempts == 1
   assert lines[done + 3:] == [
       f"  checkpoint  {workdir}/checkpoints/ckpt-20",
       f"  events      {workdir}/train, {workdir}/eval",
       f"  export      {workdir}/export/20",
+      f"  goodput     {totals.line()}",
       f"  tensorboard --logdir={workdir}"]
 
   resumed = run_ok(*args, "--config.train.steps=30").stderr.splitlines()

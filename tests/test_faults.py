@@ -9,7 +9,6 @@ import json
 import logging
 import random
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -18,8 +17,7 @@ import tensorflow as tf
 from looper import run
 from looper.workdir import checkpoint
 from tests import tiny
-from tests.conftest import checkpoint_tensors, curve, popen_looper, run_ok
-from tests.conftest import run_here, scalars
+from tests.conftest import curve, popen_looper, scalars, stop_and_resume
 from tests.stress import kill9
 
 TINY = "--config=tests/tiny.py"
@@ -53,40 +51,8 @@ def test_kill9_at_random_moments_resumes_bit_exact(tmp_path):
 
 @pytest.mark.slow  # a subprocess
 def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path):
-  # Two loops of 8000 tiny steps (a few seconds each): the signal lands
-  # inside the second one, which must stop at once rather than finish.
-  args = (TINY, "--config.train.steps=16000",
-          "--config.train.steps_per_loop=8000",
-          "--config.checkpoint.every_steps=0", "--config.eval.every_steps=0")
-  whole, split = tmp_path / "whole", tmp_path / "split"
-  run_here(*args, f"--workdir={whole}")
-
-  proc = popen_looper(*args, f"--workdir={split}")
-  try:
-    for line in proc.stderr:
-      if "train step 8000/16000" in line:
-        break
-    time.sleep(0.5)
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    rest = proc.communicate(timeout=120)[1]
-    seconds = time.monotonic() - sent
-  finally:
-    proc.kill()
-  assert proc.returncode == 0, rest[-2000:]
-  stopped = [l for l in rest.splitlines() if "Stopped by SIGTERM" in l]
-  assert len(stopped) == 1, rest[-2000:]
-  step = int(stopped[0].split(" at step ")[1].split(";")[0])
-  assert 8000 < step < 16000, step  # cut inside the second loop
-  prefix = split / "checkpoints" / f"ckpt-{step}"
-  assert f"saved {prefix};" in stopped[0]
-  assert tf.train.latest_checkpoint(str(split / "checkpoints")) == str(prefix)
-  print(f"SIGTERM to exit: {seconds:.2f} s, stopped at step {step}")
-
-  run_ok(*args, f"--workdir={split}")
-  np.testing.assert_array_equal(curve(split / "train"), curve(whole / "train"))
-  assert_same_tensors(checkpoint_tensors(whole / "checkpoints" / "ckpt-16000"),
-                      checkpoint_tensors(split / "checkpoints" / "ckpt-16000"))
+  stop_and_resume(tmp_path, lambda proc: proc.send_signal(signal.SIGTERM),
+                  "SIGTERM")
 
 
 @pytest.mark.slow  # a subprocess

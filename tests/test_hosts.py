@@ -84,8 +84,8 @@ def test_three_hosts_equal_one_process_in_every_mode(tmp_path, modes):
         10: 1009, 20: 1009}, mode
     # Written once, by the chief: no worker scratch, one HParams row.
     assert sorted(p.name for p in (tmp_path / f"{mode}-hosts").iterdir()) == [
-        "checkpoints", "config.json", "eval", "hparams", "metrics.jsonl",
-        "train"], mode
+        "checkpoints", "config.json", "eval", "goodput", "hparams",
+        "metrics.jsonl", "train"], mode
     assert len(list((tmp_path / f"{mode}-hosts" / "hparams").glob(
         "*tfevents*"))) == 1
 

@@ -71,8 +71,11 @@ def test_two_workers_train_like_two_replicas(tmp_path):
                              curve(tmp_path / "mirrored" / "train"),
                              rtol=1e-5)
   assert sorted(p.name for p in (tmp_path / "launched").iterdir()) == [
-      "checkpoints", "config.json", "eval", "hparams", "metrics.jsonl",
-      "train"]  # the chief's only
+      "checkpoints", "config.json", "eval", "goodput", "hparams",
+      "metrics.jsonl", "train"]  # the chief's only
+  # One attempt's time, the chief's (a worker's would be attempt 2).
+  assert [p.name for p in (tmp_path / "launched" / "goodput").iterdir()] == [
+      "attempt-1.json"]
 
 
 def launch_then(tmp_path, act, **env_vars):

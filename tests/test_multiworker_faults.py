@@ -82,7 +82,7 @@ def test_sigterm_to_one_worker_stops_all_at_one_step_and_saves(tmp_path):
   latest = tf.train.latest_checkpoint(str(workdir / "checkpoints"))
   assert latest == f"{workdir}/checkpoints/ckpt-{step}"
   assert sorted(p.name for p in workdir.iterdir()) == [
-      "checkpoints", "config.json", "eval", "hparams", "metrics.jsonl",
-      "train"]  # no worker scratch
+      "checkpoints", "config.json", "eval", "goodput", "hparams",
+      "metrics.jsonl", "train"]  # no worker scratch
   # One HParams row, the chief's.
   assert len(list((workdir / "hparams").glob("*tfevents*"))) == 1

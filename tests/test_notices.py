@@ -15,14 +15,12 @@ import threading
 import time
 import urllib.parse
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
 from looper.train import notices
 from tests import conftest
-from tests.conftest import checkpoint_tensors, curve, finish, popen_looper
-from tests.conftest import run_here, run_ok, start_workers, wait_for
+from tests.conftest import finish, start_workers, stop_and_resume, wait_for
 
 PREEMPTED = "a preemption notice (instance/preempted=TRUE)"
 MAINTENANCE = ("a maintenance notice"
@@ -252,50 +250,19 @@ TINY = "--config=tests/tiny.py"
 @pytest.mark.slow  # a subprocess
 def test_a_preemption_notice_stops_saves_and_resumes_exactly(
     fake_metadata, tmp_path):
-  # Two loops of 8000 tiny steps (a few seconds each): the notice lands
-  # inside the second one, which must stop at once rather than finish.
-  args = (TINY, "--config.train.steps=16000",
-          "--config.train.steps_per_loop=8000",
-          "--config.checkpoint.every_steps=0", "--config.eval.every_steps=0")
-  whole, split = tmp_path / "whole", tmp_path / "split"
-  run_here(*args, f"--workdir={whole}")
 
-  proc = popen_looper(*args, f"--workdir={split}")
-  try:
-    for line in proc.stderr:
-      if "train step 8000/16000" in line:
-        break
-    time.sleep(0.5)
-    sent = time.monotonic()
+  def preempt(unused_proc):
     fake_metadata.set("instance/preempted", "TRUE")
-    rest = proc.communicate(timeout=120)[1]
-    seconds = time.monotonic() - sent
-  finally:
-    proc.kill()
-  assert proc.returncode == 0, rest[-2000:]
-  stopped = [l for l in rest.splitlines() if "Stopped by" in l]
-  assert len(stopped) == 1, rest[-2000:]
-  assert f"Stopped by {PREEMPTED} at step " in stopped[0]
-  step = int(stopped[0].split(" at step ")[1].split(";")[0])
-  assert 8000 < step < 16000, step  # cut inside the second loop
-  prefix = split / "checkpoints" / f"ckpt-{step}"
-  assert f"saved {prefix};" in stopped[0]
-  assert tf.train.latest_checkpoint(str(split / "checkpoints")) == str(prefix)
-  print(f"preemption notice to exit: {seconds:.2f} s, stopped at step {step}")
+
+  def back():  # the VM is back: the resumed run is not told again
+    fake_metadata.set("instance/preempted", "FALSE")
+
+  stop_and_resume(tmp_path, preempt, PREEMPTED, before_resume=back)
   # Nothing but TensorFlow's GCE test and the two keys was asked.
   assert {p.split("?")[0] for p in fake_metadata.paths} == {
       f"/computeMetadata/v1/{k}" for k in (
           "instance/hostname", "instance/preempted",
           "instance/maintenance-event")}
-
-  fake_metadata.set("instance/preempted", "FALSE")  # the VM is back
-  run_ok(*args, f"--workdir={split}")
-  np.testing.assert_array_equal(curve(split / "train"), curve(whole / "train"))
-  want = checkpoint_tensors(whole / "checkpoints" / "ckpt-16000")
-  got = checkpoint_tensors(split / "checkpoints" / "ckpt-16000")
-  assert sorted(want) == sorted(got)
-  for key in want:
-    np.testing.assert_array_equal(want[key], got[key], err_msg=key)
 
 
 @pytest.mark.slow  # worker processes

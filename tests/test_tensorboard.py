@@ -231,6 +231,31 @@ def test_a_fresh_start_replaces_what_a_killed_attempt_wrote(tmp_path):
       ("start", 0), ("train", 2)]
 
 
+def test_the_writers_leave_no_number_of_a_loop_behind(tmp_path):
+  """TensorFlow keeps each distinct Python int and float it makes an eager
+  tensor of, with a reference to it, for the rest of the process (its
+  scalar cache): written from Python numbers, every loop's steps and
+  metrics stayed (issue 28's soak: +4.5 KB a loop). Nothing may hold them
+  after the writes."""
+  wd = workdir_lib.Workdir(str(tmp_path))
+  out = summaries.Summaries(wd, chief=True, total_steps=10**12, trains=True,
+                            eval_dir=wd.eval_events)
+  # Fresh objects (no constant of this file's code holds them).
+  first, at = int("1000000000001"), int("1000000000002")
+  logs = {"loss": float("0.123456789"), "accuracy": float("0.987654321"),
+          "steps_per_sec": float("123.456789")}
+  numbers = [first, at, *logs.values()]
+  before = [sys.getrefcount(n) for n in numbers]
+  out.train(first, [0.5, 0.25], logs)
+  out.eval(at, logs)
+  out.close()
+  assert [sys.getrefcount(n) for n in numbers] == before
+  assert scalars(tmp_path / "train", "accuracy") == {at: pytest.approx(
+      0.987654321)}
+  assert scalars(tmp_path / "eval", "steps_per_sec") == {at: pytest.approx(
+      123.456789)}
+
+
 def test_metrics_jsonl_has_a_line_per_loop_and_evaluation(sweep):
   root, _ = sweep
   lines = jsonl.read(str(root / "a" / "metrics.jsonl"))

@@ -63,7 +63,8 @@ def test_every_mode_writes_only_what_the_workdir_names(tmp_path):
   def under(directory):
     return {f for f in files if f.startswith(directory + os.sep)}
 
-  named = ({wd.config, wd.metrics, wd.best_history} |
+  # One training attempt: its goodput record (eval modes write none).
+  named = ({wd.config, wd.metrics, wd.best_history, wd.goodput_attempt(1)} |
            under(wd.export_version(20)) | under(wd.profile))
   # Each events directory holds event files only; the checkpoint
   # directories TensorFlow's files (its `checkpoint` index, ckpt-<step>.*).

@@ -6,17 +6,19 @@ Synopsis::
     looper runs /tmp/sweep                  # the workdirs one level down
     looper runs gs://bucket/sweep           # read through tf.io.gfile
 
-    | run          | step | accuracy | loss    | best accuracy | wall time |
-    |--------------|------|----------|---------|---------------|-----------|
-    | /tmp/sweep/a | 1000 | 0.9741   | 0.08623 | 0.9741 @1000  | 0:01:02   |
-    | /tmp/sweep/b | 1000 | 0.9613   | 0.1302  | 0.9655 @800   | 0:01:05   |
+    | run          | step | accuracy | loss    | best accuracy | goodput | wall time |
+    |--------------|------|----------|---------|---------------|---------|-----------|
+    | /tmp/sweep/a | 1000 | 0.9741   | 0.08623 | 0.9741 @1000  | 81%     | 0:01:02   |
+    | /tmp/sweep/b | 1000 | 0.9613   | 0.1302  | 0.9655 @800   | 64%     | 0:01:05   |
 
 One row per workdir (a directory holding `train/` or `eval/`), from its
 `metrics.jsonl` (see `looper.workdir.jsonl`; no event file is read): the last
 step, the last value of every eval metric, the best evaluation by
 `evaluation.Best.of` (`checkpoint.best_metric` from its config.json; else
-`accuracy`; else the loss) with its step, and the time from the run's
-start to its last line (including any time the run was stopped before a
+`accuracy`; else the loss) with its step, the goodput of its training
+attempts (productive training time over their wall time, from its
+goodput/ records: looper.train.goodput), and the time from the run's start
+to its last line (including any time the run was stopped before a
 resume). Metrics print with 4
 significant digits, `-` where a run has none. A path that is no workdir
 and holds none one level down, or a workdir without scalars yet, is named
@@ -34,6 +36,7 @@ import tensorflow as tf
 from looper import workdir as workdir_lib
 from looper.cli import parsing
 from looper.train import evaluation
+from looper.train import goodput
 from looper.workdir import jsonl
 
 # What an eval line holds beside its metrics: not a column.
@@ -88,6 +91,9 @@ def summarize(workdir: str) -> dict[str, str] | None:
                          if rule.metric in l)
   if rule.metric in names and best:
     row[f"best {rule.metric}"] = f"{best[1]:.4g} @{best[0]}"
+  attempts = goodput.read(wd)
+  if attempts:
+    row["goodput"] = f"{goodput.Totals.of(attempts).goodput:.0%}"
   row["wall time"] = str(datetime.timedelta(
       seconds=round(lines[-1]["time"] - lines[0]["time"])))
   return row
@@ -98,8 +104,10 @@ def table(rows: list[dict[str, str]]) -> str:
   columns = []
   for row in rows:  # in order of first appearance: run, step, metrics, ...
     columns += [c for c in row if c not in columns]
-  # The wall time last: it describes the run, the rest its results.
-  columns.sort(key=lambda c: c == "wall time")
+  # The goodput and wall time last: they describe the run, the rest its
+  # results.
+  last = ("goodput", "wall time")
+  columns.sort(key=lambda c: last.index(c) + 1 if c in last else 0)
   cells = [columns] + [[row.get(c, "-") for c in columns] for row in rows]
   widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
   lines = ["| " + " | ".join(v.ljust(w) for v, w in zip(line, widths)) + " |"

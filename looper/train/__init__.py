@@ -8,7 +8,8 @@
 | `controller` | the outer loop and the modes (no TensorFlow) |
 | `actions` | what runs between loops and when (`Action`, `Moment`) |
 | `evaluation` | evaluation as an action: eval events, the best checkpoint (`Best`), early stop |
-| `stopping`, `preemption` | a stop request agreed across workers; signals that ask for one |
+| `stopping`, `preemption`, `notices` | a stop request agreed across workers; signals and GCE preemption notices that ask for one |
+| `goodput` | where each training attempt's time went (`Ledger`), across restarts (`Totals`) |
 | `distribute`, `optimizers`, `precision`, `objectives` | the options: each owns its name table |
 | `slurm` | a Slurm step's tasks as one multi-worker cluster: TF_CONFIG, ports, each task's GPUs |
 | `ema`, `layers`, `dry_run` | the weight average; replica-invariant noise layers; the model and loss run on a split's first examples before a run |

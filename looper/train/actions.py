@@ -24,7 +24,8 @@ train loop when any of these holds:
 back to `moment.step` (e.g. to forget what a killed run wrote past it).
 
 The `Moment` is all an action is given and all it may change: the step,
-the `Loop` just run (its first step, per-step losses, logs), whether
+the `Loop` just run (its first step, per-step losses, logs, seconds), the
+time each action before it took after that loop (`spent`), whether
 training ends or stops there, and `end_training(reason)` (an early stop).
 What the function returns, if not None, is the mode's result under the
 action's `name` (the last value: the evaluation's logs, the export's path).
@@ -45,6 +46,7 @@ class Loop:
   first_step: int  # the global step of losses[0]
   losses: np.ndarray  # the global mean loss of each step
   logs: dict[str, float]  # mean loss, train metrics, rate, speed
+  seconds: float = 0.0  # how long the loop took
 
   @property
   def last_step(self) -> int:
@@ -65,6 +67,8 @@ class Moment:
   ended: str | None = None  # why training ends before total_steps
   # Makes a per-process decision (a clock) the same on every worker.
   agree: Callable[[bool], bool] = bool
+  # Seconds each action (by name) took after this loop, so far.
+  spent: dict[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def end(self) -> bool:

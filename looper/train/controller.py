@@ -22,6 +22,7 @@ Synopsis (what `looper.run.run` assembles from a config)::
       now.step, now.loop = the step reached, loop
       for action in report + eval (train_and_eval only) + save actions:
         result[action.name] = action(now)   # if it fired and returned one
+        now.spent[action.name] = the seconds it took
 
 A stop is requested on the trainer (`trainer.stop.request(reason)`, e.g.
 from a signal handler: looper.train.preemption); an early end by an action
@@ -236,7 +237,7 @@ class Controller:
             learning_rate=self.trainer.learning_rate(),
             steps_per_sec=len(losses) / seconds,
             examples_per_sec=(len(losses) * self.trainer.global_batch_size /
-                              seconds)))
+                              seconds)), seconds)
         now.step = now.loop.last_step
         result.update(step=now.step, train=now.loop.logs)
       self._act(actions, now, result)
@@ -258,13 +259,16 @@ class Controller:
   def _act(self, actions: list[actions_lib.Action], now: actions_lib.Moment,
            result: dict) -> None:
     """Runs the actions due after a loop; what they return goes to `result`
-    under their names."""
+    under their names, the time each took to `now.spent`."""
+    now.spent = {}
     for action in actions:
       if action.every_loop and now.loop is None:
         continue  # nothing ran: nothing to report
       if now.stopping and not (action.on_stop or action.every_loop):
         continue  # a stop is not the time to evaluate
+      start = self._clock()
       value = action(now)
+      now.spent[action.name] = self._clock() - start
       if value is not None:
         result[action.name] = value
 

@@ -27,6 +27,8 @@ Layout (every name is spelled here and nowhere else)::
                            layout: looper gives it train/)
     eval_continuous/       events of --mode=continuous_eval
     hparams/               the run's row of TensorBoard's HParams table
+    goodput/attempt-<N>.json  where training attempt N's time went
+                           (looper.train.goodput)
     export/<step>/         a SavedModel for serving; written as
                            export/.partial-<step>/ and renamed into place
                            (file by file on an object store, saved_model.pb
@@ -135,6 +137,14 @@ class Workdir:
   @property
   def hparams_events(self) -> str:
     return self._path("hparams")
+
+  @property
+  def goodput(self) -> str:
+    return self._path("goodput")
+
+  def goodput_attempt(self, attempt: int | str) -> str:
+    """Attempt `attempt`'s record (a glob pattern for "*")."""
+    return os.path.join(self.goodput, f"attempt-{attempt}.json")
 
   @property
   def profile(self) -> str:

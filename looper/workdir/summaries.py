@@ -75,6 +75,12 @@ def model_summary(model) -> str:
   return "\n".join(parts).rstrip()
 
 
+def _scalars(writer, values, step):
+  with writer.as_default():
+    for name, value in values.items():
+      tf.summary.scalar(name, value, step=step)
+
+
 class _GraphWriter:
   """Writes scalars with graph calls: one per loop, not one per value.
 
@@ -88,6 +94,13 @@ class _GraphWriter:
     self._writer = writer
     self._full_disk = functools.partial(checkpoint.on_full_disk, directory,
                                         "events", checkpoints)
+    # Traced once per set of names (the loop's logs, the goodput, ...): a
+    # few a run, by design. One function per writer: TensorFlow counts the
+    # traces of one Python function across its instances and warns of
+    # "retracing" at 5 within 10 calls, which a method reached with the
+    # train, eval and HParams writers' sets (a partial is its own key).
+    self._scalars = tf.function(functools.partial(_scalars, writer),
+                                autograph=False)
 
   # Any loop length, one trace: clamped loops vary in length. No AutoGraph
   # (an explicit loop): its rewrite would be most of the first write's time.
@@ -105,12 +118,6 @@ class _GraphWriter:
     with self._writer.as_default():
       tf.while_loop(lambda i: i < tf.size(values), write, (tf.constant(0),))
 
-  @tf.function(autograph=False)  # traced once per set of names: once a run
-  def scalars(self, values, step):
-    with self._writer.as_default():
-      for name, value in values.items():
-        tf.summary.scalar(name, value, step=step)
-
   def write_losses(self, losses: np.ndarray, first_step: int) -> None:
     with self._full_disk():
       self.series(tf.constant(losses, tf.float32),
@@ -118,8 +125,8 @@ class _GraphWriter:
 
   def write(self, logs: dict[str, float], step: int) -> None:
     with self._full_disk():
-      self.scalars({k: tf.constant(v, tf.float32) for k, v in logs.items()},
-                   tf.constant(step, tf.int64))
+      self._scalars({k: tf.constant(v, tf.float32) for k, v in logs.items()},
+                    tf.constant(step, tf.int64))
       self._writer.flush()
 
   def flush(self) -> None:
@@ -290,6 +297,12 @@ class Summaries:
     self._metrics_line("eval", step, logs)
     if self._chief:
       logging.info("eval at step %d: %s", step, _format(logs))
+
+  def goodput(self, step: int, fractions: dict[str, float]) -> None:
+    """The run's goodput so far and each loss' share, as `goodput/<name>`
+    train scalars (looper.train.goodput)."""
+    self._train_scalars.write(
+        {f"goodput/{k}": v for k, v in fractions.items()}, step)
 
   def _best_in(self, lines: list[dict]) -> float | None:
     """The best value of table.best in the eval lines kept (a resume)."""
