@@ -296,22 +296,34 @@ def fetch(url, path, body=None):
     return json.loads(data)
 
 
-def stop_and_resume(tmp_path, stop, reason: str, before_resume=None) -> int:
-  """A tiny run stopped by `stop(proc)` inside its second loop of 8000
-  steps, then resumed (after `before_resume()`, if given): exit 0 with one "Stopped by `reason`" line and a
-  save at that step, the resumed run equal to an unstopped one (every
-  step's loss, the last checkpoint), and the stop in the goodput records
-  (nothing recomputed). Returns the step it stopped at."""
+# Two loops of 8000 tiny steps (a few seconds each): a stop lands inside
+# the second one, which must end at once rather than finish.
+STOPPED_RUN = ("--config=tests/tiny.py", "--config.train.steps=16000",
+               "--config.train.steps_per_loop=8000",
+               "--config.checkpoint.every_steps=0",
+               "--config.eval.every_steps=0")
+
+
+@pytest.fixture(scope="session")
+def unstopped(tmp_path_factory):
+  """The workdir of STOPPED_RUN run to its end, once a session."""
+  whole = tmp_path_factory.mktemp("unstopped")
+  run_here(*STOPPED_RUN, f"--workdir={whole}")
+  return whole
+
+
+def stop_and_resume(tmp_path, whole, stop, reason: str,
+                    before_resume=None) -> int:
+  """STOPPED_RUN stopped by `stop(proc)` inside its second loop, then
+  resumed (after `before_resume()`, if given): exit 0 with one "Stopped by
+  `reason`" line and a save at that step, the resumed run equal to `whole`
+  (`unstopped`: every step's loss, the last checkpoint), and the stop in
+  the goodput records (nothing recomputed). Returns the step it stopped
+  at."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper import workdir  # pylint: disable=g-import-not-at-top
   from looper.train import goodput  # pylint: disable=g-import-not-at-top
-  # The stop lands inside the second loop, which must end at once rather
-  # than finish.
-  args = ("--config=tests/tiny.py", "--config.train.steps=16000",
-          "--config.train.steps_per_loop=8000",
-          "--config.checkpoint.every_steps=0", "--config.eval.every_steps=0")
-  whole, split = tmp_path / "whole", tmp_path / "split"
-  run_here(*args, f"--workdir={whole}")
+  args, split = STOPPED_RUN, tmp_path / "split"
   proc = popen_looper(*args, f"--workdir={split}")
   try:
     for line in proc.stderr:

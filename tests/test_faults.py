@@ -50,9 +50,10 @@ def test_kill9_at_random_moments_resumes_bit_exact(tmp_path):
 
 
 @pytest.mark.slow  # a subprocess
-def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path):
-  stop_and_resume(tmp_path, lambda proc: proc.send_signal(signal.SIGTERM),
-                  "SIGTERM")
+def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path,
+                                                          unstopped):
+  stop_and_resume(tmp_path, unstopped,
+                  lambda proc: proc.send_signal(signal.SIGTERM), "SIGTERM")
 
 
 @pytest.mark.slow  # a subprocess

@@ -249,7 +249,7 @@ TINY = "--config=tests/tiny.py"
 
 @pytest.mark.slow  # a subprocess
 def test_a_preemption_notice_stops_saves_and_resumes_exactly(
-    fake_metadata, tmp_path):
+    fake_metadata, tmp_path, unstopped):
 
   def preempt(unused_proc):
     fake_metadata.set("instance/preempted", "TRUE")
@@ -257,7 +257,8 @@ def test_a_preemption_notice_stops_saves_and_resumes_exactly(
   def back():  # the VM is back: the resumed run is not told again
     fake_metadata.set("instance/preempted", "FALSE")
 
-  stop_and_resume(tmp_path, preempt, PREEMPTED, before_resume=back)
+  stop_and_resume(tmp_path, unstopped, preempt, PREEMPTED,
+                  before_resume=back)
   # Nothing but TensorFlow's GCE test and the two keys was asked.
   assert {p.split("?")[0] for p in fake_metadata.paths} == {
       f"/computeMetadata/v1/{k}" for k in (
