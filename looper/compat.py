@@ -14,6 +14,8 @@ Synopsis::
     compat.dataset_graph(dataset)                # tpu_check: Python in tf.data
     compat.function_graphs(graph)                # tpu_check: loop bodies
     compat.on_gce()                              # notices: a GCE VM?
+    compat.ask_dispatcher("host:5050", "GetWorkers", 60)  # data.service start
+    compat.shared_value("key", "value" or None)  # one job name, all workers
 
 Each function reaches into a name TensorFlow or Keras may move or reshape in
 any release, because no public API does what looper needs. Its docstring
@@ -249,3 +251,52 @@ def on_gce() -> bool:
   """
   from tensorflow.python.distribute.failure_handling import failure_handling_util  # pylint: disable=g-import-not-at-top
   return failure_handling_util.on_gcp()
+
+
+def ask_dispatcher(address: str, method: str, timeout_secs: float) -> bytes:
+  """Calls `method` of the tf.data service dispatcher at `address`
+  (HOST:PORT) with an empty request, waiting up to `timeout_secs` for it
+  to come up; returns the serialized response.
+
+  Touches: the dispatcher's gRPC service and methods
+  (tensorflow/core/data/service/dispatcher.proto: service
+  `tensorflow.data.DispatcherService`, rpc `GetVersion` and `GetWorkers`),
+  called through grpcio (a TensorFlow dependency) without TF's protos: an
+  empty GetWorkersResponse (b'') means no worker. Raises grpc.RpcError:
+  DEADLINE_EXCEEDED when nothing answered, UNIMPLEMENTED when another
+  gRPC server answered (a service worker's port).
+
+  Why: `tf.data.experimental.service.distribute` waits an hour for a
+  dispatcher that does not answer, and forever for a worker, with no
+  timeout to set; looper's start-up check says what is missing at once.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  import grpc  # pylint: disable=g-import-not-at-top
+  with grpc.insecure_channel(address) as channel:
+    call = channel.unary_unary(f"/tensorflow.data.DispatcherService/{method}")
+    return call(b"", timeout=timeout_secs, wait_for_ready=True)
+
+
+def shared_value(key: str, value: str | None) -> str:
+  """Sets `key` to `value` in the multi-worker coordination service's
+  key-value store (value given: the chief), or waits until a worker set it
+  and returns it (value None).
+
+  Touches: the eager context's `set_config_key_value(key, value)` and
+  `get_config_key_value(key)` (tensorflow.python.eager.context), which
+  reach the coordination service every MultiWorkerMirroredStrategy
+  process is connected to (TensorFlow's preemption handler uses them).
+
+  Why: every worker of a run must read one tf.data service job, under one
+  name that no earlier attempt used: the chief draws it, the others read
+  it; no public API shares a string between the workers.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  if value is not None:
+    context.context().set_config_key_value(key, value)
+    return value
+  return context.context().get_config_key_value(key)
+

@@ -21,19 +21,17 @@ experiment's own in its get_config(); `validate` checks each declared field
 ("config.model.width=0: must be a whole number >= 2; set
 --config.model.width"). Later assignments (`c.train.steps = 500`) keep the kind.
 
-`validate` checks every field looper reads. The names an option accepts
-are not listed here: each comes from the table of the module that builds
-it (`distribute.STRATEGIES` and `ALL_REDUCES`, `optimizers.OPTIMIZERS` and
+`validate` checks every field looper reads. The names an option accepts are not
+listed here: each comes from the table of the module that builds it
+(`distribute.STRATEGIES` and `ALL_REDUCES`, `optimizers.OPTIMIZERS` and
 `SCHEDULES`, `precision.PRECISIONS`, `objectives.LOSSES` and `METRICS`,
-`evaluation.BEST_MODES`), so a new option is added in one place. Every error
-is one line naming the field, the value and the fix ("did you mean" for a
-misspelt name), so a bad `--config.*` override fails before TensorFlow
-touches a device.
+`evaluation.BEST_MODES`), so a new option is added in one place. Every error is
+one line naming the field, the value and the fix ("did you mean" for a misspelt
+name), so a bad `--config.*` override fails before TensorFlow touches a device.
 
-Also here for experiments: `ConfigError` and `first_line` (what their
-loaders raise, and the line of a library error they quote) and the split
-helpers `split_slice`, `parse_split`, `split_field` (looper.data.splits).
-"""
+Also here for experiments: `ConfigError` and `first_line` (what their loaders
+raise, and the line of a library error they quote) and the split helpers
+`split_slice`, `parse_split`, `split_field` (looper.data.splits)."""
 
 import difflib
 from typing import Any
@@ -209,8 +207,8 @@ def default_config() -> ml_collections.ConfigDict:
   # Also save when this long has passed since the last save (0: off), so a
   # preemptible job loses at most this much work whatever the step time.
   c.checkpoint.every_secs = seconds(0)
-  # Write checkpoints in a background thread (TensorFlow's async saving).
-  # Not `async`: that is a Python keyword, `c.checkpoint.async` won't parse.
+  # Write checkpoints in a background thread (TensorFlow's async saving);
+  # not `async`, a Python keyword (`c.checkpoint.async` would not parse).
   c.checkpoint.async_save = boolean(False)
   # Keep the checkpoint with the best value of this eval metric (e.g.
   # 'accuracy', or 'loss' with best_mode='min') in checkpoints/best/.
@@ -266,6 +264,9 @@ def default_config() -> ml_collections.ConfigDict:
   # sample weights: a sequence by class id, or a dict {id: weight} (others
   # 1). Empty: off. Eval is not rebalanced (as in Keras).
   c.data.class_weights = _object_field(())
+  # Train from the tf.data service with this dispatcher (looper.data.service).
+  c.data.service = ""  # HOST:PORT; '': the train input runs here
+  c.data.service_timeout_secs = seconds(60, positive=True)  # wait at start
 
   # A SavedModel for serving (any batch size) in workdir/export/<step>:
   # --mode=export does it for a checkpoint; at_end after training.

@@ -7,7 +7,7 @@ Synopsis::
     errors.first_line(keras_error)        # its informative first line
     errors.xla_op(e)                      # 'AsString' from XLA's error text
     errors.compile_error(e, jit_compile=False)  # XLA's, or None (data)
-    errors.cluster_error(e, timeout)      # one line for a lost worker
+    errors.cluster_error(e, timeout)      # one line: a lost worker or job
     errors.storage_refused(e)             # a full disk? (words, fix)
     errors.disk_full(dir, e, writing="metrics.jsonl", kept=ckpt)  # its line
 
@@ -257,6 +257,12 @@ def cluster_error(e: Exception, timeout_secs: float,
     known = re.search(r"Connection reset by peer|Socket closed|Connection"
                       r" refused|timed out", text)
     reason = known.group(0) if known else type(e).__name__
+  if re.search(r"Failed to get split: Iteration id \d+ not found|Unknown"
+               r" iteration client id \d+", text):
+    return ("the tf.data service's dispatcher (config.data.service) lost this"
+            " run's job: it restarted without its journal; start it with"
+            " --work_dir=DIR to keep jobs, then rerun the same command to"
+            " resume from the last checkpoint")
   restart = ("this worker stopped too. Restart all workers with the same"
              " command to resume from the last checkpoint")
   if lost:

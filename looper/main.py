@@ -122,6 +122,9 @@ modes:
   describe         strategy, batch, data, model and config (no workdir)
   launch           N local workers: looper launch --workers=2 -- ARGS
   runs             a table of runs' final metrics: looper runs DIR ...
+  data_service     a tf.data service server for --config.data.service:
+                   looper data_service --role=dispatcher --port=P [--work_dir=D]
+                   looper data_service --role=worker --dispatcher=HOST:P --port=Q
 
 experiments: experiments/*.py, one file each (mnist, cifar10, imdb_lstm,
 text_classifier, tfrecord_images); copy one to start your own.
@@ -133,11 +136,13 @@ def cli():
   """The `looper` console script: `looper MODE --config=...` is
   `python -m looper.main --mode=MODE --config=...`; `looper launch ...`
   starts workers (see looper.cli.launch), `looper runs DIR...` tabulates runs
-  (see looper.cli.runs)."""
-  if sys.argv[1:2] in (["launch"], ["runs"]):  # tools with their own flags
+  (see looper.cli.runs), `looper data_service ...` serves a tf.data service
+  (see looper.cli.data_service)."""
+  if sys.argv[1:2] in (["launch"], ["runs"], ["data_service"]):  # own flags
+    from looper.cli import data_service  # pylint: disable=g-import-not-at-top
     from looper.cli import launch  # pylint: disable=g-import-not-at-top
     from looper.cli import runs  # pylint: disable=g-import-not-at-top
-    tools = {"launch": launch, "runs": runs}
+    tools = {"launch": launch, "runs": runs, "data_service": data_service}
     sys.exit(tools[sys.argv[1]].main(sys.argv[2:]))
   if sys.argv[1:] in ([], ["--help"], ["-h"], ["help"]):
     print(USAGE)

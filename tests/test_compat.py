@@ -251,3 +251,47 @@ def test_on_gce_is_instance_hostname_answering_at_gce_metadata_ip(
   start = time.monotonic()
   assert not compat.on_gce()
   assert time.monotonic() - start < 0.5
+
+
+# --- ask_dispatcher: the tf.data service dispatcher's gRPC methods -----------
+
+
+def test_a_dispatcher_answers_get_version_and_lists_its_workers():
+  import grpc  # pylint: disable=g-import-not-at-top
+  service = tf.data.experimental.service
+  dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+  address = dispatcher.target.removeprefix("grpc://")
+  try:
+    assert compat.ask_dispatcher(address, "GetVersion", 5)
+    assert compat.ask_dispatcher(address, "GetWorkers", 5) == b""  # none
+    worker = service.WorkerServer(service.WorkerConfig(
+        dispatcher_address=address, heartbeat_interval_ms=100))
+    try:
+      deadline = time.monotonic() + 5
+      while not compat.ask_dispatcher(address, "GetWorkers", 5):
+        assert time.monotonic() < deadline, "the worker never registered"
+        time.sleep(0.05)
+      with pytest.raises(grpc.RpcError) as e:  # a worker's port
+        compat.ask_dispatcher(worker._address, "GetVersion", 5)  # pylint: disable=protected-access
+      assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+      worker.stop()
+  finally:
+    dispatcher.stop()
+
+
+# --- shared_value: the coordination service's key-value store ---------------
+
+
+def test_the_eager_context_reaches_the_key_value_store():
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  assert _parameters(context.Context.set_config_key_value) == [
+      "self", "key", "value"]
+  assert _parameters(context.Context.get_config_key_value)[:2] == [
+      "self", "key"]
+  store = {}
+  fake = types.SimpleNamespace(set_config_key_value=store.__setitem__,
+                               get_config_key_value=store.__getitem__)
+  with mock.patch.object(context, "context", return_value=fake):
+    assert compat.shared_value("looper/k", "v") == "v"  # the chief sets
+    assert compat.shared_value("looper/k", None) == "v"  # the others read

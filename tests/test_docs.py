@@ -58,7 +58,7 @@ def _looper_args(command: str) -> list[str] | None:
   if words[:3] == ["python", "-m", "looper.main"]:
     return words[3:]
   if words[:1] == ["looper"] and len(words) > 1 and words[1] not in (
-      "launch", "runs"):
+      "launch", "runs", "data_service"):
     mode = [] if words[1].startswith("-") else [f"--mode={words[1]}"]
     return mode + words[1 + bool(mode):]
   return None

@@ -7,6 +7,7 @@
 | `runs` | `looper runs`: a table of finished workdirs |
 | `describe` | `looper describe`: data, model and config of an experiment |
 | `tpu_check` | `looper check`: will it compile and feed on a TPU (checked on a CPU) |
+| `data_service` | `looper data_service`: a tf.data service dispatcher or worker (`--config.data.service`) |
 | `shards` | `python -m looper.cli.shards write`: an experiment's splits as TFRecord shards |
 
 `looper.main` dispatches to these and to `looper.run`; nothing here trains.

@@ -49,10 +49,6 @@ from looper.data import input as input_lib
 from looper.train import distribute
 from looper.train import precision
 
-# Ops that run Python: a TPU host runs only the graph.
-_PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":
-               "tf.numpy_function", "EagerPyFunc": "tf.py_function",
-               "GeneratorDataset": "tf.data.Dataset.from_generator"}
 # Distinct train batch shapes above which a TPU run spends its time
 # compiling (rule 3).
 MAX_SHAPES = 8
@@ -179,12 +175,7 @@ def _leaves(structure, name: str) -> list:
 
 def _python_in_pipeline(dataset, split: str, field: str) -> list[str]:
   """Ops that call back into Python, anywhere in the dataset's graph."""
-  graph = compat.dataset_graph(dataset)
-  nodes = list(graph.node) + [n for f in graph.library.function
-                              for n in f.node_def]
-  found = {_PYTHON_OPS[n.op] for n in nodes if n.op in _PYTHON_OPS}
-  if _PYTHON_OPS["GeneratorDataset"] in found:  # it calls numpy_function
-    found.discard(_PYTHON_OPS["PyFunc"])
+  found = checks.python_calls(checks.ops_in(dataset))
   if not found:
     return []
   return [f"config.dataset_fn: split {split!r} ({field}) runs Python through"

@@ -20,10 +20,13 @@ The modules, bottom up (each imports only those above it in this list):
 | `arrays` | array mode: numpy arrays shuffled by index, O(1) resume |
 | `shards` | file mode: TFRecord shards, virtual-shard groups, the writer |
 | `sources` | the `Source` protocol and `make`, which picks the mode |
+| `service` | the train split through a tf.data service (`data.service`): refusals, start-up check, job names |
 | `datasets` | finding a dataset's files: data.dir, cache, download |
 | `tfds_adapter` | a TensorFlow Datasets dataset as a `dataset_fn` |
 
 Every mode is exact on any replica and worker count and resumes from a
-count of global examples consumed (the Trainer's data position). Nothing
+count of global examples consumed (the Trainer's data position); through a
+tf.data service (`service`) the train split is read at most once per pass
+instead. Nothing
 here knows models, optimizers or the training loop.
 """

@@ -6,6 +6,7 @@ Synopsis::
     checks.check_nonempty(examples, split, "data.train_split")
     n = checks.num_examples(examples, split)      # counted if TF cannot tell
     checks.check_divisible(global_batch_size, replicas, "train.batch_size")
+    checks.python_calls(checks.ops_in(examples))  # ['tf.py_function']
 
 Each raises a ConfigError whose one line names the config field, the value
 and the fix, before any training step runs.
@@ -13,6 +14,7 @@ and the fix, before any training step runs.
 
 import tensorflow as tf
 
+from looper import compat
 from looper import conversion
 from looper.errors import ConfigError
 
@@ -21,6 +23,11 @@ _UNKNOWN = tf.data.UNKNOWN_CARDINALITY
 # Counts a dataset whose cardinality tf.data cannot tell (Dataset.reduce);
 # plain: AutoGraph would rewrite even this lambda on every count.
 count = conversion.plain(lambda c, _: c + 1)
+# Ops that call back into this process' Python: neither a TPU host nor a
+# tf.data service worker can run them (op -> what the pipeline called).
+PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":
+              "tf.numpy_function", "EagerPyFunc": "tf.py_function",
+              "GeneratorDataset": "tf.data.Dataset.from_generator"}
 
 
 def parts(example) -> tuple:
@@ -75,6 +82,21 @@ def checked(dataset: tf.data.Dataset, split: str,
           f"config.dataset_fn yields inputs of unknown rank for split"
           f" {split!r}; give every input a known rank (tf.ensure_shape)")
   return dataset
+
+
+def ops_in(dataset: tf.data.Dataset) -> set[str]:
+  """The op types anywhere in `dataset`'s pipeline, its functions' too."""
+  graph = compat.dataset_graph(dataset)
+  return {n.op for n in graph.node} | {
+      n.op for f in graph.library.function for n in f.node_def}
+
+
+def python_calls(ops: set[str]) -> list[str]:
+  """What the pipeline of `ops` (`ops_in`) calls Python through, sorted."""
+  found = {PYTHON_OPS[op] for op in ops if op in PYTHON_OPS}
+  if PYTHON_OPS["GeneratorDataset"] in found:  # numpy_function inside
+    found.discard(PYTHON_OPS["PyFunc"])
+  return sorted(found)
 
 
 def num_examples(dataset: tf.data.Dataset, split: str,

@@ -17,8 +17,13 @@ of `sources` resumes from it). This is the only object that calls
 `config.dataset_fn`; the Trainer, the Evaluator and the checks before a run
 (`dry_run`, `describe`, `tpu_check`, `export`) read the data through it.
 It knows no model or optimizer.
+
+With config.data.service set, the train stream comes from a tf.data
+service (`service`): a new job each time it opens, at most once per pass,
+a resume starting a new pass; the position still counts, eval stays here.
 """
 
+from absl import logging
 import ml_collections
 import tensorflow as tf
 
@@ -26,6 +31,7 @@ from looper import compat
 from looper import names
 from looper.data import checks
 from looper.data import elements
+from looper.data import service
 from looper.data import sources
 from looper.data import splits
 
@@ -40,6 +46,9 @@ class Input:
     self._dataset_fn = names.resolve(config.dataset_fn, "dataset_fn")
     self._sources = {}  # split -> its input source, made once
     self._iterator = None  # opened by train_iterator() at the position
+    self._openings = 0  # train streams opened: tf.data service jobs named
+    if config.data.service:
+      service.check_config(config)
     with strategy.scope():
       self.position = tf.Variable(
           0, name="position", dtype=tf.int64, trainable=False,
@@ -51,6 +60,8 @@ class Input:
       self._sources[split] = sources.make(
           split, splits.split_field(self.config, split), self.config.data,
           lambda: self._dataset_fn(self.config, split))
+      if self.config.data.service and split == self.config.data.train_split:
+        service.check_source(self._sources[split], self.config)
     return self._sources[split]
 
   def examples(self, split: str) -> tf.data.Dataset:
@@ -80,10 +91,26 @@ class Input:
     source.check(self.strategy.num_replicas_in_sync, c.train.batch_size,
                  "train.batch_size")
     position = self.data_position
+    if c.data.service:
+      return self._from_service(source, position)
     return self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(source.train(
             ctx, global_batch_size=c.train.batch_size, seed=c.seed,
             shuffle_buffer=c.data.shuffle_buffer, position=position)))
+
+  def _from_service(self, source, position: int):
+    """The train batches from the tf.data service (see `service`): a new
+    job each time the stream opens; eval stays here."""
+    c = self.config
+    address = service.address(c)
+    service.wait_ready(address, c.data.service_timeout_secs)
+    job = service.job_name(self.strategy, self._openings)
+    self._openings += 1
+    logging.info("%s", service.CONTRACT.format(address=address, job=job))
+    remote = service.Remote(source, c, job=job, position=position)
+    return self.strategy.distribute_datasets_from_function(
+        lambda ctx: self._endless(remote.train(
+            ctx, global_batch_size=c.train.batch_size)))
 
   def train_iterator(self):
     """The train batches' iterator, opened at the position on first use and

@@ -1,0 +1,123 @@
+"""`looper data_service`: a tf.data service dispatcher or worker, foreground.
+
+Synopsis::
+
+    looper data_service --role=dispatcher --port=5050 [--work_dir=DIR]
+    looper data_service --role=worker --dispatcher=HOST:5050 --port=5051 \\
+        [--host=ADDR]
+    looper train --config=... --workdir=... --config.data.service=HOST:5050
+
+One line when the server is up (its address, what it exposes, whether a
+restart keeps the jobs), one when it stops: SIGTERM or SIGINT stop it and
+exit 0. A worker may join while a run trains (the dispatcher hands it
+pieces of the running jobs); see looper.data.service for what the run
+guarantees.
+
+Who can connect: TensorFlow's servers listen on every interface of the host
+(0.0.0.0 and ::; no setting narrows it) and have no authentication: anyone
+who reaches the port can read the training data or feed a run. Run them
+only on a private network the run's machines alone share, or behind a
+firewall that admits only them. `--host` is the address the dispatcher
+hands to the trainers for this worker (default localhost: trainers on this
+machine only); give the worker's address on that private network when the
+trainers run elsewhere.
+
+With `--work_dir` the dispatcher journals its state there
+(fault-tolerant mode): restarted with the same directory and port, it
+resumes its jobs and the trainers go on. Without it a restart loses every
+job, and the runs reading them stop.
+"""
+
+import signal
+import sys
+
+from absl import flags
+import tensorflow as tf
+
+FLAGS = flags.FlagValues()  # the tool's own, apart from looper.main's
+flags.DEFINE_enum("role", None, ["dispatcher", "worker"], "which server",
+                  flag_values=FLAGS)
+flags.DEFINE_integer("port", None, "the port to serve on", lower_bound=1,
+                     upper_bound=65535, flag_values=FLAGS)
+flags.DEFINE_string("work_dir", "", "dispatcher: journal its jobs here, so a"
+                    " restart resumes them", flag_values=FLAGS)
+flags.DEFINE_string("dispatcher", "", "worker: the dispatcher's HOST:PORT",
+                    flag_values=FLAGS)
+flags.DEFINE_string("host", "localhost", "the address trainers reach this"
+                    " server at (a worker's is handed out by the dispatcher)",
+                    flag_values=FLAGS)
+flags.mark_flags_as_required(["role", "port"], flag_values=FLAGS)
+USAGE = ("usage: looper data_service --role=dispatcher --port=P"
+         " [--work_dir=DIR]\n"
+         "       looper data_service --role=worker --dispatcher=HOST:P"
+         " --port=Q [--host=ADDR]")
+EXPOSED = ("TensorFlow listens on every interface (0.0.0.0 and ::) without"
+           " authentication: whoever reaches port {port} can read or feed the"
+           " training data; keep it on a private network or behind a firewall")
+
+
+def serve(role: str, port: int, *, host: str = "localhost",
+          work_dir: str = "", dispatcher: str = ""):
+  """Starts the server; returns (it, its start line)."""
+  service = tf.data.experimental.service
+  exposed = EXPOSED.format(port=port)
+  if role == "dispatcher":
+    server = service.DispatchServer(service.DispatcherConfig(
+        port=port, work_dir=work_dir or None,
+        fault_tolerant_mode=bool(work_dir)))
+    keeps = (f"a restart with --work_dir={work_dir} resumes its jobs" if
+             work_dir else "a restart loses its jobs (give --work_dir to keep"
+             " them)")
+    return server, (f"looper data_service: dispatcher at {host}:{port}"
+                    f" ({exposed}); {keeps}")
+  server = service.WorkerServer(service.WorkerConfig(
+      dispatcher_address=dispatcher, worker_address=f"{host}:{port}",
+      port=port))
+  return server, (f"looper data_service: worker at {host}:{port} for the"
+                  f" dispatcher {dispatcher} ({exposed}); it may join or leave"
+                  " while a run trains")
+
+
+class _Stopped(Exception):
+  """A stop signal arrived (its number)."""
+
+
+def _stopped(number, _):
+  raise _Stopped(number)
+
+
+def main(argv=None) -> int:
+  """`looper data_service --role=... --port=...`: serves until SIGTERM or
+  SIGINT; returns the exit code."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if "--help" in argv or "-h" in argv:
+    print(f"{USAGE}\n{FLAGS.get_help(include_special_flags=False)}")
+    return 0
+  try:
+    extra = FLAGS(["looper", *argv])[1:]
+  except flags.Error as e:
+    sys.exit(f"{USAGE}\nlooper: {e}")
+  role = FLAGS.role
+  if extra or (role == "worker") != bool(FLAGS.dispatcher) or (
+      role == "worker" and FLAGS.work_dir):
+    sys.exit(f"{USAGE}\nlooper: --role={role} takes "
+             + ("--dispatcher=HOST:PORT and no --work_dir" if
+                role == "worker" else "no --dispatcher")
+             + (f" and no arguments ({' '.join(extra)})" if extra else ""))
+  server, line = serve(role, FLAGS.port, host=FLAGS.host,
+                       work_dir=FLAGS.work_dir, dispatcher=FLAGS.dispatcher)
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, _stopped)
+  try:
+    print(line, flush=True)
+    while True:
+      signal.pause()
+  except _Stopped as e:  # raised in this thread, whichever got the signal
+    server.stop()
+    print(f"looper data_service: {role} at {FLAGS.host}:{FLAGS.port} stopped"
+          f" ({signal.Signals(e.args[0]).name})", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
