@@ -14,8 +14,10 @@ VmRSS, threads and open file descriptors are read from /proc. Prints the
 loops, steps, evaluations and saves, RSS at the warm-up's end (--warmup, a
 share of the loops) and at the end, the least-squares slope of RSS over the
 loops after the warm-up in KB per loop (with its standard error) and the
-growth between steps of >= 4 MB (each listed), and threads and open fds at
-the first and last loop. Exit 1 if the run did not exit 0 or the slope is
+growth between steps of >= 4 MB (each listed), the slope in each quarter of
+the loops after the warm-up (a plateau shows as quarters falling to zero,
+which one slope over the whole run hides), and threads and open fds at the
+first and last loop. Exit 1 if the run did not exit 0 or the slope is
 above --max_slope.
 """
 
@@ -136,6 +138,9 @@ def report(samples: list[Sample], warmup: float) -> tuple[float, str]:
       f" {end.fds}",
       "RSS by tenths of the run (MB): " +
       " ".join(f"{s.rss_kb / 1024:.1f}" for s in tenths),
+      "slope by quarters after warm-up (KB per loop): " +
+      ", ".join("{:+.2f} +- {:.2f}".format(*slope(quarter))
+                for quarter in np.array_split(np.array(kept, object), 4)),
       "steps of >= 4 MB from one loop to the next: " +
       (", ".join(f"+{kb / 1024:.0f} MB at loop {loop}" for loop, kb in steps)
        or "none")]
