@@ -180,7 +180,9 @@ def test_start_up_check_says_what_is_missing_within_the_timeout():
   started = time.monotonic()
   with pytest.raises(ConfigError) as e:
     service.wait_ready(nobody, 1.0)
-  assert time.monotonic() - started < 3
+  # Bounded, not a hang (gRPC's own wait has no end); 20 s of slack for a
+  # busy machine: this is no speed figure.
+  assert time.monotonic() - started < 1.0 + 20
   assert str(e.value) == (
       f"config.data.service='{nobody}': no tf.data dispatcher answered within"
       " data.service_timeout_secs=1; start one (looper data_service"
@@ -197,7 +199,7 @@ def test_start_up_check_says_what_is_missing_within_the_timeout():
     started = time.monotonic()
     with pytest.raises(ConfigError) as e:
       service.wait_ready(address, 0.5)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 0.5 + 20
     assert str(e.value) == (
         f"config.data.service='{address}': the dispatcher has no worker after"
         " data.service_timeout_secs=0.5; start one (looper data_service"
@@ -269,6 +271,23 @@ def test_a_dispatcher_restarted_without_work_dir_ends_in_one_line():
       " job: it restarted without its journal; start it with --work_dir=DIR"
       " to keep jobs, then rerun the same command to resume from the last"
       " checkpoint")
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--role=worker", "--port=5051"],
+     "--role=worker takes --dispatcher=HOST:PORT and no --work_dir"),
+    (["--role=worker", "--port=5051", "--dispatcher=h:1", "--work_dir=d"],
+     "--role=worker takes --dispatcher=HOST:PORT and no --work_dir"),
+    (["--role=dispatcher", "--port=5050", "--dispatcher=h:1"],
+     "--role=dispatcher takes no --dispatcher"),
+    (["--role=dispatcher", "--port=5050", "a", "b"],
+     "--role=dispatcher takes no --dispatcher and no arguments (a b)"),
+])
+def test_a_misused_server_command_says_how_in_one_line(argv, line):
+  from looper.cli import data_service  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    data_service.main(argv)
+  assert str(e.value) == f"{data_service.USAGE}\nlooper: {line}"
 
 
 # --- Slow: the servers' command, real runs ------------------------------------

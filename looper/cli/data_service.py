@@ -34,6 +34,8 @@ import sys
 from absl import flags
 import tensorflow as tf
 
+from looper.cli import parsing
+
 FLAGS = flags.FlagValues()  # the tool's own, apart from looper.main's
 flags.DEFINE_enum("role", None, ["dispatcher", "worker"], "which server",
                   flag_values=FLAGS)
@@ -89,14 +91,7 @@ def _stopped(number, _):
 def main(argv=None) -> int:
   """`looper data_service --role=... --port=...`: serves until SIGTERM or
   SIGINT; returns the exit code."""
-  argv = sys.argv[1:] if argv is None else list(argv)
-  if "--help" in argv or "-h" in argv:
-    print(f"{USAGE}\n{FLAGS.get_help(include_special_flags=False)}")
-    return 0
-  try:
-    extra = FLAGS(["looper", *argv])[1:]
-  except flags.Error as e:
-    sys.exit(f"{USAGE}\nlooper: {e}")
+  extra = parsing.parse_tool_flags(argv, FLAGS, USAGE, missing_args=None)
   role = FLAGS.role
   if extra or (role == "worker") != bool(FLAGS.dispatcher) or (
       role == "worker" and FLAGS.work_dir):

@@ -168,7 +168,7 @@ def _exit_with(e: BaseException, argv):
 
 def parse_tool_flags(argv: Sequence[str] | None,
                      flag_values: flags.FlagValues, usage: str,
-                     missing_args: str) -> list[str]:
+                     missing_args: str | None) -> list[str]:
   """Parses a tool's own flags (`looper launch`, `looper runs`) with absl.
 
   Each tool keeps its flags in its own `FlagValues`, apart from looper.main's
@@ -179,7 +179,8 @@ def parse_tool_flags(argv: Sequence[str] | None,
       sys.argv's.
     flag_values: the tool's flags.
     usage: the usage line, printed with --help and above a bad flag's line.
-    missing_args: the error when no argument is given (each tool needs some).
+    missing_args: the error when no argument is given; None: the tool
+      takes none (`looper data_service`) and its caller refuses any.
 
   Returns:
     The positional arguments, then those after `--`.
@@ -189,10 +190,13 @@ def parse_tool_flags(argv: Sequence[str] | None,
   if "--help" in own or "-h" in own:
     print(f"{usage}\n{flag_values.get_help(include_special_flags=False)}")
     sys.exit(0)
+  # A second call in one process (tests, a notebook) starts from the
+  # defaults again: absl keeps the values of the last parse.
+  flag_values.unparse_flags()
   try:
     args = flag_values(["looper", *argv])[1:]
   except flags.Error as e:
     sys.exit(f"{usage}\nlooper: {e}")
-  if not args:
+  if not args and missing_args is not None:
     sys.exit(f"{usage}\nlooper: {missing_args}")
   return args

@@ -32,7 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from looper.data import shards
-from tests.conftest import LOOPBACK_ENV, ROOT, scalars
+from tests import bench
+from tests.conftest import LOOPBACK_ENV, ROOT
 
 FILES, PER_FILE, SIZE = 16, 64, 192
 # The trainer's host: CPU 0; the service's machines: the other CPUs.
@@ -135,12 +136,7 @@ def run(records: str, workdir: str, args, service: str = "") -> dict:
                         preexec_fn=_pinned(TRAINER_CPUS))
   if proc.returncode:
     raise RuntimeError(proc.stderr[-2000:])
-  train = os.path.join(workdir, "train")
-  speeds = scalars(train, "examples_per_sec")
-  waits = scalars(train, "input_wait_fraction")
-  steady = sorted(speeds)[1:]
-  return dict(examples_per_sec=np.median([speeds[s] for s in steady]),
-              input_wait=np.median([waits[s] for s in steady]))
+  return bench.steady(os.path.join(workdir, "train"))
 
 
 def main():

@@ -21,9 +21,8 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR, scalars
+from tests import bench
+from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR
 
 
 def get_config():
@@ -69,12 +68,7 @@ def run(mode: str, workers: int, records: str, workdir: str, args) -> dict:
                         capture_output=True, text=True, check=False)
   if proc.returncode:
     raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])
-  train = os.path.join(workdir, "train")
-  speeds = scalars(train, "examples_per_sec")
-  waits = scalars(train, "input_wait_fraction")
-  steady = sorted(speeds)[1:]
-  return dict(examples_per_sec=np.median([speeds[s] for s in steady]),
-              input_wait=np.median([waits[s] for s in steady]))
+  return bench.steady(os.path.join(workdir, "train"))
 
 
 def main():
