@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -242,6 +243,25 @@ def test_training_input_continues_when_a_worker_stops():
     assert time.monotonic() - started < 10
   seen = collections.Counter(before + after)
   assert set(seen) == set(range(N)) and max(seen.values()) <= 5
+
+
+def test_a_worker_that_joins_while_a_run_reads_takes_over_its_input():
+  with _cluster(workers=1) as (address, workers, _):
+    it = iter(_remote(_config(address)).train(
+        tf.distribute.InputContext(1, 0, 1), global_batch_size=8))
+    before = _read(it, 6)
+    workers.append(SERVICE.WorkerServer(SERVICE.WorkerConfig(
+        dispatcher_address=address, heartbeat_interval_ms=100)))
+    time.sleep(0.5)  # a few heartbeats: the dispatcher hands it the job
+    workers[0].stop()  # from here on only the newcomer can serve
+    after = []  # read on a thread: without a worker the read never ends
+    reader = threading.Thread(
+        target=lambda: after.extend(_read(it, 2 * N // 8)), daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    assert not reader.is_alive(), "no worker served after the first stopped"
+  seen = collections.Counter(before + after)
+  assert set(seen) == set(range(N)) and max(seen.values()) <= 4
 
 
 def test_training_input_continues_across_a_dispatcher_restart(tmp_path):
