@@ -1,7 +1,10 @@
 """Benchmarks: commands outside the suite, their last results in BUILD.md.
 
-`steady` is the one reading of a benchmark run's speed the benchmarks share.
+`steady` is the one reading of a benchmark run's speed the benchmarks share,
+`machine` the line naming the CPU every printed figure needs.
 """
+
+import os
 
 import numpy as np
 
@@ -16,3 +19,14 @@ def steady(train_dir: str) -> dict[str, float]:
   kept = sorted(speeds)[1:]
   return dict(examples_per_sec=float(np.median([speeds[s] for s in kept])),
               input_wait=float(np.median([waits[s] for s in kept])))
+
+
+def machine() -> str:
+  """'N CPUs: <model name>' from /proc/cpuinfo (figures name their CPU)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next((l.split(":", 1)[1].strip() for l in f
+                    if l.startswith("model name")), "unknown")
+  except OSError:
+    model = "unknown"
+  return f"{os.cpu_count()} CPUs: {model}"

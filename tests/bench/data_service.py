@@ -146,7 +146,7 @@ def main():
   parser.add_argument("--image_size", type=int, default=32)
   parser.add_argument("--batch_size", type=int, default=128)
   args = parser.parse_args()
-  print(f"{os.cpu_count()} CPUs: {_cpu()}", flush=True)
+  print(bench.machine(), flush=True)
   with tempfile.TemporaryDirectory() as tmp:
     records = os.path.join(tmp, "records")
     write_records(records)
@@ -167,15 +167,6 @@ def main():
           f"local, {args.threads} thread(s)")
       print(f"{name:22s} {result['examples_per_sec']:8.1f} examples/s,"
             f" input wait {result['input_wait']:.1%}", flush=True)
-
-
-def _cpu() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(l.split(":", 1)[1].strip() for l in f
-                  if l.startswith("model name"))
-  except (OSError, StopIteration):
-    return "unknown"
 
 
 if __name__ == "__main__":
