@@ -41,9 +41,13 @@ A split is its files (`data.dir` and `data.eval_glob`) or its share of the
 bytes (`data.eval_fraction`), as experiments/text/data.py says. Windows of
 a split's bytes b (n of them), context T:
 * train: inputs b[s:s+T], labels b[s+1:s+T+1] for s = 0, S, 2S, ...,
-  S = `model.stride` (0: T // 2): each byte is learned with short and long
-  context. Array mode holds every window: stride 1 (nanoGPT's random
-  offsets) would take 1.3 GB on pydocs, T // 2 takes 40 MB.
+  S = `model.stride` (0: T // 2, each byte learned with a short and a long
+  context; 1: every offset, nanoGPT's random windows, in the order of
+  looper's seeded shuffle). All real: no weights. The windows are virtual
+  (`looper.data.windows`): the bytes are held once and a batch's windows
+  gathered from them when it is drawn, so the stride costs no memory (as
+  arrays, stride 1 took 1.3 GB on pydocs); it sets the windows in an
+  epoch, (n - T - 1) // S + 1.
 * eval: non-overlapping, the last window padded with weight 0: every byte
   but the first is a target exactly once (the weights sum to n - 1), so
   `bits_per_byte` is the whole split's.
@@ -100,8 +104,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.width = lc.whole(128)
   # Bytes a window holds: the most context a prediction sees.
   c.model.context = lc.whole(64)
-  # Bytes between the starts of two train windows; 0: context // 2 (see
-  # the module doc for the trade-off).
+  # Bytes between the starts of two train windows; 0: context // 2, 1:
+  # every offset. Any stride costs the same memory and time (virtual
+  # windows; see the module doc), so this is a recipe choice alone: the
+  # default stays the measured recipe's context // 2 until stride 1 is
+  # measured at these steps and batch.
   c.model.stride = lc.whole(0, low=0)
   # Dropout on the embeddings and each residual branch (looper's: the same
   # curve on any replica count). The baby GPT uses none at 2000 steps.
@@ -143,7 +150,7 @@ def model_fn(config: ml_collections.ConfigDict) -> keras.Model:
 
 
 def dataset_fn(config: ml_collections.ConfigDict, split: str):
-  """Returns `split`'s windows as arrays, one row per example.
+  """Returns `split`'s windows as virtual arrays, one row per example.
 
   Args:
     config: reads `data.*` and `model.context`, `model.stride`.
@@ -151,9 +158,11 @@ def dataset_fn(config: ml_collections.ConfigDict, split: str):
       'train[:50%]'.
 
   Returns:
-    (inputs, labels, weights): int32 [N, context] bytes, int32 [N, context]
-    next bytes, float32 [N, context] 1.0 for a real target, 0.0 for eval's
-    padding. looper shuffles, batches and shards them.
+    train: (inputs, labels), int32 [N, context] bytes and next bytes; eval:
+    (inputs, labels, weights), the weights float32 [N, context], 1.0 for a
+    real target, 0.0 for padding. Each a `looper.data.windows.Windows` of
+    the split's bytes (np.asarray makes it an array); looper shuffles,
+    batches and shards them.
 
   Raises:
     ConfigError: a bad split or model field, a split too short for one

@@ -1,4 +1,5 @@
-"""looper.data: one global order on any pipeline count, resume, exact eval."""
+"""looper.data: one global order on any pipeline count, resume, exact eval;
+array mode over virtual windows of a stream."""
 
 import numpy as np
 import pytest
@@ -6,10 +7,14 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper.config import ConfigError
+from looper.data import arrays
 from looper.data import checks
 from looper.data import elements
+from looper.data import service
 from looper.data import sources
+from looper.data import windows
 from tests import tiny
+from tests.conftest import configured
 
 N = 101  # examples; not a multiple of any batch below
 
@@ -189,3 +194,116 @@ def test_empty_eval_split_is_counted_as_an_error():
       "config.data.eval_split='test[:0]' selects no examples:"
       " config.dataset_fn returned an empty dataset; widen"
       " --config.data.eval_split or check the data dataset_fn reads")
+
+
+# --- Array mode over windows of a resident stream (looper.data.windows) -----
+
+STREAM = np.random.default_rng(0).integers(0, 256, 260).astype(np.uint8)
+
+
+def _by_slicing(stream, width, stride, start, count, dtype):
+  """Row i = stream[start + i*stride : ... + width], one slice at a time."""
+  return np.array([stream[start + i * stride:start + i * stride + width]
+                   for i in range(count)], dtype).reshape(count, width)
+
+
+def _windowed():
+  """(inputs, labels, weights) over one stream, as a language model's: the
+  labels the inputs shifted by one, weights from a 0/1 stream."""
+  inputs = windows.Windows(STREAM, 8, stride=3, count=80, dtype=np.int32)
+  labels = windows.Windows(STREAM, 8, stride=3, start=1, count=80,
+                           dtype=np.int32)
+  real = windows.Windows((STREAM % 3 > 0).astype(np.uint8), 8, stride=3,
+                         count=80, dtype=np.float32)
+  return inputs, labels, real
+
+
+def test_windows_are_the_rows_they_stand_for():
+  w = windows.Windows(STREAM, 8, stride=3, dtype=np.int32)
+  count = (260 - 8) // 3 + 1
+  assert (len(w), w.shape, w.ndim, w.dtype) == (count, (count, 8), 2,
+                                                np.int32)
+  want = _by_slicing(STREAM, 8, 3, 0, count, np.int32)
+  np.testing.assert_array_equal(np.asarray(w), want)
+  for rows in (slice(5, 40), slice(2, None, 7), slice(None, None, -1),
+               slice(60, 10, -4), slice(3, 3)):
+    part = w[rows]
+    assert isinstance(part, windows.Windows) and part.stream is STREAM
+    np.testing.assert_array_equal(np.asarray(part).reshape(-1, 8),
+                                  want[rows], err_msg=str(rows))
+  assert len(windows.Windows(STREAM, 261)) == 0  # no window fits
+  for make, line in [
+      (lambda: windows.Windows(STREAM[None], 8),
+       "Windows(stream=ndarray of shape (1, 260)): the stream must be a 1-D"
+       " numpy array; pass np.frombuffer(data, np.uint8) or a flat array"),
+      (lambda: windows.Windows(STREAM, 0),
+       "Windows(width=0, stride=1): the width must be >= 1 and the stride"
+       " not 0"),
+      (lambda: windows.Windows(STREAM, 8, start=253, count=1),
+       "Windows(start=253, stride=1, count=1, width=8): a row falls outside"
+       " the stream of 260; lower count or start"),
+      (lambda: w[3], "Windows[3]: index rows with a slice (w[a:b]), or take"
+       " np.asarray(w) first")]:
+    with pytest.raises((ValueError, TypeError)) as e:
+      make()
+    assert str(e.value) == line
+
+
+def _pipelines(source, pipelines, replicas, steps, position=0):
+  """Each pipeline's per-replica train batches, as numpy."""
+  return [[tf.nest.map_structure(lambda t: t.numpy(), b) for b in
+           source.train(ctx(pipelines, p, replicas), global_batch_size=8,
+                        seed=3, shuffle_buffer=1, position=position)
+           .take(steps * replicas // pipelines)] for p in range(pipelines)]
+
+
+@pytest.mark.parametrize("pipelines,replicas,position", [
+    (1, 1, 0), (2, 4, 0), (2, 2, 13 * 8)])
+def test_windows_in_array_mode_are_the_rows_of_the_arrays(
+    pipelines, replicas, position):
+  """Every batch of every pipeline, train (shuffled, 12 steps past an epoch
+  of 80), resumed and eval (padded), is the materialized arrays' batch."""
+  virtual = arrays.Arrays(_windowed(), "train")
+  dense = arrays.Arrays(tuple(map(np.asarray, _windowed())), "train")
+  assert virtual.size == dense.size == 80
+  assert arrays.is_arrays(_windowed())
+  got = _pipelines(virtual, pipelines, replicas, 12, position)
+  want = _pipelines(dense, pipelines, replicas, 12, position)
+  for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
+    assert g.dtype == w.dtype
+    np.testing.assert_array_equal(g, w)
+  for p in range(pipelines):
+    evals = [source.eval(ctx(pipelines, p, replicas), global_batch_size=16,
+                         count=80, steps=6) for source in (virtual, dense)]
+    for g, w in zip(*evals):  # 96 slots: 16 of padding, mask 0
+      tf.nest.map_structure(np.testing.assert_array_equal, g, w)
+
+
+def test_windows_examples_spec_checks_and_one_stream_tensor():
+  source = arrays.Arrays(_windowed(), "train")
+  examples = checks.checked(source.examples(), "train")
+  assert [(s.shape, s.dtype) for s in examples.element_spec] == [
+      ((8,), tf.int32), ((8,), tf.int32), ((8,), tf.float32)]
+  assert int(examples.cardinality()) == 80
+  for got, want in zip(examples.batch(80).get_single_element(),
+                       map(np.asarray, _windowed())):
+    np.testing.assert_array_equal(got, want)
+  # Inputs and labels share one tensor of the stream (the weights have
+  # their own stream): converted once, not once per leaf.
+  # pylint: disable-next=protected-access
+  inputs, labels, weights = source._tensors()
+  assert inputs.args[0] is labels.args[0]
+  assert inputs.args[0].shape == (260,) and inputs.args[0].dtype == tf.uint8
+  assert weights.args[0] is not inputs.args[0]
+
+
+def test_windows_are_refused_by_the_data_service_as_arrays():
+  config = configured(tiny.get_config(), {"data.service": "localhost:5050"})
+  with pytest.raises(ConfigError) as e:
+    service.check_source(arrays.Arrays(_windowed(), "train"), config)
+  assert str(e.value) == (
+      "config.data.service='localhost:5050': split 'train' comes as numpy"
+      " arrays, which would be copied into the graph every service worker"
+      " gets; write the split as shards (python -m looper.cli.shards write"
+      " --config=... --out=DIR) and set --config.data.shards_dir=DIR, or set"
+      " --config.data.service=''")

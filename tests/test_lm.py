@@ -1,7 +1,9 @@
 """Tests of experiments/lm.py and its parts in experiments/text/: the
 corpus and its windows, the causal model, its XLA compile, the
-bits-per-byte metric, sampling, and 40 steps with looper whose eval loss
-and metrics are recomputed here over every eval byte.
+bits-per-byte metric, sampling, 40 steps with looper whose eval loss
+and metrics are recomputed here over every eval byte, and a kill -9 at 2
+replicas resumed bit for bit. tests/test_lm_math.py trains it against a
+plain TensorFlow loop.
 
 The windows are checked against a reference built here with plain bytes
 slicing over a folder of small text files written by the test; the real
@@ -14,6 +16,8 @@ test serves its file on 127.0.0.1). About 20 s on 2 CPU cores.
 
 import hashlib
 import math
+import re
+import signal
 import urllib.parse
 
 import keras
@@ -28,10 +32,13 @@ from experiments.text import sample
 from looper import config as lc
 from looper import run
 from looper.cli import tpu_check
+from looper import workdir as workdir_lib
+from looper.data import windows
+from looper.train import goodput
 from looper.train import objectives
 from looper.train import precision
-from tests.conftest import ROOT, configured, loopback_server, \
-    restored_trainer
+from tests.conftest import ROOT, configured, curve, loopback_server, \
+    popen_looper, restored_trainer, run_ok, scalars
 
 PYDOCS = ROOT.parent / "shared" / "data" / "text" / "pydocs"
 T = 8  # the tests' context
@@ -82,14 +89,15 @@ def _stream(names, files=FILES):
 
 
 def _reference_train(stream: bytes, context: int, stride: int):
-  """Every full window starting at 0, stride, 2 stride, ... (byte slices)."""
+  """Every full window starting at 0, stride, 2 stride, ... (byte slices);
+  no weights (every label is real)."""
   inputs, labels = [], []
   s = 0
   while s + context + 1 <= len(stream):
     inputs.append(list(stream[s:s + context]))
     labels.append(list(stream[s + 1:s + context + 1]))
     s += stride
-  return np.array(inputs), np.array(labels), np.ones((len(inputs), context))
+  return np.array(inputs), np.array(labels)
 
 
 def _reference_eval(stream: bytes, context: int):
@@ -104,11 +112,14 @@ def _reference_eval(stream: bytes, context: int):
 
 
 def _assert_windows(got, want):
-  inputs, labels, weights = got
-  assert (inputs.dtype, labels.dtype, weights.dtype) == (
-      np.int32, np.int32, np.float32)
+  """`got`: virtual windows of one stream, held once; as arrays `want`."""
+  assert len(got) == len(want)
+  assert all(isinstance(g, windows.Windows) for g in got)
+  assert [g.dtype for g in got] == [np.int32, np.int32, np.float32][:len(got)]
+  assert got[0].stream is got[1].stream  # inputs and labels share the bytes
   for g, w in zip(got, want):
-    np.testing.assert_array_equal(g, w)
+    assert g.shape == w.shape
+    np.testing.assert_array_equal(np.asarray(g), w)
 
 
 # --- Data -------------------------------------------------------------------
@@ -118,7 +129,7 @@ def test_text_files_by_extension_without_license_or_hidden(folder):
   assert data.text_files(str(folder)) == sorted(TRAIN_FILES + EVAL_FILES)
 
 
-@pytest.mark.parametrize("stride", [0, 3])
+@pytest.mark.parametrize("stride", [0, 1, 3])
 def test_windows_match_a_bytes_reference(folder, stride):
   c = _config(folder, **{"model.stride": stride})
   train = _stream(TRAIN_FILES)
@@ -128,7 +139,7 @@ def test_windows_match_a_bytes_reference(folder, stride):
   evaluation = _stream(EVAL_FILES)
   got = lm.dataset_fn(c, "eval")
   _assert_windows(got, _reference_eval(evaluation, T))
-  inputs, labels, weights = got
+  inputs, labels, weights = map(np.asarray, got)
   # Every eval byte but the first is a target exactly once, in order.
   assert weights.sum() == len(evaluation) - 1
   assert bytes(labels[weights == 1].astype(np.uint8)) == evaluation[1:]
@@ -155,9 +166,14 @@ def test_empty_glob_holds_out_the_last_tenth_of_the_bytes(folder):
 
 def test_split_slices_select_windows(folder):
   c = _config(folder)
-  inputs, _, _ = lm.dataset_fn(c, "train")
-  half, _, _ = lm.dataset_fn(c, "train[:50%]")
-  np.testing.assert_array_equal(half, inputs[:round(len(inputs) / 2)])
+  inputs, labels = map(np.asarray, lm.dataset_fn(c, "train"))
+  half = round(len(inputs) / 2)
+  for got, whole in zip(lm.dataset_fn(c, "train[:50%]"), (inputs, labels)):
+    np.testing.assert_array_equal(got, whole[:half])
+  _, middle, _ = lm.dataset_fn(c, "eval[25%:75%]")
+  _, labels, _ = map(np.asarray, lm.dataset_fn(c, "eval"))
+  np.testing.assert_array_equal(
+      middle, labels[round(len(labels) / 4):round(len(labels) * 3 / 4)])
 
 
 @pytest.mark.parametrize("fields,split,names", [
@@ -402,7 +418,7 @@ def test_eval_loss_is_the_mean_over_every_eval_byte(trained):
   c, workdir, logs = trained
   assert logs["step"] == 40
   model = restored_trainer(c, workdir / "checkpoints" / "ckpt-40").model
-  inputs, labels, weights = lm.dataset_fn(c, "eval")
+  inputs, labels, weights = map(np.asarray, lm.dataset_fn(c, "eval"))
   logits = model(inputs).numpy().astype(np.float64)
   shifted = logits - logits.max(-1, keepdims=True)
   nats = (np.log(np.exp(shifted).sum(-1)) -
@@ -438,6 +454,52 @@ def test_looper_export_serves_the_trained_model(trained):
                                         temperature=0.7, seed=3)
 
 
+@pytest.mark.slow  # two processes of 2 replicas, one killed
+def test_kill9_redoes_the_steps_since_the_checkpoint_bit_for_bit(tmp_path):
+  """Windows at every offset, 2 replicas, mixed_bfloat16, 2 micro-batches
+  per update: a run frozen past its last checkpoint and killed (kill -9),
+  then rerun, recomputes the steps since that checkpoint exactly (weights,
+  optimizer and the position in the virtual windows restored) and ends
+  with every step once. Two processes, not three: the killed run's own
+  events are the reference for the steps redone."""
+  folder = _write_corpus(tmp_path / "corpus")
+  (folder / "more.txt").write_bytes(b"The quick brown fox. " * 60)
+  workdir = tmp_path / "run"
+  args = ("--config=experiments/lm.py", f"--config.data.dir={folder}",
+          *(f"--config.{k}={v}" for k, v in TINY.items()),
+          "--config.model.stride=1", "--config.train.precision=mixed_bfloat16",
+          "--config.train.grad_accum_steps=2", "--config.train.steps=24",
+          "--config.distribution.num_cpu_devices=2",
+          "--config.train.steps_per_loop=4", "--config.train.batch_size=8",
+          "--config.checkpoint.every_steps=8",
+          "--config.optimizer.warmup_steps=5", "--mode=train",
+          f"--workdir={workdir}")
+  proc = popen_looper(*args)
+  try:
+    for line in proc.stderr:  # a loop's end between two saves: freeze
+      if re.search(r"train step (4|12|20)/24", line):
+        proc.send_signal(signal.SIGSTOP)
+        before = scalars(workdir / "train", "loss")
+        saved = tf.train.latest_checkpoint(str(workdir / "checkpoints"))
+        if saved and before and int(saved.rsplit("-", 1)[1]) < max(before):
+          break
+        proc.send_signal(signal.SIGCONT)
+    else:
+      pytest.fail("no loop ended past a checkpoint before the run did")
+  finally:
+    proc.kill()
+    proc.wait(timeout=60)
+  restored = int(saved.rsplit("-", 1)[1])
+  run_ok(*args)
+  after = curve(workdir / "train")  # steps 1..24, each once
+  redone = range(restored + 1, max(before) + 1)
+  assert len(redone) >= 4
+  np.testing.assert_array_equal([after[s - 1] for s in redone],
+                                [before[s] for s in redone])
+  _, resumed = goodput.read(workdir_lib.Workdir(str(workdir)))
+  assert resumed["first_step"] == restored  # it did restart there
+
+
 # --- The real corpus --------------------------------------------------------
 
 
@@ -455,18 +517,23 @@ def test_pydocs_splits_faq_for_eval():
   eval_bytes = size(held_out) + len(held_out) - 1  # NULs between files
   train_bytes = size(text) - size(held_out) + len(text) - len(held_out) - 1
 
-  inputs, labels, weights = lm.dataset_fn(c, "eval")
+  inputs, labels, weights = map(np.asarray, lm.dataset_fn(c, "eval"))
   assert weights.sum() == eval_bytes - 1
   assert len(inputs) == math.ceil((eval_bytes - 1) / 64)
   first = (PYDOCS / held_out[0]).read_bytes()[:65]
   assert bytes(inputs[0].astype(np.uint8)) == first[:64]
   assert bytes(labels[0].astype(np.uint8)) == first[1:]
 
-  inputs, _, weights = lm.dataset_fn(c, "train")
+  inputs, labels = lm.dataset_fn(c, "train")
   assert len(inputs) == (train_bytes - 65) // 32 + 1
-  assert weights.min() == 1
-  assert bytes(inputs[0].astype(np.uint8)) == (
+  assert bytes(np.asarray(inputs[:1])[0].astype(np.uint8)) == (
       PYDOCS / "extending/building.rst.txt").read_bytes()[:64]
+  # Stride 1: every offset, and still the train bytes alone in memory.
+  c.model.stride = 1
+  inputs, labels = lm.dataset_fn(c, "train")
+  assert len(inputs) == len(labels) == train_bytes - 64
+  assert inputs.stream is labels.stream
+  assert inputs.stream.nbytes == train_bytes
 
 
 @pytest.mark.skipif(not PYDOCS.is_dir(),

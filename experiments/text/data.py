@@ -6,6 +6,8 @@ Synopsis::
     stream = data.corpus(config.data, "eval")      # bytes, files NUL-joined
     inputs, labels, weights = data.windows(stream, context=64, stride=64,
                                            pad=True)
+    inputs, labels = data.windows(stream, context=64, stride=1, pad=False)
+    np.asarray(inputs[:2])                         # int32 [2, 64]
 
 The tokens are the bytes: 256 ids, no tokenizer.
 
@@ -24,7 +26,11 @@ holds: GPT-2's <|endoftext|>).
 Windows of a split's bytes b (n of them), context T, stride S: inputs
 b[s:s+T] and labels b[s+1:s+T+1] for s = 0, S, 2S, ...; only full windows,
 or with `pad=True` (and S = T) every byte but the first a label exactly
-once, the last window padded with weight 0.
+once, the last window padded with weight 0. They are virtual
+(`looper.data.windows.Windows`): the bytes are held once, as uint8, and
+inputs and labels are two views of them that array mode gathers a batch
+at a time, so no window is ever stored and stride 1 (every offset) costs
+the bytes alone.
 """
 
 import glob
@@ -35,6 +41,7 @@ import numpy as np
 
 from looper import config as lc
 from looper.data import datasets
+from looper.data import windows as windows_lib
 
 # The split names a corpus has.
 SPLITS = ("train", "eval")
@@ -170,25 +177,24 @@ def corpus(data: ml_collections.ConfigDict, name: str) -> bytes:
 
 
 def windows(stream: bytes, *, context: int, stride: int, pad: bool
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(inputs, labels, weights) of the windows of `stream` (module doc):
-  int32 [N, context] bytes, int32 [N, context] next bytes, float32
-  [N, context] 1.0 for a real label, 0.0 for padding. `pad` needs a stream
-  of at least 2 bytes, else at least context + 1."""
-  # One spare byte: the labels of a window are its inputs shifted by one;
-  # padded, every byte but the first is a target of exactly one window.
-  size = context + 1
-  b = np.frombuffer(stream, np.uint8)
+            ) -> tuple[windows_lib.Windows, ...]:
+  """The windows of `stream` (module doc), virtual, over its bytes held
+  once as uint8: (inputs, labels), int32 [N, context] bytes and next
+  bytes, and with `pad` the weights, float32 [N, context] 1.0 for a real
+  label, 0.0 for padding (without, every label is real: no weights). `pad`
+  needs a stream of at least 2 bytes, else at least context + 1."""
+  b = np.frombuffer(stream, np.uint8)  # the bytes object's own memory
   if pad:
+    # The last window padded with zeros: every byte but the first is a
+    # label of exactly one window (S = T); a label at k is real if k < n.
     count = -(-(len(b) - 1) // stride)
-    b = np.concatenate([b, np.zeros((count - 1) * stride + size - len(b),
-                                    np.uint8)])
-    real = np.arange(count)[:, None] * stride + np.arange(1, size) < len(
-        stream)
-  rows = np.lib.stride_tricks.sliding_window_view(b, size)[::stride]
-  if pad:
-    rows = rows[:count]
+    b = np.concatenate([b, np.zeros((count - 1) * stride + context + 1 -
+                                    len(b), np.uint8)])
+    real = (np.arange(len(b)) < len(stream)).astype(np.uint8)
   else:
-    real = np.ones((len(rows), context), bool)
-  return (rows[:, :-1].astype(np.int32), rows[:, 1:].astype(np.int32),
-          real.astype(np.float32))
+    count = (len(b) - context - 1) // stride + 1
+  # The labels of a window are its inputs shifted by one byte.
+  rows = lambda source, start, dtype: windows_lib.Windows(
+      source, context, stride=stride, start=start, count=count, dtype=dtype)
+  both = (rows(b, 0, np.int32), rows(b, 1, np.int32))
+  return (*both, rows(real, 1, np.float32)) if pad else both

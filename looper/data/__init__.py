@@ -17,7 +17,8 @@ The modules, bottom up (each imports only those above it in this list):
 | `checks` | what an example, a split and a batch must be (one-line errors) |
 | `elements` | element mode: seeded per-epoch shuffle, each pipeline's block of a global batch, eval padding + masks |
 | `buckets` | element mode for variable-length inputs (`data.bucket`) |
-| `arrays` | array mode: numpy arrays shuffled by index, O(1) resume |
+| `arrays` | array mode: numpy arrays (or `windows.Windows`) shuffled by index, O(1) resume |
+| `windows` | a virtual array for array mode: row i a window of a resident 1-D stream, gathered per batch |
 | `shards` | file mode: TFRecord shards, virtual-shard groups, the writer |
 | `sources` | the `Source` protocol and `make`, which picks the mode |
 | `service` | the train split through a tf.data service (`data.service`): refusals, start-up check, job names |

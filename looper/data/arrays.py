@@ -4,7 +4,9 @@ Synopsis::
 
     def dataset_fn(config, split):
       return images, labels             # numpy arrays (or nests of them),
-                                        # optionally a third: sample weights
+                                        # optionally a third: sample weights;
+                                        # any of them may be a
+                                        # windows.Windows (virtual rows)
 
     source = arrays.Arrays((images, labels), split="train")
     batches = source.train(ctx, global_batch_size=128, seed=0,
@@ -24,12 +26,20 @@ access, so no pipeline needs to read what it does not train on:
 
 `shuffle_buffer=0` keeps the arrays' order (identity permutation); any
 other value shuffles fully (the buffer size is irrelevant here).
+
+A leaf may be a `windows.Windows` instead of an array: rows that are
+windows of a resident 1-D stream, gathered with each batch (every offset
+of a text for the price of the text). Everything above holds for it
+unchanged: it is only another way to read row i.
 """
+
+import functools
 
 import numpy as np
 import tensorflow as tf
 
 from looper import conversion
+from looper.data import windows
 from looper.errors import ConfigError
 
 _SEED_MOD = 2**31 - 1  # stateless seeds are int64; keep them small and fixed
@@ -37,14 +47,15 @@ _SEED_MOD = 2**31 - 1  # stateless seeds are int64; keep them small and fixed
 
 def is_arrays(value) -> bool:
   """True for (inputs, label) or (inputs, label, sample_weight) whose
-  leaves are all numpy arrays."""
+  leaves are all numpy arrays or `windows.Windows`."""
   return (isinstance(value, tuple) and len(value) in (2, 3) and
-          all(isinstance(leaf, np.ndarray) for leaf in tf.nest.flatten(value)))
+          all(isinstance(leaf, (np.ndarray, windows.Windows))
+              for leaf in tf.nest.flatten(value)))
 
 
 class Arrays:
-  """(inputs, label[, sample_weight]) numpy arrays (nests of them) sharing
-  their first dimension."""
+  """(inputs, label[, sample_weight]) numpy arrays or `windows.Windows`
+  (nests of them) sharing their first dimension."""
 
   def __init__(self, arrays, split: str):
     self.split = split
@@ -61,7 +72,9 @@ class Arrays:
 
   def examples(self) -> tf.data.Dataset:
     """One pass in the arrays' order (probes, specs, a shard writer)."""
-    return tf.data.Dataset.from_tensor_slices(self._tensors())
+    tensors = self._tensors()
+    return tf.data.Dataset.range(self.size).map(
+        conversion.plain(lambda i: _gather(tensors, i)))
 
   def check(self, replicas: int, global_batch_size: int, field: str) -> None:
     """Array mode fits any replica count that divides the batch."""
@@ -102,20 +115,32 @@ class Arrays:
                                    tf.data.AUTOTUNE)
 
   def _tensors(self):
+    """The arrays as tensors; a Windows as its rows' gather function."""
     # Converted once (a copy of the arrays: ~0.3 s for the full
     # Fashion-MNIST) and captured by every pipeline's map function by
     # reference (a constant inside the function would copy the arrays into
     # every graph). On the host: the pipelines run there.
     if self._tensor_cache is None:
+      streams = {}  # id of a Windows' stream -> its one tensor
+
+      def convert(leaf):
+        if not isinstance(leaf, windows.Windows):
+          return tf.convert_to_tensor(leaf)
+        if id(leaf.stream) not in streams:  # self.arrays keeps it alive
+          streams[id(leaf.stream)] = tf.convert_to_tensor(leaf.stream)
+        return functools.partial(leaf.gather, streams[id(leaf.stream)])
+
       # init_scope: eager tensors even if first asked for while tracing.
       with tf.init_scope(), tf.device("CPU:0"):
-        self._tensor_cache = tf.nest.map_structure(tf.convert_to_tensor,
-                                                   self.arrays)
+        self._tensor_cache = tf.nest.map_structure(convert, self.arrays)
     return self._tensor_cache
 
 
 def _gather(tensors, indices):
-  return tf.nest.map_structure(lambda t: tf.gather(t, indices), tensors)
+  """Rows `indices` of each leaf of `_tensors()`."""
+  return tf.nest.map_structure(
+      lambda t: t(indices) if callable(t) else tf.gather(t, indices),
+      tensors)
 
 
 def _per_replica_starts(steps: tf.data.Dataset,

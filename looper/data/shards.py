@@ -295,8 +295,8 @@ class Files:
            count: int, steps: int) -> tf.data.Dataset:
     """Eval reads every file, as element mode does (eval splits are small)."""
     return elements.eval_dataset(self.examples(), ctx,
-                             global_batch_size=global_batch_size,
-                             count=count, steps=steps)
+                                 global_batch_size=global_batch_size,
+                                 count=count, steps=steps)
 
 
 def as_dataset(value, split: str) -> tf.data.Dataset:
@@ -304,5 +304,5 @@ def as_dataset(value, split: str) -> tf.data.Dataset:
   if isinstance(value, Files):
     return value.examples()
   if arrays.is_arrays(value):
-    return tf.data.Dataset.from_tensor_slices(value)
+    return arrays.Arrays(value, split).examples()  # windows stay virtual
   return checks.checked(value, split)
