@@ -13,6 +13,7 @@ Synopsis::
     compat.mark_expected_partial(value)          # console, a failed restore
     compat.dataset_graph(dataset)                # tpu_check: Python in tf.data
     compat.function_graphs(graph)                # tpu_check: loop bodies
+    compat.function_graph(graph, name)           # flops: a call's graph
     compat.on_gce()                              # notices: a GCE VM?
     compat.ask_dispatcher("host:5050", "GetWorkers", 60)  # data.service start
     compat.shared_value("key", "value" or None)  # one job name, all workers
@@ -229,6 +230,22 @@ def function_graphs(graph) -> list:
   """
   bodies = (getattr(f, "graph", None) for f in graph._functions.values())  # pylint: disable=protected-access
   return [body for body in bodies if body is not None]
+
+
+def function_graph(graph, name: str):
+  """The traced graph (FuncGraph) of the function `name` an op of `graph`
+  calls (a while loop's body, a cond's branch, a tf.function), or None.
+
+  Touches: `Graph._get_function(name)` (an AtomicFunction) and its `graph`.
+
+  Why: looper.train.flops counts a step's FLOPs inside the loop's body and
+  the functions it calls, with their shapes; the library of
+  `graph.as_graph_def()` has no shapes, and no public API maps a call to
+  its graph.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  return getattr(graph._get_function(name), "graph", None)  # pylint: disable=protected-access
 
 
 def on_gce() -> bool:

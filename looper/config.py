@@ -157,22 +157,22 @@ def default_config() -> ml_collections.ConfigDict:
   # On a NaN/inf loss: restore the last checkpoint, skip the data that blew
   # up and go on, at most this many times; 0 stops with an error at once.
   c.train.nan_recovery_tries = whole(0, low=0)
-  # Stop after this many evaluations without improving
-  # checkpoint.best_metric (needs it set); 0: never stop early.
+  # Stop after this many evals not bettering checkpoint.best_metric; 0: never.
   c.train.early_stop_patience = whole(0, low=0)
   # float32 | mixed_bfloat16 (TPU, CPU with AMX or AVX-512 BF16) |
   # mixed_float16 (GPU, with loss scaling): see looper/train/precision.py.
   c.train.precision = "float32"
   # XLA-compile each replica's forward and backward pass (not the loop).
   c.train.jit_compile = boolean(False)
-  # Op determinism and no TF32 (GPU matmuls at float32, not 10-bit inputs):
-  # the exact contracts on GPUs, at some speed; no input-wait timing.
-  # Process-wide, set by each run (precision.set_deterministic).
+  # Op determinism and no TF32 (GPU matmuls at float32, not 10-bit inputs): the
+  # exact contracts on GPUs, at some speed; no input-wait timing; process-wide.
   c.train.deterministic = boolean(False)
-  # Micro-batches of train.batch_size per optimizer update: the update is
-  # that of one batch grad_accum_steps times larger (train.steps counts
-  # updates; the data position advances by the larger batch).
+  # Micro-batches of train.batch_size per optimizer update: the update of one
+  # batch grad_accum_steps times larger (train.steps counts updates).
   c.train.grad_accum_steps = whole(1)
+  # FLOP/s of a GPU or TPU device, or of a host's CPUs, MFU is the share of; 0:
+  # a datasheet's (known GPU, TPU) or a matmul probe's, cached (train/peak.py).
+  c.train.peak_flops = Field(0.0, float, "a number of FLOP/s")
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every_steps = whole(1000, low=0)  # 0: only at the end of training

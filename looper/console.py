@@ -125,8 +125,9 @@ def expect_partial_restores(error: BaseException) -> None:
 
 
 def header(config, strategy, workdir: str | None, mode: str,
-           restored: str | None, model) -> str:
-  """The lines that open a run: what runs where, with which batch."""
+           restored: str | None, model, peak=None) -> str:
+  """The lines that open a run: what runs where, with which batch, and
+  the peak (a `looper.train.peak.Peak`) the progress line's MFU is of."""
   replicas = strategy.num_replicas_in_sync
   name = type(strategy).__name__.replace("Strategy", "")
   name = "default" if name.startswith("_Default") else name
@@ -163,6 +164,10 @@ def header(config, strategy, workdir: str | None, mode: str,
                                  accelerated=bool({"GPU", "TPU"} & set(types)))
   if slower:
     lines[-1] += f" (slower here: {slower})"
+  if peak:
+    from looper.workdir import summaries  # pylint: disable=g-import-not-at-top
+    value, prefix = summaries.si(peak.flops_per_sec)
+    lines.append(f"  MFU        of {value} {prefix}FLOP/s: {peak.source}")
   return "\n".join(lines)
 
 

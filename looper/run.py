@@ -48,6 +48,7 @@ from looper.train import evaluation
 from looper.train import evaluator as evaluator_lib
 from looper.train import goodput
 from looper.train import notices
+from looper.train import peak
 from looper.train import precision
 from looper.train import preemption
 from looper.train import profiler
@@ -172,9 +173,12 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
       items["optimizer"] = trainer.optimizer
     checkpoint.warm_start(config.init.checkpoint, items)
     trainer.optimizer.iterations.assign(0)  # the schedule starts over
+  # What MFU is the share of (a probe, cached, or a known figure); the
+  # FLOPs of a step are counted after the first loop (looper.train.flops).
+  machine = peak.of_run(config, strategy) if training else None
   # Every worker: under `looper launch` each line says whose it is.
   logging.info("%s", console.header(config, strategy, wd.root, mode,
-                                    restored, trainer.model))
+                                    restored, trainer.model, peak=machine))
   out = _open_workdir(wd, config, MODES[mode], chief,
                       eval_names=evaluator.metric_names)
   ledger = None
@@ -182,7 +186,8 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
     ctl = controller_lib.Controller(
         trainer, ckpt, total_steps=config.train.steps,
         steps_per_loop=config.train.steps_per_loop,
-        nan_recovery_tries=config.train.nan_recovery_tries)
+        nan_recovery_tries=config.train.nan_recovery_tries,
+        peak_flops=machine.flops_per_sec if machine else None)
     evaluations = _add_actions(
         ctl, config, trainer, evaluator, ckpt, out, wd, chief=chief,
         training=training, on_tpu=on_tpu)

@@ -295,3 +295,22 @@ def test_the_eager_context_reaches_the_key_value_store():
   with mock.patch.object(context, "context", return_value=fake):
     assert compat.shared_value("looper/k", "v") == "v"  # the chief sets
     assert compat.shared_value("looper/k", None) == "v"  # the others read
+
+
+def test_a_call_names_its_function_graph():
+  inner = tf.function(lambda x: tf.matmul(x, x))
+
+  @tf.function
+  def outer(x):
+    return tf.while_loop(lambda i, x: i < 2, lambda i, x: (i + 1, inner(x)),
+                         [0, x])
+
+  graph = outer.get_concrete_function(tf.TensorSpec([2, 2])).graph
+  (loop,) = [op for op in graph.get_operations()
+             if op.type in ("While", "StatelessWhile")]
+  body = compat.function_graph(graph, loop.get_attr("body").name)
+  (call,) = [op for op in body.get_operations()
+             if op.type in ("PartitionedCall", "StatefulPartitionedCall")]
+  called = compat.function_graph(body, call.get_attr("f").name)
+  assert "MatMul" in {op.type for op in called.get_operations()}
+  assert compat.function_graph(graph, "no_such_function") is None

@@ -31,7 +31,18 @@ def test_first_screen_header_progress_and_summary(tmp_path):
       "  batch      32 global = 32 per replica x 1; eval 64",
       "  steps      20, 10 per loop; eval every 20, checkpoint every 20",
       "  precision  float32"]
-  assert re.fullmatch(rf"{TIME} train step 10/20: loss=.*", lines[5])
+  # The peak MFU is of: the probe's figure, measured or cached (test_flops).
+  assert re.fullmatch(r"  MFU        of [\d.]+ \w?FLOP/s: the float32 matmul"
+                      r" speed measured on this CPU \(cached in \S+\)",
+                      lines[5]), lines[5]
+  # 8 -> 16 -> 4, batch 32: 192 multiply-adds forward, 192 for the weights'
+  # gradients, 64 for the hidden layer's (none for the inputs'), x 2.
+  assert re.fullmatch(rf"{TIME} FLOPs per train step: 2.867e\+04 \(counted"
+                      r" once from its graph: .*\)", lines[6]), lines[6]
+  assert re.fullmatch(rf"{TIME} train step 10/20: loss=\S+ accuracy=\S+"
+                      r" learning_rate=\S+ \| [\d.]+k? steps/s, [\d.]+k?"
+                      r" examples/s, [\d.]+ \w?FLOP/s = [\d.e+-]+% MFU \|"
+                      r" ETA \S+( \| input-bound: .*)?", lines[7]), lines[7]
   done = next(i for i, l in enumerate(lines) if " looper done: " in l)
   assert re.fullmatch(rf"{TIME} looper done: step 20 in 0:00:\d\d",
                       lines[done])

@@ -54,7 +54,7 @@ def test_the_progress_line_names_an_input_bound_run(tmp_path, caplog):
   first, second, tiny_model = [r.getMessage() for r in caplog.records
                                if "train step" in r.getMessage()]
   assert "input" not in first and "loss=1" in first
-  assert "input" not in tiny_model and "steps_per_sec=4000" in tiny_model
+  assert "input" not in tiny_model and "| 4k steps/s |" in tiny_model
   assert second.endswith(
       "| input-bound: 42% of the time waiting for data (faster dataset_fn:"
       " cache, parallel map; or file/array mode, see BUILD.md 'Input"

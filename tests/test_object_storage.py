@@ -53,7 +53,8 @@ FIELDS = {"train.steps_per_loop": 5, "eval.every_steps": 10,
           "export.at_end": True,
           "checkpoint.lease_secs": 1.0}  # renewed every 0.25 s meanwhile
 # What differs between two runs of the same thing: not compared.
-CLOCK = ("time", "steps_per_sec", "examples_per_sec", "input_wait_fraction")
+CLOCK = ("time", "steps_per_sec", "examples_per_sec", "tokens_per_sec",
+         "flops_per_sec", "mfu", "input_wait_fraction")
 
 
 def _on_ram(arg) -> bool:

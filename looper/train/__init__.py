@@ -13,6 +13,7 @@
 | `distribute`, `optimizers`, `precision`, `objectives` | the options: each owns its name table |
 | `slurm` | a Slurm step's tasks as one multi-worker cluster: TF_CONFIG, ports, each task's GPUs |
 | `ema`, `layers`, `dry_run` | the weight average; replica-invariant noise layers; the model and loss run on a split's first examples before a run |
+| `flops`, `peak` | a train step's FLOPs (counted once from its graph) and tokens; the peak FLOP/s MFU divides by (flag, datasheet, cached matmul probe) |
 | `profiler` | the profiler window (`profile.*`): an action whose edges end loops |
 
 Data come from `looper.data`; what is written goes through `looper.workdir`.

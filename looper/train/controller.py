@@ -19,7 +19,9 @@ Synopsis (what `looper.run.run` assembles from a config)::
       if a loss is NaN/inf: roll back to the last checkpoint and skip the
           data (train.nan_recovery_tries), or raise FloatingPointError
       now.stopped = the stop's reason, if the trainer stopped for one
-      now.step, now.loop = the step reached, loop
+      now.step, now.loop = the step reached, loop (its logs: the
+          trainer's, the learning rate, and per second over the loop's
+          time: steps, examples, tokens and FLOPs; mfu = FLOP/s / peak)
       for action in report + eval (train_and_eval only) + save actions:
         result[action.name] = action(now)   # if it fired and returned one
         now.spent[action.name] = the seconds it took
@@ -52,7 +54,10 @@ class TrainerSurface(Protocol):
   stop: "StopSurface"  # the stop request (`looper.train.stopping.StopFlag`)
 
   def train(self, steps: int) -> tuple[np.ndarray, dict[str, float]]:
-    """Runs up to `steps` steps; (per-step global mean losses, logs)."""
+    """Runs up to `steps` steps; (per-step global mean losses, logs). The
+    logs may hold the work done, which the Controller turns into rates
+    over the loop's time: 'flops' (all replicas) and, for sequences,
+    'tokens'."""
 
   def learning_rate(self) -> float:
     """The current learning rate."""
@@ -115,6 +120,8 @@ class Controller:
     report_actions, eval_actions, save_actions: run in this order after
       each loop; eval actions only in `train_and_eval`.
     nan_recovery_tries: `train.nan_recovery_tries`.
+    peak_flops: the FLOP/s of the run's devices that `mfu` is the share
+      of (looper.train.peak); None: no mfu.
     clock: times each loop (steps_per_sec), injectable for tests.
   """
 
@@ -125,6 +132,7 @@ class Controller:
                eval_actions: Sequence[actions_lib.Action] = (),
                save_actions: Sequence[actions_lib.Action] = (),
                nan_recovery_tries: int = 0,
+               peak_flops: float | None = None,
                clock: Callable[[], float] = time.perf_counter):
     self.trainer = trainer
     self.checkpointer = checkpointer
@@ -134,6 +142,8 @@ class Controller:
     self.add_actions(report=report_actions, evaluate=eval_actions,
                      save=save_actions)
     self._nan_tries = nan_recovery_tries
+    self._peak_flops = peak_flops
+    self._above_peak = False  # said once that a loop beat the peak
     self._clock = clock
 
   def add_actions(self, *, report: Sequence[actions_lib.Action] = (),
@@ -232,12 +242,10 @@ class Controller:
         now.stopped = stop.reason
       now.loop = None
       if len(losses):  # zero if a stop came before the loop's first step
+        rates = self._rates(len(losses), logs, seconds)  # before **logs
         now.loop = actions_lib.Loop(now.step + 1, losses, dict(
             loss=float(np.mean(losses)), **logs,
-            learning_rate=self.trainer.learning_rate(),
-            steps_per_sec=len(losses) / seconds,
-            examples_per_sec=(len(losses) * self.trainer.global_batch_size /
-                              seconds)), seconds)
+            learning_rate=self.trainer.learning_rate(), **rates), seconds)
         now.step = now.loop.last_step
         result.update(step=now.step, train=now.loop.logs)
       self._act(actions, now, result)
@@ -249,6 +257,28 @@ class Controller:
     if now.ended:
       result["ended"] = now.ended
     return result
+
+  def _rates(self, steps: int, logs: dict[str, float], seconds: float
+             ) -> dict[str, float]:
+    """A loop's speed over its own `seconds`; the work it did (`flops`,
+    `tokens`) is taken out of `logs` and given as rates."""
+    rates = dict(steps_per_sec=steps / seconds, examples_per_sec=(
+        steps * self.trainer.global_batch_size / seconds))
+    if "tokens" in logs:
+      rates["tokens_per_sec"] = logs.pop("tokens") / seconds
+    if "flops" in logs:
+      rates["flops_per_sec"] = logs.pop("flops") / seconds
+      if self._peak_flops:
+        rates["mfu"] = rates["flops_per_sec"] / self._peak_flops
+        if rates["mfu"] > 1 and not self._above_peak:
+          self._above_peak = True
+          logging.warning(
+              "A loop ran at %.3g FLOP/s, above the peak MFU is of (%.3g):"
+              " a matmul probe on a busy machine reads low (the header says"
+              " where the peak comes from); delete its cache to measure"
+              " again, or set --config.train.peak_flops",
+              rates["flops_per_sec"], self._peak_flops)
+    return rates
 
   def _start(self, now: actions_lib.Moment,
              actions: list[actions_lib.Action]) -> None:

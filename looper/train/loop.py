@@ -17,6 +17,10 @@ One call, all on the device side (no host sync per step)::
     finite = no NaN/inf in any replica's weights
     return the loss buffer (summed over replicas once: each step's global
       mean loss), metric results, the seconds spent waiting for batches
+      and, for sequences, the tokens the steps read (summed likewise)
+
+The logs also hold the loop's FLOPs: its steps times the FLOPs of one,
+counted once from the first call's traced graph (looper.train.flops).
 
 The loop body is `next(iterator)` and the replica step, as in the TPU
 guide's loop: nothing in it reads model or optimizer state or reduces
@@ -27,17 +31,20 @@ owns only the mechanics; what a step computes is the Trainer's.
 import contextlib
 import time
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
 from looper import conversion
 from looper import errors
+from looper.train import flops
 from looper.train import precision
 
 
 # The name scope of the replica function's ops (the graph test finds the
 # loop's own ops as the ones outside it).
 REPLICA_STEP = "replica_step"
+_UNCOUNTED = object()  # TrainLoop's FLOPs and tokens before they are known
 
 
 class TrainLoop:
@@ -48,6 +55,24 @@ class TrainLoop:
     # The input wait is timed unless op determinism forbids timestamps.
     self._timed = not trainer.config.train.deterministic
     self._make_loss_buffer(trainer.config.train.steps_per_loop)
+    self._token_count = _UNCOUNTED  # see _tokens
+    self._flops = _UNCOUNTED  # of one step, once traced (None: unknown)
+
+  @property
+  def _tokens(self) -> tf.Variable | None:
+    """Sequences (int inputs [batch, length]): each replica adds up the
+    tokens of its steps here (flops.tokens), read once per call; None for
+    other inputs. Made when first needed, not with the loop: the data's
+    spec is read then, so a bad split raises where the input is opened."""
+    if self._token_count is _UNCOUNTED:
+      self._token_count = None
+      if flops.is_sequence(self._trainer.input.element_spec):
+        with tf.init_scope(), self._trainer.strategy.scope():  # if tracing
+          self._token_count = tf.Variable(
+              0.0, trainable=False, name="tokens",
+              synchronization=tf.VariableSynchronization.ON_READ,
+              aggregation=tf.VariableAggregation.SUM)
+    return self._token_count
 
   def _make_loss_buffer(self, steps: int) -> None:
     """Room for the per-step losses of a `steps`-step call (and the train
@@ -66,14 +91,16 @@ class TrainLoop:
     self.function = tf.function(self._train_loop)
 
   def __call__(self, steps: int) -> tuple[np.ndarray, dict, bool]:
-    """(per-step losses, metric results + input_wait_fraction, whether the
-    weights are finite) of up to `steps` steps."""
+    """(per-step losses, metric results + input_wait_fraction, tokens and
+    flops of the steps run, whether the weights are finite) of up to
+    `steps` steps."""
     t = self._trainer
     if steps > self._step_losses.shape[0]:  # not from the Controller
       self._make_loss_buffer(steps)
     if t.stop.before_loop():  # some worker got a signal: all stop here
       return np.zeros([0], np.float32), {}, True
-    iterator = t.input.train_iterator()
+    args = (t.input.train_iterator(),
+            None if steps == 1 else tf.constant(steps, tf.int32))
     start = time.perf_counter()
     # A one-step call (the profiler window's) is marked as a step for the
     # Profile tab; a K-step call's while loop hides steps from it anyway,
@@ -82,8 +109,7 @@ class TrainLoop:
         "train", step_num=t.global_step + 1, _r=1) if steps == 1
           else contextlib.nullcontext()):
       try:
-        losses, finite, waited, results = self.function(
-            iterator, None if steps == 1 else tf.constant(steps, tf.int32))
+        losses, finite, waited, results = self.function(*args)
       except tf.errors.InvalidArgumentError as e:  # XLA, or the data
         first = t.global_step + 1  # where the run is: saved up to before
         raise errors.step_error(
@@ -95,6 +121,12 @@ class TrainLoop:
     if self._timed:
       logs["input_wait_fraction"] = float(waited) / max(
           time.perf_counter() - start, 1e-9)
+    if self._flops is _UNCOUNTED:  # the call just traced it, if anyone did
+      self._flops = flops.per_step(self.function.get_concrete_function(*args),
+                                   t.strategy)
+      logging.info("%s", flops.describe(self._flops))
+    if self._flops is not None:
+      logs["flops"] = len(losses) * self._flops
     return losses, logs, bool(finite)
 
   @conversion.plain
@@ -108,6 +140,8 @@ class TrainLoop:
     """
     t = self._trainer
     t.train_metrics.reset()
+    if self._tokens is not None:
+      self._tokens.assign(0.0)
     waited = tf.constant(0.0, tf.float64)  # seconds spent in get_next
     if steps is None:
       waited, ran = self._loop_step(iterator, 0, waited), 1
@@ -126,8 +160,10 @@ class TrainLoop:
     # may not be): checked here so no NaN state is ever saved.
     finite = precision.finite_everywhere(t.strategy,
                                          t.model.trainable_variables)
-    return (self._step_losses.read_value()[:ran], finite, waited,
-            t.train_metrics.results())
+    results = t.train_metrics.results()
+    if self._tokens is not None:
+      results["tokens"] = self._tokens.read_value()
+    return self._step_losses.read_value()[:ran], finite, waited, results
 
   @conversion.plain
   def _loop_step(self, iterator, i, waited):
@@ -155,11 +191,14 @@ class TrainLoop:
   @conversion.plain
   def _train_step(self, i, *batches):
     """The replica function: the micro-batches of one update as one batch;
-    this replica's share of the loss goes to its slot i of the buffer."""
+    this replica's share of the loss goes to its slot i of the buffer (its
+    tokens, for sequences, to the tokens variable)."""
     with tf.name_scope(REPLICA_STEP):
-      loss = self._trainer.train_step(
-          batches[0] if len(batches) == 1 else
-          tf.nest.map_structure(lambda *t: tf.concat(t, 0), *batches))
+      batch = (batches[0] if len(batches) == 1 else
+               tf.nest.map_structure(lambda *t: tf.concat(t, 0), *batches))
+      loss = self._trainer.train_step(batch)
+      if self._tokens is not None:
+        self._tokens.assign_add(flops.tokens(batch))
       # The whole buffer is written back: a slot of a TPU variable is a
       # tensor (TPU variables read their value as the operand), which has
       # no assign.

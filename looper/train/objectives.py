@@ -84,7 +84,8 @@ METRICS = {
 # Keys looper itself puts in the train and eval logs; a metric with one of
 # these names would overwrite them (see `check_metric_names`).
 RESERVED_METRIC_NAMES = ("loss", "examples", "learning_rate", "steps_per_sec",
-                         "examples_per_sec", "input_wait_fraction")
+                         "examples_per_sec", "tokens_per_sec", "flops_per_sec",
+                         "mfu", "tokens", "flops", "input_wait_fraction")
 
 
 def lookup(value: Any, table: dict, field: str):

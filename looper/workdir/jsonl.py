@@ -15,7 +15,8 @@ Synopsis::
 Each line is {"kind": "start" | "train" | "eval", "step": the global step,
 "time": seconds since the epoch, then every logged value}. Train lines
 hold the loop's mean loss, the train metrics, learning_rate,
-steps_per_sec, examples_per_sec and input_wait_fraction at the loop's
+steps_per_sec, examples_per_sec, tokens_per_sec (sequences), flops_per_sec,
+mfu and input_wait_fraction at the loop's
 last step; eval lines every eval metric and `examples`. The file is
 written as the run goes (a line is flushed when written) and truncated on
 resume exactly like the event files, so no step appears twice. `looper

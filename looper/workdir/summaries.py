@@ -14,7 +14,9 @@ Synopsis::
     out.close()
 
 Layout: `workdir/train/` holds the loss of every step and, per loop, each
-train metric, `learning_rate`, `steps_per_sec` and `examples_per_sec`;
+train metric, `learning_rate`, `steps_per_sec`, `examples_per_sec`,
+`tokens_per_sec` (sequences), `flops_per_sec` and `mfu` (the share of the
+peak: looper.train.flops, looper.train.peak), `input_wait_fraction`;
 `workdir/eval/` holds every eval metric and `examples` (how many real
 examples were counted). Same tag names in both runs, so TensorBoard draws
 train and eval on one chart. A continuous evaluator writes to its own
@@ -64,8 +66,38 @@ INPUT_BOUND = 0.1
 INPUT_BOUND_SECS_PER_STEP = 0.0005
 
 
+# Logs the progress line shows as its speed part (or its input-bound
+# hint), not among the metrics.
+SPEEDS = ("steps_per_sec", "examples_per_sec", "tokens_per_sec",
+          "flops_per_sec", "mfu", "input_wait_fraction")
+
+
 def _format(logs: dict[str, float]) -> str:
   return " ".join(f"{k}={v:.4g}" for k, v in logs.items())
+
+
+def si(value: float) -> tuple[str, str]:
+  """`value` to 3 digits and its SI prefix: ('21', 'k'), ('14.2', 'G')."""
+  power = 0
+  while abs(value) >= 999.5 and power < 6:
+    value, power = value / 1000, power + 1
+  return f"{value:.3g}", " kMGTPE"[power].strip()
+
+
+def speed(logs: dict[str, float]) -> str:
+  """The speed part of the progress line, of what `logs` holds: '5.12
+  steps/s, 21k tokens/s, 14.2 GFLOP/s = 4.38% MFU' (tokens for sequences,
+  else examples)."""
+  parts = [f"{''.join(si(logs['steps_per_sec']))} steps/s"]
+  for count in ("tokens", "examples"):
+    if f"{count}_per_sec" in logs:
+      parts.append(f"{''.join(si(logs[count + '_per_sec']))} {count}/s")
+      break
+  if "flops_per_sec" in logs:
+    value, prefix = si(logs["flops_per_sec"])
+    mfu = f" = {100 * logs['mfu']:.3g}% MFU" if "mfu" in logs else ""
+    parts.append(f"{value} {prefix}FLOP/s{mfu}")
+  return ", ".join(parts)
 
 
 def model_summary(model) -> str:
@@ -273,14 +305,15 @@ class Summaries:
         self._log.write(kind, step, logs)
 
   def progress(self, step: int, logs: dict[str, float]) -> None:
-    """The progress line; `logs` must hold 'steps_per_sec' for the ETA.
+    """The progress line: the metrics, the speed (`speed`), the ETA;
+    `logs` must hold 'steps_per_sec'.
 
     The input wait shows only when it matters (above INPUT_BOUND of the
     time and INPUT_BOUND_SECS_PER_STEP per step), with what to try.
     """
     if self._chief:
       eta = (self._total_steps - step) / max(logs["steps_per_sec"], 1e-9)
-      shown = {k: v for k, v in logs.items() if k != "input_wait_fraction"}
+      shown = {k: v for k, v in logs.items() if k not in SPEEDS}
       wait = logs.get("input_wait_fraction", 0.0)
       per_step = wait / max(logs["steps_per_sec"], 1e-9)
       hint = ("" if wait <= INPUT_BOUND or
@@ -288,9 +321,9 @@ class Summaries:
               f" | input-bound: {wait:.0%} of the time waiting for data"
               " (faster dataset_fn: cache, parallel map; or file/array"
               " mode, see BUILD.md 'Input modes')")
-      logging.info("train step %d/%d: %s | ETA %s%s", step, self._total_steps,
-                   _format(shown), datetime.timedelta(seconds=round(eta)),
-                   hint)
+      logging.info("train step %d/%d: %s | %s | ETA %s%s", step,
+                   self._total_steps, _format(shown), speed(logs),
+                   datetime.timedelta(seconds=round(eta)), hint)
 
   def eval(self, step: int, logs: dict[str, float]) -> None:
     self._eval_scalars.write(logs, step)
