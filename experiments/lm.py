@@ -119,6 +119,12 @@ def get_config() -> ml_collections.ConfigDict:
   # The output projection is the token embedding transposed (logits =
   # h @ E^T), as in GPT-2 and nanoGPT; False: a Dense(256) of its own.
   c.model.tied = True
+  # Recompute each block's activations in the backward pass instead of
+  # keeping them (tf.recompute_grad per block): activation memory of one
+  # block, not all (most of it the [batch, heads, T, T] attention at a long
+  # context), for one more forward pass per step; the same gradients,
+  # dropout included. See experiments/text/model.py's Block.
+  c.model.remat = lc.boolean(False)
   return c
 
 

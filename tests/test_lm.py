@@ -374,11 +374,14 @@ def _hand_greedy(model, prompt: bytes, num: int) -> bytes:
 
 @pytest.mark.parametrize("prompt", [b"ab", b"a prompt longer than T"])
 def test_greedy_generation_is_the_argmax_loop(tiny_model, prompt):
-  got = sample.generate(tiny_model, prompt, 12, context=T, temperature=0)
+  # keep=T: the window slides by one byte, as _hand_greedy's (generate's
+  # default restarts a full window from its last T // 2 bytes).
+  got = sample.generate(tiny_model, prompt, 12, context=T, temperature=0,
+                        keep=T)
   assert got == _hand_greedy(tiny_model, prompt, 12)
   # top_k=1 samples only the most likely byte: greedy, whatever the seed.
   assert sample.generate(tiny_model, prompt, 12, context=T, top_k=1,
-                         seed=9) == got
+                         seed=9, keep=T) == got
 
 
 @pytest.mark.slow  # trains or compiles for seconds
