@@ -60,8 +60,10 @@ def keras_run(data_dir: str, seed: int) -> dict:
   stream = np.frombuffer(data.corpus(options, "train"), np.uint8)
   ids = keras.Input((CONTEXT,), dtype="int32")
   x = keras.layers.Embedding(256, WIDTH)(ids)
+  # Positions from the symbolic input: an Embedding called on a constant
+  # would run once while the model is built, a frozen table.
   x = x + keras.layers.Embedding(CONTEXT, WIDTH)(
-      keras.ops.arange(CONTEXT)[None])
+      keras.ops.zeros_like(ids) + keras.ops.arange(CONTEXT)[None])
   for _ in range(LAYERS):
     h = keras.layers.LayerNormalization(epsilon=1e-5)(x)
     x = x + keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS)(
