@@ -66,8 +66,11 @@ class TrainLoop:
     spec is read then, so a bad split raises where the input is opened."""
     if self._token_count is _UNCOUNTED:
       self._token_count = None
-      if flops.is_sequence(self._trainer.input.element_spec):
-        with tf.init_scope(), self._trainer.strategy.scope():  # if tracing
+      # Out of a trace, if in one: the spec may open a dataset of the data.
+      with tf.init_scope():
+        sequence = flops.is_sequence(self._trainer.input.element_spec)
+      if sequence:
+        with tf.init_scope(), self._trainer.strategy.scope():
           self._token_count = tf.Variable(
               0.0, trainable=False, name="tokens",
               synchronization=tf.VariableSynchronization.ON_READ,
