@@ -1,14 +1,18 @@
 """Benchmarks: commands outside the suite, their last results in BUILD.md.
 
 `steady` is the one reading of a benchmark run's speed the benchmarks share,
-`machine` the line naming the CPU every printed figure needs.
+`machine` the line naming the CPU every printed figure needs, `child` a
+benchmark's measurement in a fresh process.
 """
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 
-from tests.conftest import scalars
+from tests.conftest import LOOPBACK_ENV, ROOT, scalars
 
 
 def steady(train_dir: str) -> dict[str, float]:
@@ -30,3 +34,16 @@ def machine() -> str:
   except OSError:
     model = "unknown"
   return f"{os.cpu_count()} CPUs: {model}"
+
+
+def child(module: str, *flags: str) -> dict | None:
+  """Runs `python -m module flags` in a fresh process (its own TensorFlow);
+  the JSON object its last stdout line holds, or None (said) if it failed."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
+  proc = subprocess.run(
+      [sys.executable, "-m", module, *flags], cwd=ROOT, env=env,
+      timeout=3600, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    print(f"{' '.join(flags)}: failed\n{proc.stderr[-1500:]}", flush=True)
+    return None
+  return json.loads(proc.stdout.strip().splitlines()[-1])

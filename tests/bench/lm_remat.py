@@ -23,12 +23,9 @@ come from the same allocator, so tf peak counts them too.
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import time
 
-from tests.conftest import LOOPBACK_ENV, ROOT
+from tests import bench
 
 K = 3  # steps per train call
 
@@ -65,18 +62,6 @@ def measure(context: int, remat: bool, batch: int, rounds: int,
       secs_per_step=float(np.median(secs)))
 
 
-def _child(*flags):
-  """Runs this module with `flags` in a fresh process; its JSON result."""
-  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
-  proc = subprocess.run(
-      [sys.executable, "-m", "tests.bench.lm_remat", *flags], cwd=ROOT,
-      env=env, timeout=3600, capture_output=True, text=True, check=False)
-  if proc.returncode:
-    print(f"{' '.join(flags)}: failed\n{proc.stderr[-1500:]}", flush=True)
-    return None
-  return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--contexts", default="256,1024")
@@ -97,8 +82,9 @@ def main():
         "|---|---|---|---|---|", flush=True)
   for context in args.contexts.split(","):
     for remat in ("0", "1"):
-      r = _child(f"--one={context},{remat}", f"--batch={args.batch}",
-                 f"--rounds={args.rounds}", *(["--jit"] if args.jit else []))
+      r = bench.child("tests.bench.lm_remat", f"--one={context},{remat}",
+                      f"--batch={args.batch}", f"--rounds={args.rounds}",
+                      *(["--jit"] if args.jit else []))
       if r:
         print(f"| {context} | {'on' if remat == '1' else 'off'} |"
               f" {r['tf_peak_mb']:.0f} | {r['rss_mb']:.0f} |"

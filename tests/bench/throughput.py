@@ -30,12 +30,10 @@ first tf.function pays ~1 s of one-time costs).
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import time
 
-from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR
+from tests import bench
+from tests.conftest import MNIST_DIR
 
 BATCH, K = 128, 50
 
@@ -245,18 +243,6 @@ def measure(model: str, replicas: int, precision: str, rounds: int,
              for n, s in speeds.items() if n != "looper"})
 
 
-def _child(*flags):
-  """Runs this module with `flags` in a fresh process; its JSON result."""
-  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
-  proc = subprocess.run(
-      [sys.executable, "-m", "tests.bench.throughput", *flags], cwd=ROOT,
-      env=env, timeout=3600, capture_output=True, text=True, check=False)
-  if proc.returncode:
-    print(f"{' '.join(flags)}: failed\n{proc.stderr[-1500:]}", flush=True)
-    return None
-  return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def main():
   global BATCH
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -290,14 +276,15 @@ def main():
     for replicas in args.replicas.split(","):
       for precision in args.precisions.split(","):
         one = f"--one={model},{replicas},{precision}"
-        r = _child(one, f"--rounds={args.rounds}", f"--clip={args.clip}",
-                   f"--batch={args.batch}")
+        common = (f"--clip={args.clip}", f"--batch={args.batch}")
+        r = bench.child("tests.bench.throughput", one,
+                        f"--rounds={args.rounds}", *common)
         if r is None:
           continue
-        r["first_loop_secs"] = {name: _child(one, f"--first={name}",
-                                             f"--clip={args.clip}",
-                                             f"--batch={args.batch}")
-                                for name in r["examples_per_sec"]}
+        r["first_loop_secs"] = {
+            name: bench.child("tests.bench.throughput", one,
+                              f"--first={name}", *common)
+            for name in r["examples_per_sec"]}
         speeds = " ".join(f"{n}={v:.0f}" for n, v in
                           r["examples_per_sec"].items())
         ratios = " ".join(f"looper/{n}={v:.3f}" for n, v in r["ratio"].items())
