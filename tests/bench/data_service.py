@@ -2,13 +2,15 @@
 
 Synopsis::
 
-    python -m tests.bench.data_service               # ~3 minutes on 2 cores
+    python -m tests.bench.data_service               # ~4 minutes on 2 cores
+    python -m tests.bench.data_service --width=4     # input-bound everywhere
     python -m tests.bench.data_service --steps=200 --threads=1 --image_size=32
 
 Writes 16 TFRecord files of 192x192 JPEGs in the flowers format, then
 trains experiments/tfrecord_images.py (decode of every 192x192 JPEG and a
-resize to `--image_size` as it is read; a narrow CNN on small images, so
-the input is what limits) in `--mode=train`:
+resize to `--image_size` as it is read) in `--mode=train`, a CNN of
+`--width` filters: at 16 a step costs the trainer's CPU about what
+decoding its batch does, at 4 the step is cheap and decoding limits:
   local      the trainer's own input pipeline, its tf.data thread pool
              limited to `--threads` (a host whose CPUs cannot keep up);
   service N  `--config.data.service` with a `looper data_service`
@@ -125,7 +127,7 @@ def run(records: str, workdir: str, args, service: str = "") -> dict:
            "--mode=train", f"--workdir={workdir}",
            f"--config.train.steps={args.steps}",
            "--config.train.steps_per_loop=10", f"--config.train.batch_size={args.batch_size}",
-           "--config.data.virtual_shards=4", "--config.model.width=4",
+           "--config.data.virtual_shards=4", f"--config.model.width={args.width}",
            f"--config.model.image_size={args.image_size}",
            f"--config.data.threads={args.threads}",
            "--config.checkpoint.every_steps=100000",
@@ -145,6 +147,7 @@ def main():
   parser.add_argument("--threads", type=int, default=1)
   parser.add_argument("--image_size", type=int, default=32)
   parser.add_argument("--batch_size", type=int, default=128)
+  parser.add_argument("--width", type=int, default=16)
   args = parser.parse_args()
   print(bench.machine(), flush=True)
   with tempfile.TemporaryDirectory() as tmp:
