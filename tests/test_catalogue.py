@@ -306,7 +306,7 @@ def mean_loss(labels, logits):
 
 def test_loss_returning_a_scalar(workdir):
   assert_fails(config({"loss": mean_loss}), workdir,
-               "config.loss=mean_loss returns shape [] for a batch of 256;"
+               "config.loss=mean_loss returns shape [] for a batch of 8;"
                " return one loss per example (shape [batch]) or per token"
                " ([batch, ...]): looper averages over the global batch"
                " itself")

@@ -182,6 +182,7 @@ def test_split_slices_select_windows(folder):
     ({"data.eval_glob": "**/*"}, "train", "config.data.eval_glob='**/*'"),
     ({"model.width": 15}, "train", "config.model.width=15"),
     ({"model.context": 4096}, "train", "config.data.train_split='train'"),
+    ({"model.init": "xavier"}, "train", "config.model.init='xavier'"),
 ])
 def test_bad_fields_are_one_line_naming_the_field(folder, fields, split,
                                                    names):
@@ -241,7 +242,7 @@ def test_without_data_dir_downloads_tinyshakespeare_split_90_10(tmp_path):
                     _reference_eval(text[cut:], T))
   # Now from the cache: no server.
   _assert_windows(lm.dataset_fn(c, "train"),
-                  _reference_train(text[:cut], T, T // 2))
+                  _reference_train(text[:cut], T, 1))  # every offset
 
 
 # --- Model ------------------------------------------------------------------
@@ -265,6 +266,29 @@ def test_default_parameter_count_matches_the_formula(tied):
   assert (model.count_params() == 834_304) == tied  # nanoGPT's ~0.8M
   assert model.input_shape == (None, 64) and model.input.dtype == "int32"
   assert model.output_shape == (None, 64, 256)
+
+
+@pytest.mark.parametrize("init", ["keras", "gpt2"])
+def test_init_draws_every_kernel_and_embedding_as_named(init):
+  keras.utils.set_random_seed(3)
+  net = lm.model_fn(_config(**{"model.init": init, "model.tied": False,
+                               "model.width": 64, "model.heads": 4}))
+  drawn = {v.path: v.numpy() for v in net.trainable_variables
+           if v.path.endswith(("kernel", "embeddings"))}
+  # 2 blocks x (query, key, value, output, mlp_in, mlp_out), the output
+  # Dense, the token and position tables.
+  assert len(drawn) == 15
+  for path, w in drawn.items():
+    if init == "gpt2":
+      assert abs(w.std() - 0.02) < 0.002 and abs(w.mean()) < 0.002, path
+    elif path.endswith("embeddings"):  # U(-0.05, 0.05): std 0.05 / sqrt(3)
+      assert np.abs(w).max() <= 0.05 and abs(w.std() - 0.0289) < 0.002, path
+    else:  # glorot_uniform: U(+-sqrt(6 / (fan_in + fan_out))), fan_in the
+      # dims the input contracts (heads x key_dim for attention_output)
+      split = 2 if "attention_output" in path else 1
+      limit = np.sqrt(6 / (np.prod(w.shape[:split]) +
+                           np.prod(w.shape[split:])))
+      assert 0.95 * limit < np.abs(w).max() <= limit, path
 
 
 def test_model_is_causal():
@@ -527,23 +551,29 @@ def test_pydocs_splits_faq_for_eval():
   assert bytes(inputs[0].astype(np.uint8)) == first[:64]
   assert bytes(labels[0].astype(np.uint8)) == first[1:]
 
-  inputs, labels = lm.dataset_fn(c, "train")
-  assert len(inputs) == (train_bytes - 65) // 32 + 1
-  assert bytes(np.asarray(inputs[:1])[0].astype(np.uint8)) == (
-      PYDOCS / "extending/building.rst.txt").read_bytes()[:64]
-  # Stride 1: every offset, and still the train bytes alone in memory.
-  c.model.stride = 1
+  # The default stride, 1: every offset, the train bytes alone in memory.
   inputs, labels = lm.dataset_fn(c, "train")
   assert len(inputs) == len(labels) == train_bytes - 64
   assert inputs.stream is labels.stream
   assert inputs.stream.nbytes == train_bytes
+  assert bytes(np.asarray(inputs[:1])[0].astype(np.uint8)) == (
+      PYDOCS / "extending/building.rst.txt").read_bytes()[:64]
+  c.model.stride = 0  # context // 2
+  inputs, labels = lm.dataset_fn(c, "train")
+  assert len(inputs) == (train_bytes - 65) // 32 + 1
 
 
 @pytest.mark.skipif(not PYDOCS.is_dir(),
                     reason=f"the shared text corpus is not at {PYDOCS}")
 @pytest.mark.slow  # trains or compiles for seconds
 def test_the_default_config_is_ready_for_8_tpu_cores():
-  """`looper check`: static shapes, batch 8 per core, int32 labels, the
-  attention's train step compiles with XLA."""
-  assert tpu_check.check(configured(lm.get_config(),
-                                    {"data.dir": str(PYDOCS)})) == []
+  """`looper check`: static shapes, int32 labels, the attention's train
+  step compiles with XLA; the batch, tuned for 2 CPU cores, is the one
+  thing to change, and the check says to what."""
+  c = configured(lm.get_config(), {"data.dir": str(PYDOCS)})
+  assert tpu_check.check(c) == [
+      "config.train.batch_size=16 gives 2 examples per TPU core (8 cores); a"
+      " core pads to a multiple of 8, so set --config.train.batch_size=64"
+      " (the TPU guides use 128 per core: 1024)"]
+  c.train.batch_size = 64
+  assert tpu_check.check(c) == []

@@ -35,7 +35,8 @@ from tests.conftest import LOOPBACK_ENV, ROOT, configured
 FIELDS = {"model.layers": 2, "model.heads": 2, "model.width": 16,
           "model.context": 16, "model.dropout": 0.1,
           "model.attention_dropout": 0.1, "train.batch_size": 8,
-          "train.steps_per_loop": 12, "optimizer.warmup_steps": 2}
+          "train.steps_per_loop": 12, "optimizer.warmup_steps": 2,
+          "train.jit_compile": False}  # bitwise; XLA's own test below
 STEPS = 12
 
 

@@ -32,16 +32,23 @@ import tensorflow as tf
 
 from looper.train import layers
 
-# GPT-2's initializer scale for every kernel and embedding.
-_INIT_STDDEV = 0.02
 # GPT-2's LayerNorm epsilon (Keras' default, 1e-3, is for conv nets).
 _LN_EPSILON = 1e-5
+# `model.init` -> (kernel, embedding) initializer classes. keras: Keras'
+# layer defaults, what a plain Keras model starts from (glorot_uniform
+# kernels, U(-0.05, 0.05) embeddings); gpt2: N(0, 0.02) for both, GPT-2's
+# and nanoGPT's. BUILD.md's LM accounting measures the difference.
+INITS = {
+    "keras": (keras.initializers.GlorotUniform,
+              lambda: keras.initializers.RandomUniform(-0.05, 0.05)),
+    "gpt2": (lambda: keras.initializers.RandomNormal(stddev=0.02),) * 2,
+}
 
 
-def _init():
+def _init(kind: str, embedding: bool = False):
   # A new instance per layer: one unseeded instance called twice returns the
   # same values (Keras warns), so two layers would start identical.
-  return keras.initializers.RandomNormal(stddev=_INIT_STDDEV)
+  return INITS[kind][embedding]()
 
 
 def _norm(name: str) -> keras.layers.LayerNormalization:
@@ -79,14 +86,14 @@ class PositionEmbedding(keras.layers.Layer):
   start + n] (start: the position of x[:, 0]; the model's window is
   n = context from 0, the decoder's a byte anywhere in it)."""
 
-  def __init__(self, context: int, **kwargs):
+  def __init__(self, context: int, init: str = "keras", **kwargs):
     super().__init__(**kwargs)
-    self.context = context
+    self.context, self.init = context, init
 
   def build(self, input_shape):
     self.embeddings = self.add_weight(
-        shape=(self.context, input_shape[-1]), initializer=_init(),
-        name="embeddings")
+        shape=(self.context, input_shape[-1]),
+        initializer=_init(self.init, embedding=True), name="embeddings")
 
   def call(self, inputs, start=0):
     table = keras.ops.slice(self.embeddings, (start, 0),
@@ -97,7 +104,8 @@ class PositionEmbedding(keras.layers.Layer):
     return input_shape
 
   def get_config(self):
-    return {**super().get_config(), "context": self.context}
+    return {**super().get_config(), "context": self.context,
+            "init": self.init}
 
 
 @keras.saving.register_keras_serializable(package="lm")
@@ -118,19 +126,20 @@ class Block(keras.layers.Layer):
     attention_dropout: Keras' own, inside MultiHeadAttention.
     seeds: (attention, first branch, second branch) dropout seeds.
     remat: recompute in the backward pass (above).
+    init: the kernels' initializer, a key of INITS.
   """
 
   def __init__(self, heads: int, width: int, *, dropout: float = 0.0,
                attention_dropout: float = 0.0, seeds=(None, None, None),
-               remat: bool = False, **kwargs):
+               remat: bool = False, init: str = "keras", **kwargs):
     super().__init__(**kwargs)
-    self.heads, self.width, self.remat = heads, width, remat
+    self.heads, self.width, self.remat, self.init = heads, width, remat, init
     self.dropout, self.attention_dropout = dropout, attention_dropout
     self.seeds = tuple(seeds)
     self.ln1 = _norm("ln1")
     self.attention = keras.layers.MultiHeadAttention(
         heads, key_dim=width // heads, dropout=attention_dropout,
-        kernel_initializer=_init(), seed=seeds[0], name="attention")
+        kernel_initializer=_init(init), seed=seeds[0], name="attention")
     # Keras seeds the attention's projections when it is built (its
     # initializer cloned per projection, each clone drawing a seed): built
     # now, before the MLP's initializers draw theirs, the seeds follow the
@@ -139,9 +148,9 @@ class Block(keras.layers.Layer):
       self.attention.build((None, None, width), (None, None, width))
     self.ln2 = _norm("ln2")
     self.mlp_in = keras.layers.Dense(4 * width, activation="gelu",
-                                     kernel_initializer=_init(),
+                                     kernel_initializer=_init(init),
                                      name="mlp_in")
-    self.mlp_out = keras.layers.Dense(width, kernel_initializer=_init(),
+    self.mlp_out = keras.layers.Dense(width, kernel_initializer=_init(init),
                                       name="mlp_out")
     self.drops = [layers.Dropout(dropout, seed=s, name=f"dropout{i}")
                   for i, s in enumerate(seeds[1:])] if dropout else []
@@ -205,7 +214,7 @@ class Block(keras.layers.Layer):
     return {**super().get_config(), "heads": self.heads,
             "width": self.width, "dropout": self.dropout,
             "attention_dropout": self.attention_dropout,
-            "seeds": self.seeds, "remat": self.remat}
+            "seeds": self.seeds, "remat": self.remat, "init": self.init}
 
 
 def build(m: ml_collections.ConfigDict, *, vocab: int,
@@ -216,7 +225,7 @@ def build(m: ml_collections.ConfigDict, *, vocab: int,
   Args:
     m: the sizes, already checked: `layers`, `heads`, `width` (a multiple
       of heads), `context`, `dropout`, `attention_dropout`, `tied`, and
-      `remat` (see `Block`).
+      `remat` (see `Block`), `init` (a key of INITS).
     vocab: how many ids (256 bytes).
     seed: the dropouts' seeds derive from it (the run's config.seed).
 
@@ -225,9 +234,11 @@ def build(m: ml_collections.ConfigDict, *, vocab: int,
   bias, as nanoGPT).
   """
   ids = keras.Input(shape=(m.context,), dtype="int32", name="bytes")
-  embedding = TiedEmbedding(vocab, m.width, embeddings_initializer=_init(),
+  embedding = TiedEmbedding(vocab, m.width,
+                            embeddings_initializer=_init(m.init, True),
                             name="token_embedding")
-  x = PositionEmbedding(m.context, name="position_embedding")(embedding(ids))
+  x = PositionEmbedding(m.context, init=m.init,
+                        name="position_embedding")(embedding(ids))
   if m.dropout:
     x = layers.Dropout(m.dropout, seed=seed * 1000 + 1)(x)
   for i in range(m.layers):
@@ -236,14 +247,14 @@ def build(m: ml_collections.ConfigDict, *, vocab: int,
               attention_dropout=m.attention_dropout,
               seeds=(seed * 1000 + 100 + i, seed * 1000 + 2 + 2 * i,
                      seed * 1000 + 3 + 2 * i),
-              remat=m.remat, name=f"block{i}")(x)
+              remat=m.remat, init=m.init, name=f"block{i}")(x)
   x = _norm("final_norm")(x)
   if m.tied:
     logits = embedding(x, reverse=True)
   else:
     # float32 even under a mixed policy, as the tied projection.
     logits = keras.layers.Dense(vocab, use_bias=False, dtype="float32",
-                                kernel_initializer=_init(),
+                                kernel_initializer=_init(m.init),
                                 name="logits")(x)
   return keras.Model(ids, logits, name="byte_lm")
 
