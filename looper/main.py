@@ -125,6 +125,8 @@ modes:
   data_service     a tf.data service server for --config.data.service:
                    looper data_service --role=dispatcher --port=P [--work_dir=D]
                    looper data_service --role=worker --dispatcher=HOST:P --port=Q
+                   (--network=private|public where the machine has other
+                   addresses than loopback: it listens on all of them)
 
 experiments: experiments/*.py, one file each (mnist, cifar10, imdb_lstm,
 text_classifier, tfrecord_images); copy one to start your own.

@@ -10,7 +10,9 @@ PID within a timeout.
 import collections
 import contextlib
 import logging
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -310,6 +312,75 @@ def test_a_misused_server_command_says_how_in_one_line(argv, line):
   assert str(e.value) == f"{data_service.USAGE}\nlooper: {line}"
 
 
+# What /proc says on a host with a LAN address and a public one (an alias),
+# and IPv6 loopback, link-local, a unique-local and a global address.
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 127.0.0.0/8 2 0 2
+        +-- 127.0.0.0/31 1 0 0
+           |-- 127.0.0.0
+              /8 host LOCAL
+           |-- 127.0.0.1
+              /32 host LOCAL
+        |-- 127.255.255.255
+           /32 link BROADCAST
+     +-- 10.1.0.0/16 2 0 2
+           |-- 10.1.0.0
+              /16 link UNICAST
+           |-- 10.1.2.3
+              /32 host LOCAL
+     |-- 8.8.4.4
+        /32 host LOCAL
+Local:
+     |-- 10.1.2.3
+        /32 host LOCAL
+"""
+IF_INET6 = """00000000000000000000000000000001 01 80 10 80       lo
+fe8000000000000000fc00fffe000001 04 40 20 80     eth0
+fd000000000000000000000000000002 04 40 00 82     eth0
+20014860000000000000000000008888 04 40 00 00     eth0
+"""
+
+
+def test_the_machines_addresses_are_read_from_proc(tmp_path):
+  from looper.cli import data_service  # pylint: disable=g-import-not-at-top
+  (tmp_path / "trie").write_text(FIB_TRIE)
+  (tmp_path / "six").write_text(IF_INET6)
+  assert data_service.addresses(str(tmp_path / "trie"),
+                                str(tmp_path / "six")) == [
+      "8.8.4.4", "10.1.2.3", "127.0.0.1", "::1", "2001:4860::8888",
+      "fd00::2", "fe80::fc:ff:fe00:1"]
+  assert data_service.addresses(str(tmp_path / "none"),
+                                str(tmp_path / "six")) is None
+
+
+@pytest.mark.parametrize("network, found, beyond", [
+    ("loopback", ["127.0.0.1", "::1"], None),
+    ("loopback", ["10.1.2.3", "127.0.0.1", "fe80::1"], "other addresses"
+     " (10.1.2.3, fe80::1)"),
+    ("private", ["10.1.2.3", "127.0.0.1", "fd00::2", "fe80::1"], None),
+    ("private", ["8.8.4.4", "10.1.2.3", "2001:4860::8888"], "global"
+     " addresses (8.8.4.4, 2001:4860::8888)"),
+    ("public", ["8.8.4.4"], None),
+    ("public", None, None),
+])
+def test_the_declared_network_is_checked_against_the_addresses(network, found,
+                                                               beyond):
+  from looper.cli import data_service  # pylint: disable=g-import-not-at-top
+  fix = {"loopback": "pass --network=private if only the run's machines"
+                     " share that network, or run it in a network namespace",
+         "private": "pass --network=public behind a firewall that admits only"
+                    " the run's machines, or run it on a private network"}
+  assert data_service.refusal(network, found) == (beyond and (
+      f"looper data_service: --network={network}, but this machine has"
+      f" {beyond} and TensorFlow's server listens on all of them without"
+      f" authentication; {fix[network]}"))
+  assert data_service.refusal("private", None).startswith(
+      "looper data_service: cannot list this machine's addresses")
+
+
 # --- Slow: the servers' command, real runs ------------------------------------
 
 
@@ -337,14 +408,15 @@ def test_the_servers_start_and_stop_with_one_line_each(tmp_path):
   d_port, w_port = launch.free_ports(2)
   procs = []
   try:
+    # Any machine's addresses: the check has tests of its own (above).
     procs.append(_serve("--role=dispatcher", f"--port={d_port}",
-                        f"--work_dir={tmp_path}"))
+                        f"--work_dir={tmp_path}", "--network=public"))
     exposed = data_service.EXPOSED.format(port=d_port)
     assert _first_line(procs[0], 60) == (
         f"looper data_service: dispatcher at localhost:{d_port} ({exposed});"
         f" a restart with --work_dir={tmp_path} resumes its jobs")
     procs.append(_serve("--role=worker", f"--dispatcher=localhost:{d_port}",
-                        f"--port={w_port}"))
+                        f"--port={w_port}", "--network=public"))
     exposed = data_service.EXPOSED.format(port=w_port)
     assert _first_line(procs[1], 60) == (
         f"looper data_service: worker at localhost:{w_port} for the"
@@ -365,6 +437,42 @@ def test_the_servers_start_and_stop_with_one_line_each(tmp_path):
     for proc in procs:
       proc.kill()
       proc.wait()
+
+
+@pytest.mark.slow
+def test_by_default_a_server_starts_only_where_loopback_is_all():
+  from looper.cli import data_service  # pylint: disable=g-import-not-at-top
+  from looper.cli import launch  # pylint: disable=g-import-not-at-top
+  port = launch.free_ports(1)[0]
+  found = data_service.addresses()
+  if found is None or os.geteuid() != 0 or not shutil.which("unshare"):
+    pytest.skip("needs Linux's /proc addresses, root and unshare")
+  refused = data_service.refusal("loopback", found)
+  if refused:  # this machine's other addresses: one line, nothing served
+    proc = subprocess.run(
+        [sys.executable, "-m", "looper.main", "data_service",
+         "--role=dispatcher", f"--port={port}"], cwd=conftest.ROOT,
+        env=dict(conftest.LOOPBACK_ENV, PATH="/usr/bin:/bin",
+                 PYTHONPATH=str(conftest.ROOT)),
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1] == refused
+  # A network namespace with loopback alone (a container without network).
+  alone = subprocess.Popen(
+      ["unshare", "-n", "sh", "-c", "ip link set lo up && exec \"$@\"", "sh",
+       sys.executable, "-m", "looper.main", "data_service",
+       "--role=dispatcher", f"--port={port}"],
+      cwd=conftest.ROOT, env=dict(conftest.LOOPBACK_ENV, PATH="/usr/bin:/bin",
+                                  PYTHONPATH=str(conftest.ROOT)),
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  try:
+    assert _first_line(alone, 60).startswith(
+        f"looper data_service: dispatcher at localhost:{port} (")
+    alone.send_signal(signal.SIGTERM)
+    assert alone.wait(timeout=30) == 0
+  finally:
+    alone.kill()
+    alone.wait()
 
 
 def _accuracy(workdir) -> float:

@@ -115,7 +115,9 @@ def _servers(workers: int) -> tuple[str, list[subprocess.Popen]]:
   procs = []
   for flags, port in zip(roles, ports):
     procs.append(subprocess.Popen(
-        command + flags + [f"--port={port}"], cwd=ROOT, env=_env(),
+        # Up for minutes, serving random JPEGs: on any machine's addresses.
+        command + flags + [f"--port={port}", "--network=public"],
+        cwd=ROOT, env=_env(),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         preexec_fn=_pinned(SERVICE_CPUS)))
     procs[-1].stdout.readline()  # its start line: it serves
