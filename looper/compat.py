@@ -17,6 +17,8 @@ Synopsis::
     compat.on_gce()                              # notices: a GCE VM?
     compat.ask_dispatcher("host:5050", "GetWorkers", 60)  # data.service start
     compat.shared_value("key", "value" or None)  # one job name, all workers
+    compat.sublayers(model)                      # randomness: nested layers
+    compat.seed_generators(layer)                # randomness: their states
 
 Each function reaches into a name TensorFlow or Keras may move or reshape in
 any release, because no public API does what looper needs. Its docstring
@@ -317,3 +319,36 @@ def shared_value(key: str, value: str | None) -> str:
     return value
   return context.context().get_config_key_value(key)
 
+
+
+def sublayers(model) -> list:
+  """`model` and every layer inside it, nested ones included (a
+  MultiHeadAttention's dropout, an RNN's cell), each once, in the order
+  Keras tracks them.
+
+  Touches: Keras' `Layer._flatten_layers(include_self, recursive)`
+  (keras/src/layers/layer.py), which walks the layers a layer tracks.
+
+  Why: `model.layers` lists only the top level of a Functional or
+  Sequential model; the random layers looper makes replica-invariant and
+  checkpoints sit anywhere (looper.train.randomness).
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  return list(model._flatten_layers(include_self=True, recursive=True))  # pylint: disable=protected-access
+
+
+def seed_generators(layer) -> list:
+  """The SeedGenerators `layer` itself holds (not its sublayers').
+
+  Touches: Keras' `Layer._seed_generators`, the list its attribute tracker
+  fills with each `keras.random.SeedGenerator` assigned to the layer.
+
+  Why: a SeedGenerator's state (its place in the random stream) is a Keras
+  variable that `tf.train.Checkpoint(model=...)` does not reach; looper
+  checkpoints it (looper.train.randomness), and names the layers that draw
+  random numbers it cannot make replica-invariant.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  return list(getattr(layer, "_seed_generators", []))

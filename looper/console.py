@@ -125,9 +125,11 @@ def expect_partial_restores(error: BaseException) -> None:
 
 
 def header(config, strategy, workdir: str | None, mode: str,
-           restored: str | None, model, peak=None) -> str:
-  """The lines that open a run: what runs where, with which batch, and
-  the peak (a `looper.train.peak.Peak`) the progress line's MFU is of."""
+           restored: str | None, model, peak=None,
+           note: str | None = None) -> str:
+  """The lines that open a run: what runs where, with which batch, the
+  peak (a `looper.train.peak.Peak`) the progress line's MFU is of, and a
+  `note` on what the run cannot promise (looper.train.randomness)."""
   replicas = strategy.num_replicas_in_sync
   name = type(strategy).__name__.replace("Strategy", "")
   name = "default" if name.startswith("_Default") else name
@@ -168,6 +170,8 @@ def header(config, strategy, workdir: str | None, mode: str,
     from looper.workdir import summaries  # pylint: disable=g-import-not-at-top
     value, prefix = summaries.si(peak.flops_per_sec)
     lines.append(f"  MFU        of {value} {prefix}FLOP/s: {peak.source}")
+  if note:
+    lines.append(f"  note       {note}")
   return "\n".join(lines)
 
 

@@ -56,8 +56,9 @@ def _describe(config) -> None:
 
 
 def _check(config) -> None:
-  problems = tpu_check.check(config, cores=_CORES.value)
-  print(tpu_check.report(problems, config, _CORES.value))
+  notes = []
+  problems = tpu_check.check(config, cores=_CORES.value, notes=notes)
+  print(tpu_check.report(problems, config, _CORES.value, notes))
   sys.exit(1 if problems else 0)
 
 

@@ -53,6 +53,7 @@ from looper.train import precision
 from looper.train import preemption
 from looper.train import profiler
 from looper.workdir import checkpoint
+from looper.workdir import contents
 from looper.workdir import export
 from looper.workdir import hparams
 from looper.workdir import lease
@@ -171,14 +172,15 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
     items = {"model": trainer.model}
     if config.init.optimizer:
       items["optimizer"] = trainer.optimizer
-    checkpoint.warm_start(config.init.checkpoint, items)
+    contents.warm_start(config.init.checkpoint, items)
     trainer.optimizer.iterations.assign(0)  # the schedule starts over
   # What MFU is the share of (a probe, cached, or a known figure); the
   # FLOPs of a step are counted after the first loop (looper.train.flops).
   machine = peak.of_run(config, strategy) if training else None
   # Every worker: under `looper launch` each line says whose it is.
   logging.info("%s", console.header(config, strategy, wd.root, mode,
-                                    restored, trainer.model, peak=machine))
+                                    restored, trainer.model, peak=machine,
+                                    note=trainer.random.note()))
   out = _open_workdir(wd, config, MODES[mode], chief,
                       eval_names=evaluator.metric_names)
   ledger = None

@@ -314,3 +314,26 @@ def test_a_call_names_its_function_graph():
   called = compat.function_graph(body, call.get_attr("f").name)
   assert "MatMul" in {op.type for op in called.get_operations()}
   assert compat.function_graph(graph, "no_such_function") is None
+
+
+# --- sublayers, seed_generators: Keras' layer tracking (randomness) --------
+
+
+def test_nested_layers_and_their_seed_generators_are_tracked():
+  attention = keras.layers.MultiHeadAttention(2, 4, dropout=0.1)
+  model = keras.Sequential([keras.Input((3, 4)), keras.layers.Dropout(0.2),
+                            keras.layers.LSTM(4, dropout=0.1,
+                                              return_sequences=True)])
+  x = tf.zeros([1, 3, 4])
+  attention(x, x)
+  names = [type(l).__name__ for l in compat.sublayers(model)]
+  assert names == ["Sequential", "InputLayer", "Dropout", "LSTM", "LSTMCell"]
+  inner = compat.sublayers(attention)
+  assert [type(l).__name__ for l in inner].count("Dropout") == 1
+  counts = {type(l).__name__: len(compat.seed_generators(l))
+            for l in compat.sublayers(model) + inner}
+  assert counts == {"Sequential": 0, "InputLayer": 0, "Dropout": 1,
+                    "LSTM": 0, "LSTMCell": 1, "MultiHeadAttention": 0,
+                    "EinsumDense": 0, "Softmax": 0}
+  state = compat.seed_generators(model.layers[0])[0].state
+  assert isinstance(state, keras.Variable) and state.shape == (2,)

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from looper import run
-from looper.workdir import checkpoint
+from looper.workdir import contents
 from tests import tiny
 from tests.conftest import curve, popen_looper, scalars, stop_and_resume
 from tests.stress import kill9
@@ -26,7 +26,7 @@ TINY = "--config=tests/tiny.py"
 def model_tensors(prefix) -> dict[str, np.ndarray]:
   """The model's weights in a checkpoint, by their place in the model."""
   reader = tf.train.load_checkpoint(str(prefix))
-  keys = checkpoint.variable_keys(str(prefix), "model")
+  keys = contents.variable_keys(str(prefix), "model")
   assert len(keys) == 4, keys  # tiny's two kernels and two biases
   return {name: reader.get_tensor(key) for name, key in keys.items()}
 

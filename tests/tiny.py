@@ -38,7 +38,29 @@ def tokens(x: np.ndarray) -> np.ndarray:
   return bins + BINS * np.arange(FEATURES, dtype=np.int32)
 
 
+def keras_random_model(width: int) -> keras.Model:
+  """An MLP through every random layer of Keras' looper adopts
+  (looper.train.randomness.PER_EXAMPLE), in plain Keras as a user writes
+  it: the 8 features as a 4x4 image (flip, spatial dropout) and a sequence
+  of 4 (spatial dropout, attention with dropout)."""
+  L = keras.layers  # pylint: disable=invalid-name
+  inputs = keras.Input((FEATURES,))
+  h = L.Dense(width, activation="relu")(inputs)
+  h = L.Dropout(0.3)(h)
+  h = L.GaussianNoise(0.1)(h)
+  h = L.GaussianDropout(0.2)(h)
+  h = L.AlphaDropout(0.1)(h)
+  image = L.Reshape((4, width // 4, 1))(h)
+  image = L.RandomFlip("horizontal")(image)
+  image = L.SpatialDropout2D(0.2)(image)
+  sequence = L.SpatialDropout1D(0.2)(L.Reshape((4, width // 4))(image))
+  sequence = L.MultiHeadAttention(2, 4, dropout=0.2)(sequence, sequence)
+  return keras.Model(inputs, L.Dense(NUM_CLASSES)(L.Flatten()(sequence)))
+
+
 def model_fn(config):
+  if config.model.keras_random:
+    return keras_random_model(config.model.width)
   regularizer = keras.regularizers.L2(config.model.l2) if config.model.l2 else None
   dropout = ([layers.Dropout(config.model.dropout, seed=7)]
              if config.model.dropout else [])
@@ -82,6 +104,8 @@ def get_config():
   c.model.width = 16
   c.model.l2 = 1e-3
   c.model.dropout = 0.0  # > 0: looper's replica-invariant Dropout
+  # Keras' own random layers (keras_random_model) instead of the MLP.
+  c.model.keras_random = False
   c.model.embed = 0  # > 0: token inputs and an Embedding of this width
   c.model.num_examples = 1001  # not a multiple of any batch size
   return c

@@ -29,7 +29,8 @@ def describe(config) -> str:
   data = input_lib.Input(config, strategy)
   trainer = names.resolve(config.trainer, "trainer")(config, strategy, data)
   lines = [console.header(config, strategy, None, "describe", None,
-                          trainer.model), "", "data"]
+                          trainer.model, note=trainer.random.note()),
+           "", "data"]
   for field in ("data.train_split", "data.eval_split"):
     split = config.data[field.split(".")[1]]
     source = data.source(split)

@@ -54,13 +54,16 @@ from looper.train import precision
 MAX_SHAPES = 8
 
 
-def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
+def check(config, *, cores: int = 8, batches: int = 20,
+          notes: list[str] | None = None) -> list[str]:
   """Returns the problems an experiment would meet on `cores` TPU cores.
 
   Args:
     config: the experiment's config (not changed).
     cores: TPU cores of the target (8: a v2-8/v3-8 or one v4-8 host).
     batches: train batches whose shapes are looked at.
+    notes: if given, gets what the run cannot promise but is no problem
+      (random draws that depend on the replica count), for `report`.
   """
   config_lib.validate(config)
   problems = _batch_problems(config, cores) + _precision_problems(config)
@@ -72,6 +75,8 @@ def check(config, *, cores: int = 8, batches: int = 20) -> list[str]:
   trainer_cls = names.resolve(config.trainer, "trainer")
   data = input_lib.Input(config, tf.distribute.get_strategy())
   trainer = trainer_cls(config, data.strategy, data)
+  if notes is not None and trainer.random.note():
+    notes.append(trainer.random.note())
   splits = {"train": config.data.train_split, "eval": config.data.eval_split}
   try:
     examples = {k: data.examples(split) for k, split in splits.items()}
@@ -281,9 +286,10 @@ def _user_frame(error: Exception) -> str:
   return f"{os.path.basename(path)}:{line}"
 
 
-def report(problems: list[str], config, cores: int) -> str:
-  """The text `looper check` prints: 'ready: ...' or the problems, and a
-  note if the precision is slower than float32 on this machine."""
+def report(problems: list[str], config, cores: int, notes=()) -> str:
+  """The text `looper check` prints: 'ready: ...' or the problems, then
+  `notes` (from `check`) and a note if the precision is slower than
+  float32 on this machine."""
   if problems:
     text = "\n".join(f"looper check: {p}" for p in problems)
   else:
@@ -292,6 +298,7 @@ def report(problems: list[str], config, cores: int) -> str:
             f" shapes, the input is pure tf.data, batch"
             f" {config.train.batch_size} = {per_core} per core on {cores} TPU"
             f" cores")
+  text += "".join(f"\nnote: {note}" for note in notes)
   accelerated = any(tf.config.list_physical_devices(kind)
                     for kind in ("GPU", "TPU"))
   slower = precision.slower_here(config.train.precision,

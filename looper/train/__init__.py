@@ -13,6 +13,7 @@
 | `distribute`, `optimizers`, `precision`, `objectives` | the options: each owns its name table |
 | `slurm` | a Slurm step's tasks as one multi-worker cluster: TF_CONFIG, ports, each task's GPUs |
 | `ema`, `layers`, `dry_run` | the weight average; replica-invariant noise layers; the model and loss run on a split's first examples before a run |
+| `randomness` | Keras' own random layers: their state in the checkpoint, replica-invariant draws, the draws that are not named |
 | `flops`, `peak` | a train step's FLOPs (counted once from its graph) and tokens; the peak FLOP/s MFU divides by (flag, datasheet, cached matmul probe) |
 | `profiler` | the profiler window (`profile.*`): an action whose edges end loops |
 

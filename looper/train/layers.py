@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 
-class _GlobalBatchNoise(keras.layers.Layer):
+class GlobalBatchNoise(keras.layers.Layer):
   """A layer drawing uniform noise per example of the global batch."""
 
   def __init__(self, seed: int | None = None, **kwargs):
@@ -72,7 +72,7 @@ def rows_of_global_draw(seed, shape, replica, replicas: int) -> tf.Tensor:
 
 
 @keras.saving.register_keras_serializable(package="looper")
-class Dropout(_GlobalBatchNoise):
+class Dropout(GlobalBatchNoise):
   """Inverted dropout of rate `rate`, replica-count invariant (see module)."""
 
   def __init__(self, rate: float, seed: int | None = None, **kwargs):
@@ -92,7 +92,7 @@ class Dropout(_GlobalBatchNoise):
 
 
 @keras.saving.register_keras_serializable(package="looper")
-class RandomFlip(_GlobalBatchNoise):
+class RandomFlip(GlobalBatchNoise):
   """In training, flips each image [height, width, channels] left-right
   with probability 1/2, replica-count invariant (see module); identity in
   eval and serving."""

@@ -41,6 +41,7 @@ from looper.train import loop
 from looper.train import objectives
 from looper.train import optimizers
 from looper.train import precision
+from looper.train import randomness
 from looper.train import stopping
 
 
@@ -84,6 +85,9 @@ class Trainer:
     with strategy.scope():
       with precision.policy(config.train.precision):
         self.model = self.build_model()
+      # Keras' random layers: replica-invariant draws and their state in
+      # the checkpoint, whatever build_model made (looper.train.randomness).
+      self.random = randomness.adopt(self.model)
       self.optimizer = precision.wrap(self.build_optimizer(),
                                       config.train.precision)
       if config.optimizer.clip_global_norm:  # after the replicas' sum
@@ -318,6 +322,8 @@ class Trainer:
                  step=self.step, **self.input.checkpoint_items())
     if self.ema:
       items["ema"] = self.ema.averages
+    if self.random.states:
+      items["random"] = self.random.states
     return items
 
 

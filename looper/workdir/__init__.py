@@ -1,7 +1,8 @@
 """The workdir: one object naming every path a run reads or writes.
 
 This package holds what is written there, a module each: `checkpoint`
-(saves, restores, the best one), `lease` (one writer per workdir),
+(saves, restores, the best one) with `contents` (what a checkpoint holds;
+warm starts from another run's), `lease` (one writer per workdir),
 `summaries` (TensorBoard events, the progress line) with `jsonl`
 (metrics.jsonl) and `hparams` (the HParams row), `export` (a SavedModel
 for serving). They, and the profiler window (looper.train.profiler), take

@@ -9,10 +9,10 @@ Synopsis::
     ckpt.save(step=500)     # writes checkpoints/ckpt-500.*
     ckpt.save_best(500)     # checkpoints/best/ckpt-500.* (keeps one)
     ckpt.wait()             # an async save in flight is durable after this
-    checkpoint.warm_start("/runs/a/checkpoints", {"model": model})
 
 What is saved: the model, the optimizer (slots and iteration count), the
-global step and the train data position (global examples consumed). The
+global step, the train data position (global examples consumed) and the
+model's random state (Keras' SeedGenerators: looper.train.randomness). The
 distributed iterator itself cannot be checkpointed under tf.distribute
 (tensorflow#56372); the position restores it exactly (see looper.data).
 
@@ -41,14 +41,22 @@ from typing import Any, Callable
 
 from absl import logging
 import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from looper import compat
 from looper import errors
 from looper import workdir as workdir_lib
+from looper.workdir import contents
 from looper.errors import CheckpointError
 from looper.errors import CheckpointMissing
 from looper.errors import first_line
+
+# Items a workdir written by an earlier looper lacks, and what restoring
+# without them means: the rest restores and the run goes on, said once.
+ADDED_LATER = {
+    "random": "the model's random layers' state, so their draws start"
+              " again from their seeds (exact resume holds from the next"
+              " checkpoint on)",
+}
 
 
 def io_device(on_tpu: bool, directory: str) -> str | None:
@@ -72,6 +80,7 @@ class Checkpointer:
     # Called before each save; raises to stop a run that must not write
     # (another run took the workdir over: looper.workdir.lease).
     self._guard = guard or (lambda: None)
+    self._items = items
     self._checkpoint = tf.train.Checkpoint(**items)
     self._save_dir, self._best_dir = workdir.checkpoint_saves(
         None if chief else task_id)
@@ -151,8 +160,14 @@ class Checkpointer:
     return None
 
   def _read(self, path: str) -> None:
+    checkpoint = self._checkpoint
+    lacking = [k for k in ADDED_LATER
+               if k in self._items and k not in contents.items(path)]
+    if lacking:
+      checkpoint = tf.train.Checkpoint(**{
+          k: v for k, v in self._items.items() if k not in lacking})
     try:
-      self._checkpoint.restore(
+      checkpoint.restore(
           path, options=self._sync_options).assert_existing_objects_matched()
     except (ValueError, AssertionError) as e:
       raise CheckpointError(
@@ -160,6 +175,8 @@ class Checkpointer:
           f" builds ({first_line(e)}); use a new --workdir, or delete"
           f" {self._workdir} to start over") from None
     self._saved_step = _step_of(path)
+    for item in lacking:
+      logging.warning("%s was written without %s.", path, ADDED_LATER[item])
 
   def save(self, step: int, *, sync: bool = False, force: bool = False
            ) -> str | None:
@@ -297,93 +314,3 @@ def on_full_disk(directory: str, writing: str, checkpoints: str):
     raise errors.disk_full(directory, e, writing=writing,
                            kept=tf.train.latest_checkpoint(checkpoints)
                            ) from None
-
-
-def variable_keys(path: str, prefix: str) -> dict[str, str]:
-  """{name: checkpoint key} of the variables under `prefix` (e.g. 'model').
-
-  A checkpoint stores each variable once, under the first path that
-  reaches it (a model's weights usually sit under `optimizer/`), so the
-  names come from walking the object graph from `prefix`: the same names
-  for the same model, whatever else the checkpoint holds.
-  """
-  reader = tf.compat.v1.train.NewCheckpointReader(path)
-  graph = trackable_object_graph_pb2.TrackableObjectGraph()
-  graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-  keys, seen = {}, set()
-
-  def walk(node_id: int, name: str):
-    seen.add(node_id)
-    for attribute in graph.nodes[node_id].attributes:
-      if attribute.name == "VARIABLE_VALUE":
-        keys[name] = attribute.checkpoint_key
-    for child in graph.nodes[node_id].children:
-      if child.node_id not in seen:
-        walk(child.node_id, f"{name}/{child.local_name}" if name
-             else child.local_name)
-
-  for child in graph.nodes[0].children:
-    if child.local_name == prefix:
-      walk(child.node_id, "")
-  return keys
-
-
-def _shapes(path: str, prefix: str) -> dict[str, list[int]]:
-  shapes = tf.compat.v1.train.NewCheckpointReader(
-      path).get_variable_to_shape_map()
-  return {name: shapes[key] for name, key in variable_keys(path, prefix).items()}
-
-
-def warm_start(path: str, items: dict[str, Any]) -> str:
-  """Restores `items` (e.g. the model) from another run before step 0.
-
-  Variables match by their place in the model (the same keys a checkpoint
-  of this model would use); those missing from the checkpoint keep their
-  initial values, and one line reports what matched.
-
-  Args:
-    path: a checkpoint prefix, or a directory holding checkpoints.
-    items: {'model': model} and optionally {'optimizer': optimizer}.
-
-  Returns:
-    The one-line report (also logged).
-
-  Raises:
-    CheckpointError: no checkpoint at `path`, or a variable's shape differs.
-  """
-  if tf.io.gfile.isdir(path):
-    path = tf.train.latest_checkpoint(path) or path
-  if not tf.io.gfile.exists(path + ".index"):
-    raise CheckpointError(
-        f"config.init.checkpoint={path!r}: no checkpoint there ({path}.index"
-        " is missing); give a checkpoint prefix like"
-        " /runs/a/checkpoints/ckpt-1000 or its directory")
-  # Our own keys, from a throwaway in-memory checkpoint of this model.
-  probe = tf.train.Checkpoint(**items).write(f"ram://looper-warm-start/{id(items)}")
-  parts = []
-  # The optimizer also reaches the model's weights: report those once.
-  model_keys = set(variable_keys(probe, "model").values())
-  for name in items:
-    own = {n for n, k in variable_keys(probe, name).items()
-           if name == "model" or k not in model_keys}
-    ours = {n: v for n, v in _shapes(probe, name).items() if n in own}
-    theirs = {n: v for n, v in _shapes(path, name).items()
-              if n in own or n not in _shapes(probe, name)}
-    for key, shape in ours.items():
-      if key in theirs and theirs[key] != shape:
-        raise CheckpointError(
-            f"config.init.checkpoint={path!r}: {name} variable {key} has shape"
-            f" {theirs[key]} there but {shape} here; make the model match, or"
-            " drop the layer from the warm start")
-    matched = [k for k in ours if k in theirs]
-    missing = [k for k in ours if k not in theirs]
-    unused = [k for k in theirs if k not in ours]
-    parts.append(f"{name}: {len(matched)} of {len(ours)} variables restored"
-                 + (f", not in the checkpoint: {', '.join(missing)}"
-                    if missing else "")
-                 + (f", unused from it: {', '.join(unused)}" if unused else ""))
-  tf.io.gfile.rmtree("ram://looper-warm-start")
-  tf.train.Checkpoint(**items).read(path).expect_partial()
-  report = f"Warm start from {path}: " + "; ".join(parts)
-  logging.info(report)
-  return report

@@ -14,7 +14,7 @@ repeat until a run exits 0. The kill moment is one of:
   save  the moment a checkpoint's temporary files appear on disk;
   eval  right after the progress line of an eval step (during evaluation).
 A trial is bit-exact when every tensor of the final checkpoint (model,
-optimizer, step, data position), the per-step loss curve read back from
+optimizer, step, data position, random layers' states), the per-step loss curve read back from
 TensorBoard (steps 1..N once each) and the eval scalars equal the reference.
 """
 
@@ -34,7 +34,10 @@ import numpy as np
 from tests.conftest import checkpoint_tensors, curve, popen_looper
 from tests.conftest import run_looper, scalars
 
+# Keras' own random layers (Dropout, noise, flips, attention dropout) on 2
+# replicas: their draws must continue, not restart, after a kill.
 ARGS = ("--config=tests/tiny.py", "--config.distribution.num_cpu_devices=2",
+        "--config.model.keras_random=True",
         "--config.train.steps=120", "--config.train.steps_per_loop=5",
         "--config.checkpoint.every_steps=10", "--config.eval.every_steps=20",
         "--config.checkpoint.keep=100")
