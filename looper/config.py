@@ -11,7 +11,7 @@ Synopsis (an experiment file)::
       c = lc.default_config()
       c.model_fn = model_fn              # or the string 'my.module:model_fn'
       c.dataset_fn = dataset_fn
-      c.train.steps = 1000
+      c.train.steps = 1000               # or c.train.epochs = 3
       c.model.width = lc.whole(128)      # the experiment's own, >= 1
       return c
 
@@ -20,6 +20,11 @@ A field with a kind is declared once with its default by `whole`,
 experiment's own in its get_config(); `validate` checks each declared field
 ("config.model.width=0: must be a whole number >= 2; set
 --config.model.width"). Later assignments (`c.train.steps = 500`) keep the kind.
+
+A length is given in steps or in epochs of the train split, one of each
+pair of IN_EPOCHS (train.steps or train.epochs, eval.every_steps or
+every_epochs, checkpoint.every_steps or every_epochs); looper.train.epochs
+turns epochs into steps once the data are known.
 
 `validate` checks every field looper reads. The names an option accepts are not
 listed here: each comes from the table of the module that builds it
@@ -107,6 +112,11 @@ def boolean(default: bool) -> Field:
   return Field(default, bool)
 
 
+def _epochs() -> Field:
+  """A number of epochs >= 0, a fraction too; 0: counted in steps."""
+  return Field(0.0, float, "a number of epochs")
+
+
 def declared(c: ml_collections.ConfigDict, prefix: str = ""):
   """Yields (dotted path, Field) for each declared field of `c`, nested
   blocks too, in ml_collections' (sorted) key order."""
@@ -121,6 +131,22 @@ def _object_field(default):
   # A field that holds a callable, a class or a 'module:name' string. Without
   # field_type=object ml_collections would fix its type at the first value.
   return config_dict.FieldReference(default, field_type=object)
+
+
+# Lengths a config gives in steps or in epochs of the train split: (the
+# steps field, the epochs field, what they set). A config sets one of each
+# pair, the other 0, so no value is silently ignored; looper.train.epochs
+# turns the epochs into steps once the train split's size is known.
+IN_EPOCHS = (("train.steps", "train.epochs", "how long to train"),
+             ("eval.every_steps", "eval.every_epochs", "when to evaluate"),
+             ("checkpoint.every_steps", "checkpoint.every_epochs",
+              "when to save"))
+
+
+def value_at(c: ml_collections.ConfigDict, path: str) -> Any:
+  """The value of the field at dotted `path` ('train.steps')."""
+  section, _, name = path.rpartition(".")
+  return (c[section] if section else c)[name]
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -148,7 +174,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.metrics = _object_field(("accuracy",))
 
   c.train = ml_collections.ConfigDict()
-  c.train.steps = whole(1000)
+  # How long to train: optimizer updates, or epochs of the train split
+  # (a fraction too: 2.5), which looper.train.epochs turns into updates,
+  # rounded up. Set one, the other 0 (IN_EPOCHS).
+  c.train.steps = whole(0, low=0)
+  c.train.epochs = _epochs()
   # GLOBAL batch, split evenly over the replicas.
   c.train.batch_size = whole(128)
   # Steps run inside one tf.function call; evaluation, checkpoints and the
@@ -175,7 +205,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.peak_flops = Field(0.0, float, "a number of FLOP/s")
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.every_steps = whole(1000, low=0)  # 0: only at the end of training
+  # Evaluate every this many steps, or epochs; both 0: only at the end of
+  # training. Set one, the other 0 (IN_EPOCHS).
+  c.eval.every_steps = whole(0, low=0)
+  c.eval.every_epochs = _epochs()
   # GLOBAL batch; the last one is padded and masked.
   c.eval.batch_size = whole(256)
   c.eval.steps = config_dict.placeholder(int)  # None: the whole eval split.
@@ -202,7 +235,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.optimizer.reference_batch_size = whole(256)
 
   c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = whole(1000, low=0)  # 0: save only at the end.
+  # Save every this many steps, or epochs; both 0: only at the end (and on
+  # a stop). Set one, the other 0 (IN_EPOCHS).
+  c.checkpoint.every_steps = whole(0, low=0)
+  c.checkpoint.every_epochs = _epochs()
   c.checkpoint.keep = whole(3)
   # Also save when this long has passed since the last save (0: off), so a
   # preemptible job loses at most this much work whatever the step time.
@@ -363,15 +399,24 @@ def validate(c: ml_collections.ConfigDict) -> None:
     value = field.get()
     _check(field.allows(value), path, value,
            f"must be {field.must}; set --config.{path}")
-  _check(c.profile.start_step < c.train.steps, "profile.start_step",
-         c.profile.start_step, f"must be < train.steps={c.train.steps}: the"
-         " trace holds the steps after it; set --config.profile.start_step")
+  for steps, epochs, what in IN_EPOCHS:
+    if value_at(c, steps) and value_at(c, epochs):
+      raise ConfigError(
+          f"config.{steps}={value_at(c, steps)!r} and config.{epochs}="
+          f"{value_at(c, epochs)!r} both set {what}; set one of them to 0:"
+          f" --config.{steps}=0 to count in epochs, or --config.{epochs}=0")
+  if not (c.train.steps or c.train.epochs):
+    raise ConfigError(
+        f"config.train.steps={c.train.steps!r} and config.train.epochs="
+        f"{c.train.epochs!r}: nothing sets how long to train; set"
+        " --config.train.steps (optimizer updates) or --config.train.epochs")
+  # Steps from train.epochs are known once the data are: checked then.
+  if c.train.steps:
+    check_steps(c)
   _check(c.eval.steps is None or c.eval.steps >= 1, "eval.steps",
          c.eval.steps, "must be >= 1, or None for the whole eval split")
   _check(c.optimizer.learning_rate > 0, "optimizer.learning_rate",
          c.optimizer.learning_rate, "must be > 0")
-  _check(c.optimizer.warmup_steps <= c.train.steps, "optimizer.warmup_steps",
-         c.optimizer.warmup_steps, f"must be <= train.steps={c.train.steps}")
   _check_choice(c.checkpoint.best_mode, "checkpoint.best_mode",
                 evaluation.BEST_MODES)
   _check(not c.train.early_stop_patience or bool(c.checkpoint.best_metric),
@@ -398,3 +443,13 @@ def validate(c: ml_collections.ConfigDict) -> None:
            " TPU VM)")
   parse_split(c.data.train_split, "data.train_split")
   parse_split(c.data.eval_split, "data.eval_split")
+
+
+def check_steps(c: ml_collections.ConfigDict) -> None:
+  """The fields bounded by train.steps; by `validate`, or by
+  looper.train.epochs once it has turned train.epochs into steps."""
+  _check(c.profile.start_step < c.train.steps, "profile.start_step",
+         c.profile.start_step, f"must be < train.steps={c.train.steps}: the"
+         " trace holds the steps after it; set --config.profile.start_step")
+  _check(c.optimizer.warmup_steps <= c.train.steps, "optimizer.warmup_steps",
+         c.optimizer.warmup_steps, f"must be <= train.steps={c.train.steps}")

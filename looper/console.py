@@ -125,11 +125,13 @@ def expect_partial_restores(error: BaseException) -> None:
 
 
 def header(config, strategy, workdir: str | None, mode: str,
-           restored: str | None, model, peak=None,
+           restored: str | None, model, peak=None, epoch=None,
            note: str | None = None) -> str:
-  """The lines that open a run: what runs where, with which batch, the
-  peak (a `looper.train.peak.Peak`) the progress line's MFU is of, and a
-  `note` on what the run cannot promise (looper.train.randomness)."""
+  """The lines that open a run: what runs where, with which batch, how
+  many epochs the steps are (of `epoch`, a `looper.train.epochs.Epoch`,
+  if the train split's size is known), the peak (a
+  `looper.train.peak.Peak`) the progress line's MFU is of, and a `note` on
+  what the run cannot promise (looper.train.randomness)."""
   replicas = strategy.num_replicas_in_sync
   name = type(strategy).__name__.replace("Strategy", "")
   name = "default" if name.startswith("_Default") else name
@@ -155,9 +157,10 @@ def header(config, strategy, workdir: str | None, mode: str,
       f" replica x {replicas}" + (f", {accum} micro-batches per update"
                                   if accum > 1 else "") +
       f"; eval {config.eval.batch_size}",
-      f"  steps      {config.train.steps}, {config.train.steps_per_loop} per"
-      f" loop; eval every {config.eval.every_steps or 'end'}, checkpoint"
-      f" every {config.checkpoint.every_steps or 'end'}",
+      f"  steps      {config.train.steps}{_in_epochs(config, epoch)},"
+      f" {config.train.steps_per_loop} per loop; eval every"
+      f" {config.eval.every_steps or 'end'}, checkpoint every"
+      f" {config.checkpoint.every_steps or 'end'}",
       f"  precision  {config.train.precision}"
       f"{', XLA per step' if config.train.jit_compile else ''}",
   ]
@@ -173,6 +176,15 @@ def header(config, strategy, workdir: str | None, mode: str,
   if note:
     lines.append(f"  note       {note}")
   return "\n".join(lines)
+
+
+def _in_epochs(config, epoch) -> str:
+  """' = 1.003 epochs of 60,000' (the steps' epochs), or '' if unknown."""
+  if epoch is None:
+    return ""
+  n = epoch.of(config.train.steps)
+  number = f"{n:.4g}" if n < 1000 else f"{n:,.0f}"
+  return f" = {number} epoch{'s' * (number != '1')} of {epoch}"
 
 
 def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,

@@ -3,7 +3,7 @@
 Synopsis::
 
     from looper import errors
-    raise errors.ConfigError("config.train.steps=0: must be >= 1; set ...")
+    raise errors.ConfigError("config.train.batch_size=0: must be >= 1; set ...")
     errors.first_line(keras_error)        # its informative first line
     errors.xla_op(e)                      # 'AsString' from XLA's error text
     errors.compile_error(e, jit_compile=False)  # XLA's, or None (data)

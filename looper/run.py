@@ -44,6 +44,7 @@ from looper.train import actions
 from looper.train import controller as controller_lib
 from looper.train import distribute
 from looper.train import dry_run
+from looper.train import epochs
 from looper.train import evaluation
 from looper.train import evaluator as evaluator_lib
 from looper.train import goodput
@@ -121,12 +122,15 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   precision.set_deterministic(config.train.deterministic)
   strategy = distribute.strategy_for(config)
   data = input_lib.Input(config, strategy)
+  training = MODES[mode].trains
+  # Epochs as steps, before anything reads a step (looper.train.epochs); a
+  # run that does not train reads the train split only if epochs need it.
+  config, epoch = epochs.resolve(config, data, known=training)
   trainer = names.resolve(config.trainer, "trainer")(config, strategy, data)
   evaluator = evaluator_lib.Evaluator(trainer, data)
   # The one task that writes files (summaries, config, checkpoints):
   # TensorFlow's chief rule (the chief task, else worker 0).
   chief = strategy.extended.should_checkpoint
-  training = MODES[mode].trains
   # Everything that can be checked is checked before a file is written:
   # nothing already saved in `workdir` is touched by a bad config, and a
   # bad eval split fails now, not after hours of training.
@@ -148,14 +152,14 @@ def run(config: ml_collections.ConfigDict, workdir: str,
                      take=chief and training) as held:
     return _run_in_workdir(config, wd, mode, checkpoint_path, strategy,
                            trainer, evaluator, started=started,
-                           chief=chief,
+                           chief=chief, epoch=epoch,
                            guard=held.check if held else None)
 
 
 def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
                     checkpoint_path: str | None, strategy, trainer,
-                    evaluator, *,
-                    started: float, chief: bool, guard) -> dict:
+                    evaluator, *, started: float, chief: bool,
+                    epoch: epochs.Epoch | None, guard) -> dict:
   """`run` once every check passed (and the lease is held, if training)."""
   c = config.checkpoint
   training = MODES[mode].trains
@@ -180,7 +184,7 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
   # Every worker: under `looper launch` each line says whose it is.
   logging.info("%s", console.header(config, strategy, wd.root, mode,
                                     restored, trainer.model, peak=machine,
-                                    note=trainer.random.note()))
+                                    epoch=epoch, note=trainer.random.note()))
   out = _open_workdir(wd, config, MODES[mode], chief,
                       eval_names=evaluator.metric_names)
   ledger = None

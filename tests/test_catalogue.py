@@ -97,11 +97,15 @@ def assert_fails(c, workdir, want, mode="train_and_eval", **kwargs):
     # ml_collections lets a bool into an int field (bool is an int): True
     # must not mean "1 step".
     pytest.param("train.steps", True, "config.train.steps=True: must be a"
-                 " whole number >= 1; set --config.train.steps",
+                 " whole number >= 0; set --config.train.steps",
                  id="steps-bool"),
     pytest.param("train.steps", None, "config.train.steps=None: must be a"
-                 " whole number >= 1; set --config.train.steps",
+                 " whole number >= 0; set --config.train.steps",
                  id="steps-none"),
+    pytest.param("train.epochs", 2, "config.train.steps=30 and"
+                 " config.train.epochs=2.0 both set how long to train; set"
+                 " one of them to 0: --config.train.steps=0 to count in"
+                 " epochs, or --config.train.epochs=0", id="steps-and-epochs"),
     pytest.param("checkpoint.keep", 0, "config.checkpoint.keep=0: must be a"
                  " whole number >= 1; set --config.checkpoint.keep",
                  id="keep-zero"),

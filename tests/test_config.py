@@ -16,7 +16,7 @@ from tests.conftest import configured
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("train.steps", 0, "config.train.steps=0: must be a whole number >= 1;"
+    ("train.steps", -1, "config.train.steps=-1: must be a whole number >= 0;"
      " set --config.train.steps"),
     ("train.batch_size", -8, "config.train.batch_size=-8: must be a whole"
      " number >= 1; set --config.train.batch_size"),

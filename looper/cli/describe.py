@@ -7,10 +7,11 @@ Synopsis::
     print(describe.describe(config))   # the same text, from Python
 
 Prints the strategy and its replicas, the global and per-replica batch, the
-loop and its cadence, each split's input mode, example spec and size, the
-model summary and the resolved config. It builds the strategy and the
-Trainer exactly as a run does (so a bad config fails with the run's
-one-line error) but reads no checkpoint and writes nothing.
+loop and its cadence (the steps in epochs too), each split's input mode,
+example spec and size, the model summary and the resolved config (epochs
+as steps: looper.train.epochs). It builds the strategy and the Trainer
+exactly as a run does (so a bad config fails with the run's one-line
+error) but reads no checkpoint and writes nothing.
 """
 
 from looper import config as config_lib
@@ -19,6 +20,7 @@ from looper import names
 from looper.data import checks
 from looper.data import input as input_lib
 from looper.train import distribute
+from looper.train import epochs
 from looper.workdir import summaries
 
 
@@ -27,16 +29,18 @@ def describe(config) -> str:
   config_lib.validate(config)
   strategy = distribute.strategy_for(config)
   data = input_lib.Input(config, strategy)
+  # Its splits are counted anyway: the header says what the steps are in
+  # epochs in element mode too.
+  config, epoch = epochs.resolve(config, data, count=True)
   trainer = names.resolve(config.trainer, "trainer")(config, strategy, data)
   lines = [console.header(config, strategy, None, "describe", None,
-                          trainer.model, note=trainer.random.note()),
+                          trainer.model, epoch=epoch,
+                          note=trainer.random.note()),
            "", "data"]
   for field in ("data.train_split", "data.eval_split"):
     split = config.data[field.split(".")[1]]
     source = data.source(split)
-    size = source.size
-    if size is None:  # element mode: counted by one pass
-      size = checks.num_examples(data.examples(split), split, field)
+    size = data.size(split)  # element mode: counted by one pass
     mode = {"Elements": "element", "Arrays": "array", "Files": "file"}.get(
         type(source).__name__, type(source).__name__)
     inputs, labels, weights = checks.parts(

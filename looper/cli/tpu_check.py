@@ -47,6 +47,7 @@ from looper import names
 from looper.data import checks
 from looper.data import input as input_lib
 from looper.train import distribute
+from looper.train import epochs
 from looper.train import precision
 
 # Distinct train batch shapes above which a TPU run spends its time
@@ -74,6 +75,8 @@ def check(config, *, cores: int = 8, batches: int = 20,
   # only affects the train loop, which is not run).
   trainer_cls = names.resolve(config.trainer, "trainer")
   data = input_lib.Input(config, tf.distribute.get_strategy())
+  # The optimizer's schedule needs the steps train.epochs come to.
+  config, _ = epochs.resolve(config, data, known=False)
   trainer = trainer_cls(config, data.strategy, data)
   if notes is not None and trainer.random.note():
     notes.append(trainer.random.note())

@@ -5,6 +5,8 @@ Synopsis::
     batches = buckets.train_dataset(examples, ctx, global_batch_size=32,
                                     seed=0, shuffle_buffer=1000, position=0,
                                     bucket=16, split="train")
+    size, batches = buckets.epoch_batches(examples, global_batch_size=32,
+                                          bucket=16)  # in one epoch
     masked = buckets.eval_dataset(examples, ctx, global_batch_size=32,
                                   count=n, steps=s, bucket=16)
 
@@ -38,20 +40,11 @@ def train_dataset(examples: tf.data.Dataset,
   keep their block of each global batch (exact on any topology).
   """
   elements.check_start(examples, ctx, position, split)
-  key = conversion.plain(
-      lambda x, *_: tf.maximum((_length(x) + bucket - 1) // bucket, 1))
-  ids = examples.map(key).batch(4096).reduce(
-      tf.zeros([0], tf.int64),
-      conversion.plain(lambda a, b: tf.concat([a, b], 0))).numpy()
-  per_epoch = int(sum(n // global_batch_size
-                      for n in np.bincount(ids) if n))
-  if not per_epoch:
-    raise ConfigError(
-        f"config.data.bucket={bucket}: no length bucket of split {split!r}"
-        f" holds a whole batch of {global_batch_size} examples; raise"
-        " --config.data.bucket or lower --config.train.batch_size")
+  key = _key(bucket)
+  size, per_epoch = epoch_batches(
+      examples, global_batch_size=global_batch_size, bucket=bucket,
+      split=split)
   start_epoch, offset = divmod(position // global_batch_size, per_epoch)
-  size = len(ids)
   buffer = min(shuffle_buffer, size)
 
   @conversion.plain
@@ -69,6 +62,27 @@ def train_dataset(examples: tf.data.Dataset,
   return elements.blocks(batches, ctx, global_batch_size)
 
 
+def epoch_batches(examples: tf.data.Dataset, *, global_batch_size: int,
+                  bucket: int, split: str | None = None) -> tuple[int, int]:
+  """(examples, global batches) of one epoch of `train_dataset`: every
+  example's bucket, by one pass, then sum over buckets of n_b // B.
+
+  Raises:
+    ConfigError: no bucket holds a whole batch (the stream would be empty).
+  """
+  ids = examples.map(_key(bucket)).batch(4096).reduce(
+      tf.zeros([0], tf.int64),
+      conversion.plain(lambda a, b: tf.concat([a, b], 0))).numpy()
+  per_epoch = int(sum(n // global_batch_size
+                      for n in np.bincount(ids) if n))
+  if not per_epoch:
+    raise ConfigError(
+        f"config.data.bucket={bucket}: no length bucket of split {split!r}"
+        f" holds a whole batch of {global_batch_size} examples; raise"
+        " --config.data.bucket or lower --config.train.batch_size")
+  return len(ids), per_epoch
+
+
 def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
                  *, global_batch_size: int, count: int, steps: int,
                  bucket: int) -> tf.data.Dataset:
@@ -80,6 +94,12 @@ def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
                                 conversion.plain(lambda x, *rest: (
                                     _pad_to_multiple(x, bucket), *rest)))
   return elements.blocks(batches, ctx, global_batch_size)
+
+
+def _key(bucket: int):
+  """An example's length bucket: ceil(length / bucket), at least 1."""
+  return conversion.plain(
+      lambda x, *_: tf.maximum((_length(x) + bucket - 1) // bucket, 1))
 
 
 def _length(inputs) -> tf.Tensor:

@@ -4,6 +4,7 @@ Synopsis::
 
     input = Input(config, strategy)      # data.*, train.batch_size, eval.*
     input.examples("test")               # one checked pass of (inputs, label)
+    input.size("train")                  # examples in one pass (counted once)
     batches = input.train_iterator()     # per-replica train batches, from
                                          # the data position on; kept
     input.advance(batches=k)             # in the loop: k batches consumed
@@ -45,6 +46,7 @@ class Input:
     self.strategy = strategy
     self._dataset_fn = names.resolve(config.dataset_fn, "dataset_fn")
     self._sources = {}  # split -> its input source, made once
+    self._sizes = {}  # split -> its examples, counted once if need be
     self._iterator = None  # opened by train_iterator() at the position
     self._openings = 0  # train streams opened: tf.data service jobs named
     if config.data.service:
@@ -63,6 +65,14 @@ class Input:
       if self.config.data.service and split == self.config.data.train_split:
         service.check_source(self._sources[split], self.config)
     return self._sources[split]
+
+  def size(self, split: str) -> int:
+    """Examples in one pass over `split`: its source's, or counted by one
+    pass (element mode) the first time it is asked for."""
+    if split not in self._sizes:
+      self._sizes[split] = self.source(split).size or checks.num_examples(
+          self.examples(split), split, splits.split_field(self.config, split))
+    return self._sizes[split]
 
   def examples(self, split: str) -> tf.data.Dataset:
     """One pass over `split` as (inputs, label) examples, checked."""
@@ -137,9 +147,8 @@ class Input:
     mask 0); `data` repeats the pass without end."""
     c = self.config
     source = self.source(c.data.eval_split)
-    size = source.size or checks.num_examples(source.examples(),
-                                              c.data.eval_split)
-    count, steps = elements.eval_plan(size, c.eval.batch_size, c.eval.steps)
+    count, steps = elements.eval_plan(self.size(c.data.eval_split),
+                                      c.eval.batch_size, c.eval.steps)
     return count, steps, self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(source.eval(
             ctx, global_batch_size=c.eval.batch_size, count=count,

@@ -13,6 +13,7 @@ Synopsis::
       tfds_adapter.add_fields(c, name="mnist", keys=("image", "label"))
       c.data.train_split = "train[:90%]"   # TFDS slicing, passed through
       c.data.eval_split = "train[90%:]"
+      c.train.epochs = 2                   # or c.train.steps
       return c
 
     # Then any TFDS dataset with the same features, from the command line:

@@ -6,6 +6,7 @@
 | `loop` | `TrainLoop`: K replica steps in one tf.function, the loss buffer |
 | `evaluator` | `Evaluator`: one exact pass over the eval split, the weight-average swap |
 | `controller` | the outer loop and the modes (no TensorFlow) |
+| `epochs` | train.epochs and every_epochs as steps, from the train split's size (`resolve`, `Epoch`) |
 | `actions` | what runs between loops and when (`Action`, `Moment`) |
 | `evaluation` | evaluation as an action: eval events, the best checkpoint (`Best`), early stop |
 | `stopping`, `preemption`, `notices` | a stop request agreed across workers; signals and GCE preemption notices that ask for one |

@@ -36,6 +36,7 @@ from looper import conversion
 from looper import names
 from looper.data import checks
 from looper.data import input as input_lib
+from looper.errors import ConfigError
 from looper.train import ema as ema_lib
 from looper.train import loop
 from looper.train import objectives
@@ -58,6 +59,12 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict,
                strategy: tf.distribute.Strategy,
                input: input_lib.Input | None = None):  # pylint: disable=redefined-builtin
+    if not config.train.steps:  # the schedule's length
+      raise ConfigError(
+          f"config.train.steps=0 reached the Trainer with train.epochs="
+          f"{config.train.epochs}; build it from the config"
+          " looper.train.epochs.resolve(config, input) returns (as looper.run"
+          " does), or set config.train.steps")
     self.config = config
     self.strategy = strategy
     # The data: made here when the caller (a test, a notebook) has none.
