@@ -19,6 +19,8 @@ Synopsis::
     compat.shared_value("key", "value" or None)  # one job name, all workers
     compat.sublayers(model)                      # randomness: nested layers
     compat.seed_generators(layer)                # randomness: their states
+    with compat.keras_variables_deferred():      # parsing: a config file's
+      config = get_config()                      # Keras metrics
 
 Each function reaches into a name TensorFlow or Keras may move or reshape in
 any release, because no public API does what looper needs. Its docstring
@@ -32,6 +34,7 @@ Private modules are imported inside the function that needs them, so a
 moved one breaks only that feature. Nothing here imports from looper.
 """
 
+import contextlib
 from typing import Callable
 
 import tensorflow as tf
@@ -352,3 +355,35 @@ def seed_generators(layer) -> list:
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return list(getattr(layer, "_seed_generators", []))
+
+
+@contextlib.contextmanager
+def keras_variables_deferred():
+  """Keras variables made inside (a metric object's) create no TensorFlow
+  variable, now or later.
+
+  Touches: `keras.StatelessScope(initialize_variables=False)` (public),
+  under which a Keras variable with an initializer is registered as
+  uninitialized instead of created, and Keras' global list of those
+  (`keras.src.backend.common.global_state`, "uninitialized_variables"),
+  which the next StatelessScope to close would initialize: the ones made
+  here are dropped from it.
+
+  Why: a config file's `keras.metrics.SparseTopKCategoricalAccuracy(k=3)`
+  would create its variables while the config loads, which starts
+  TensorFlow's runtime before looper sets the devices up (logical CPU
+  devices cannot be configured after, multi-worker collectives must be
+  configured first). Looper rebuilds the metric from its class and config
+  in the strategy's scope; the object in the config never needs values.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras.src.backend.common import global_state  # pylint: disable=g-import-not-at-top
+  key = "uninitialized_variables"
+  before = list(global_state.get_global_attribute(key, []) or [])
+  try:
+    with keras.StatelessScope(initialize_variables=False):
+      yield
+  finally:
+    global_state.set_global_attribute(key, before)

@@ -34,8 +34,9 @@ listed here: each comes from the table of the module that builds it
 one line naming the field, the value and the fix ("did you mean" for a misspelt
 name), so a bad `--config.*` override fails before TensorFlow touches a device.
 
-Also here for experiments: `ConfigError` and `first_line` (what their loaders
-raise, and the line of a library error they quote) and the split helpers
+Also here for experiments: the field kinds `whole`, `seconds`, `boolean`
+(looper.fields), `ConfigError` and `first_line` (what their loaders raise,
+and the line of a library error they quote) and the split helpers
 `split_slice`, `parse_split`, `split_field` (looper.data.splits)."""
 
 import difflib
@@ -44,93 +45,19 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+from looper import compat
+from looper import fields
 from looper import names
 from looper.train import distribute
 from looper.train import evaluation
+from looper.train import keras_objects
 from looper.train import objectives
 from looper.train import optimizers
 from looper.train import precision
 # Public names for experiments (see the module doc).
 from looper.data.splits import parse_split, split_field, split_slice  # pylint: disable=unused-import
+from looper.fields import Field, boolean, declared, seconds, whole  # pylint: disable=unused-import
 from looper.errors import ConfigError, first_line  # pylint: disable=unused-import
-
-
-def _whole(value: Any) -> bool:
-  """An int that is not a bool (True would silently mean 1)."""
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-class Field(config_dict.FieldReference):
-  """A declared field (`whole`, `seconds`, `boolean`): type and bounds.
-
-  ml_collections keeps a FieldReference as the field itself: `c.x.y` reads
-  its value, `c.x.y = v` and `--config.x.y=v` set it (typed by it), and
-  the bounds stay for `validate` (also through deepcopy and pickle).
-  `to_dict`, `names.to_json` and `copy_and_resolve_references` see only the
-  value. A declaration assigned to a declared field would be linked to it
-  (ml_collections' rule for references), the first bounds kept: declare a
-  field once.
-  """
-
-  def __init__(self, default, field_type: type, noun: str = "",
-               low: float = 0, above: bool = False):
-    super().__init__(default, field_type=field_type)
-    self._noun, self._low, self._above = noun, low, above
-
-  def __setstate__(self, state):  # FieldReference's restores its own only
-    self.__dict__.update(state)
-
-  @property
-  def must(self) -> str:  # as validate's error says it
-    if self.get_type() is bool:
-      return "True or False"
-    return f"{self._noun} {'>' if self._above else '>='} {self._low}"
-
-  def allows(self, value: Any) -> bool:
-    if self.get_type() is bool:
-      return isinstance(value, bool)
-    kind = _whole if self.get_type() is int else _number
-    return kind(value) and (value > self._low if self._above
-                            else value >= self._low)
-
-
-def whole(default: int, low: int = 1) -> Field:
-  """A whole number >= low (a bool is refused: True would mean 1)."""
-  return Field(default, int, "a whole number", low)
-
-
-def seconds(default: float, positive: bool = False) -> Field:
-  """A number of seconds >= 0 (> 0 if `positive`)."""
-  return Field(float(default), float, "a number of seconds", 0, positive)
-
-
-def boolean(default: bool) -> Field:
-  return Field(default, bool)
-
-
-def _epochs() -> Field:
-  """A number of epochs >= 0, a fraction too; 0: counted in steps."""
-  return Field(0.0, float, "a number of epochs")
-
-
-def declared(c: ml_collections.ConfigDict, prefix: str = ""):
-  """Yields (dotted path, Field) for each declared field of `c`, nested
-  blocks too, in ml_collections' (sorted) key order."""
-  for key, field in c.items(preserve_field_references=True):
-    if isinstance(field, Field):
-      yield prefix + key, field
-    elif isinstance(field, ml_collections.ConfigDict):
-      yield from declared(field, f"{prefix}{key}.")
-
-
-def _object_field(default):
-  # A field that holds a callable, a class or a 'module:name' string. Without
-  # field_type=object ml_collections would fix its type at the first value.
-  return config_dict.FieldReference(default, field_type=object)
 
 
 # Lengths a config gives in steps or in epochs of the train split: (the
@@ -154,16 +81,16 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   # The experiment: callables or 'module:function' strings (see module doc).
-  c.model_fn = _object_field(None)
-  c.dataset_fn = _object_field(None)
+  c.model_fn = fields.object_field(None)
+  c.dataset_fn = fields.object_field(None)
   # Trainer class to run; subclass looper.train.trainer.Trainer to change a step.
-  c.trainer = _object_field("looper.train.trainer:Trainer")
+  c.trainer = fields.object_field("looper.train.trainer:Trainer")
   # Per-example (or per-token) loss on the model's logits: a name
   # (objectives.LOSSES) or fn(labels, logits); for a model returning a dict
   # of outputs, a dict of them by output (labels: a dict, same keys).
-  c.loss = _object_field("sparse_categorical_crossentropy")
+  c.loss = fields.object_field("sparse_categorical_crossentropy")
   # Outputs: {output: factor} in the sum of their losses (missing: 1).
-  c.loss_weights = _object_field(None)
+  c.loss_weights = fields.object_field(None)
   # How the global batch's weighted losses are averaged
   # (objectives.NORMALIZATIONS): batch_size (Keras' rule: by the number of
   # loss values) | weights (by the sum of the weights: per-token losses
@@ -171,14 +98,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.loss_normalization = "batch_size"
   # Metrics on logits, by name (objectives.METRICS) or zero-arg factories;
   # for outputs, a dict of such tuples by output (logged 'output/name').
-  c.metrics = _object_field(("accuracy",))
+  c.metrics = fields.object_field(("accuracy",))
 
   c.train = ml_collections.ConfigDict()
   # How long to train: optimizer updates, or epochs of the train split
   # (a fraction too: 2.5), which looper.train.epochs turns into updates,
   # rounded up. Set one, the other 0 (IN_EPOCHS).
   c.train.steps = whole(0, low=0)
-  c.train.epochs = _epochs()
+  c.train.epochs = fields.epochs()
   # GLOBAL batch, split evenly over the replicas.
   c.train.batch_size = whole(128)
   # Steps run inside one tf.function call; evaluation, checkpoints and the
@@ -208,7 +135,7 @@ def default_config() -> ml_collections.ConfigDict:
   # Evaluate every this many steps, or epochs; both 0: only at the end of
   # training. Set one, the other 0 (IN_EPOCHS).
   c.eval.every_steps = whole(0, low=0)
-  c.eval.every_epochs = _epochs()
+  c.eval.every_epochs = fields.epochs()
   # GLOBAL batch; the last one is padded and masked.
   c.eval.batch_size = whole(256)
   c.eval.steps = config_dict.placeholder(int)  # None: the whole eval split.
@@ -238,7 +165,7 @@ def default_config() -> ml_collections.ConfigDict:
   # Save every this many steps, or epochs; both 0: only at the end (and on
   # a stop). Set one, the other 0 (IN_EPOCHS).
   c.checkpoint.every_steps = whole(0, low=0)
-  c.checkpoint.every_epochs = _epochs()
+  c.checkpoint.every_epochs = fields.epochs()
   c.checkpoint.keep = whole(3)
   # Also save when this long has passed since the last save (0: off), so a
   # preemptible job loses at most this much work whatever the step time.
@@ -299,7 +226,7 @@ def default_config() -> ml_collections.ConfigDict:
   # Train-time weight of each class id, multiplied into the examples' own
   # sample weights: a sequence by class id, or a dict {id: weight} (others
   # 1). Empty: off. Eval is not rebalanced (as in Keras).
-  c.data.class_weights = _object_field(())
+  c.data.class_weights = fields.object_field(())
   # Train from the tf.data service with this dispatcher (looper.data.service).
   c.data.service = ""  # HOST:PORT; '': the train input runs here
   c.data.service_timeout_secs = seconds(60, positive=True)  # wait at start
@@ -352,12 +279,13 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
   if c.loss_weights is not None:
     _check(outputs and isinstance(c.loss_weights, dict) and
            set(c.loss_weights) <= set(c.loss) and
-           all(_number(v) and v >= 0 for v in c.loss_weights.values()),
+           all(fields.number(v) and v >= 0 for v in c.loss_weights.values()),
            "loss_weights", c.loss_weights,
            "give {output: factor >= 0} for outputs config.loss names (a dict"
            " by output), or None")
   _check_choice(c.loss_normalization, "loss_normalization",
                 objectives.NORMALIZATIONS)
+  keras_objects.check_loss(c.loss, c.loss_normalization)
   _check(isinstance(c.metrics, dict) == outputs or not c.metrics, "metrics",
          c.metrics, "give a dict of metric tuples by output when config.loss"
          " is a dict by output, else a tuple" if outputs else
@@ -370,14 +298,26 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
            "give a tuple of metric names, e.g. ('accuracy',)")
     for metric in metrics:
       _check(callable(metric) or isinstance(metric, str), name, metrics,
-             "give metric names or zero-argument factories of Keras metrics")
+             "give metric names, Keras metric objects or zero-argument"
+             " factories of them")
       if isinstance(metric, str):
         _check_choice(metric, name, objectives.METRICS,
                       ", or add a metric factory in get_config()")
+  # Built once here, their variables never made: what they log under,
+  # and that each object rebuilds from its config (looper makes fresh
+  # copies), fail now, not in the first trace.
+  with compat.keras_variables_deferred():
+    for output, metrics in (c.metrics.items() if isinstance(c.metrics, dict)
+                            else [(None, c.metrics)]):
+      for metric in metrics:
+        if keras_objects.is_metric(metric):
+          keras_objects.check_metric(metric, "metrics" if output is None
+                                     else f"metrics['{output}']")
+    objectives.Metrics(c.metrics)
   weights = c.data.class_weights
   values = list(weights.values()) if isinstance(weights, dict) else weights
   _check(isinstance(weights, (dict, tuple, list)) and
-         all(_number(v) and 0 <= v < float("inf") for v in values) and
+         all(fields.number(v) and 0 <= v < float("inf") for v in values) and
          (not isinstance(weights, dict) or
           all(str(k).isdigit() for k in weights)),
          "data.class_weights", weights,

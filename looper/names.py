@@ -172,6 +172,11 @@ def _describe(value: Any) -> str:
             "method" if inspect.ismethod(value) else "function")
     return f"{kind} {getattr(value, '__module__', '?')}:{qualname}"
   cls = type(value)
+  settings = getattr(value, "get_config", None)
+  settings = settings() if callable(settings) else None
+  if isinstance(settings, dict):  # a Keras loss or metric: how it was made
+    args = ", ".join(f"{k}={_describe_arg(v)}" for k, v in settings.items())
+    return f"{cls.__module__}:{cls.__qualname__}({args})"
   return f"instance of {cls.__module__}:{cls.__qualname__}"
 
 
@@ -191,7 +196,9 @@ def to_json(c: ml_collections.ConfigDict) -> str:
   `keras.losses.SparseCategoricalCrossentropy(from_logits=True)`) becomes
   '<unloadable: DESCRIPTION>', where DESCRIPTION is for a reader, e.g.
   '<unloadable: functools.partial(mod:fn, from_logits=True)>' or
-  '<unloadable: instance of mod:Class>'. `resolve` rejects such a string with
+  '<unloadable: instance of mod:Class>' (a Keras object: its class and
+  get_config(), '<unloadable: keras.src.losses.losses:SparseCategorical
+  Crossentropy(name=..., from_logits=True, ...)>'). `resolve` rejects such a string with
   a one-line error. Saving never fails on a callable.
   """
   return json.dumps(_jsonable(c.to_dict()), indent=2, sort_keys=True)

@@ -337,3 +337,20 @@ def test_nested_layers_and_their_seed_generators_are_tracked():
                     "EinsumDense": 0, "Softmax": 0}
   state = compat.seed_generators(model.layers[0])[0].state
   assert isinstance(state, keras.Variable) and state.shape == (2,)
+
+
+# --- keras_variables_deferred: a config file's metric objects ------------
+
+
+def test_keras_variables_made_deferred_create_no_tensorflow_variable():
+  with compat.keras_variables_deferred():
+    metric = keras.metrics.SparseTopKCategoricalAccuracy(k=3)
+  assert all(v._value is None for v in metric.variables)  # pylint: disable=protected-access
+  # Not initialized by the next stateless scope to close either (Keras'
+  # symbolic build of a functional model runs one).
+  keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  assert all(v._value is None for v in metric.variables)  # pylint: disable=protected-access
+  # What looper builds from it is real.
+  copy = type(metric).from_config(metric.get_config())
+  copy.update_state([1], [[0.1, 0.5, 0.2, 0.0]])
+  assert float(copy.result()) == 1.0

@@ -12,10 +12,11 @@ from tests.conftest import ROOT
 # In import order: each may import those before it (and its own group).
 GROUPS = (
     ("looper.errors", "looper.names", "looper.compat", "looper.conversion",
-     "looper.data.splits"),
+     "looper.data.splits", "looper.fields"),
     ("looper.train.distribute", "looper.train.slurm",
      "looper.train.optimizers", "looper.train.precision",
-     "looper.train.objectives", "looper.train.evaluation"),
+     "looper.train.keras_objects", "looper.train.objectives",
+     "looper.train.evaluation"),
     ("looper.config",),
     ("looper.data",),
     ("looper.workdir",),

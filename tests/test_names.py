@@ -45,8 +45,9 @@ def test_json_marks_unloadable_losses_and_never_crashes():
           "sparse_categorical_crossentropy, from_logits=True)>")
   assert _saved_loss(keras.losses.SparseCategoricalCrossentropy(
       from_logits=True)) == (
-          "<unloadable: instance of keras.src.losses.losses:"
-          "SparseCategoricalCrossentropy>")
+          "<unloadable: keras.src.losses.losses:SparseCategoricalCrossentropy("
+          "name='sparse_categorical_crossentropy', reduction="
+          "'sum_over_batch_size', from_logits=True, ignore_class=None)>")
 
 
 def test_json_names_loadable_callables_for_resolve():

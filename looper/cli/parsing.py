@@ -24,6 +24,7 @@ from typing import Sequence
 
 from absl import flags
 
+from looper import compat
 from looper.errors import ConfigError
 
 
@@ -136,7 +137,10 @@ def parse_flags(argv):
     sys.exit(f"looper: --config={path}: no such file; give the path of an"
              " experiment file, e.g. --config=experiments/mnist.py")
   try:
-    return flags.FLAGS(argv)
+    # The config file runs here: a Keras metric object it makes must not
+    # create TensorFlow variables before looper sets the devices up.
+    with compat.keras_variables_deferred():
+      return flags.FLAGS(argv)
   except ConfigError as e:
     sys.exit(f"looper: {e}")
   except SyntaxError as e:  # the config file, or a module it imports

@@ -155,14 +155,15 @@ def empty_split(split: str | None, field: str) -> ConfigError:
 
 
 def check_class_labels(labels: tf.Tensor, logits: tf.Tensor,
-                       split: str) -> None:
+                       split: str, ignored: int | None = None) -> None:
   """Class-id labels for logits [batch, ..., classes]: integer, one per
   position of the logits but the last (one per example for [batch,
   classes], one per token for [batch, T, classes]), in range.
 
   Raises:
     ConfigError: float labels (silently truncated by the loss), one-hot or
-      other labels of the wrong shape, or ids outside [0, classes).
+      other labels of the wrong shape, or ids outside [0, classes) other
+      than `ignored` (a Keras loss object's ignore_class).
   """
   where = f"config.dataset_fn yields labels for split {split!r}"
   if not labels.dtype.is_integer:
@@ -183,6 +184,10 @@ def check_class_labels(labels: tf.Tensor, logits: tf.Tensor,
         f" shape {logits.shape[1:].as_list()}; give one class id per"
         f" position (shape {want}): not one-hot")
   classes = logits.shape[-1]
+  if ignored is not None:
+    labels = tf.boolean_mask(labels, tf.not_equal(labels, ignored))
+    if not tf.size(labels):
+      return
   low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
   if low < 0 or high >= classes:
     raise ConfigError(

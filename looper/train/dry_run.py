@@ -17,6 +17,7 @@ import tensorflow as tf
 from looper import errors
 from looper.data import checks
 from looper.data import splits
+from looper.train import keras_objects
 from looper.train import objectives
 
 
@@ -68,11 +69,13 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
   losses = (config.loss if isinstance(config.loss, dict)
             else {None: config.loss})
   for output, loss in losses.items():
-    if loss == "sparse_categorical_crossentropy":
+    if loss == "sparse_categorical_crossentropy" or isinstance(
+        loss, keras.losses.SparseCategoricalCrossentropy):
       checks.check_class_labels(_pick(labels, output),
-                                _pick(logits, output), split)
+                                _pick(logits, output), split,
+                                keras_objects.ignore_class(loss))
   if not isinstance(config.loss, dict):
-    _check_no_final_squash(trainer.model, config.loss)
+    _check_logits_or_probabilities(trainer.model, config)
   loss = objectives.display_name(config.loss)
   try:
     values = trainer.compute_loss(few_labels, logits)
@@ -99,6 +102,23 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
                      if output else weights, per_example, split)
   if config.data.class_weights and split == config.data.train_split:
     _check_class_weights(config.data.class_weights, labels, split)
+  _check_metrics(trainer, few_labels, logits, split)
+
+
+def _check_metrics(trainer, labels, logits, split: str) -> None:
+  """Each metric takes the labels and the model's outputs: a metric that
+  does not fit them fails here in one line, not in the first trace."""
+  metrics = trainer.build_metrics()
+  for name, (output, metric) in metrics.by_name.items():
+    label, logit, _ = objectives.of_output(output, None, labels, logits)
+    try:
+      metric.update_state(label, logit)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+      raise errors.ConfigError(
+          f"config.metrics: {name!r} fails on outputs of shape"
+          f" {_shape(logit)} and labels of shape {_shape(label)} of split"
+          f" {split!r}: {errors.first_line(e)}; choose a metric for this"
+          " model's outputs and labels") from None
 
 
 def _pick(structure, output):
@@ -184,19 +204,35 @@ def _check_class_weights(class_weights, labels, split: str) -> None:
         f" (a dict leaves the others at 1)")
 
 
-def _check_no_final_squash(model, loss) -> None:
-  """A model whose last layer applies softmax or sigmoid, trained with a loss
-  on logits, trains silently with the wrong loss (Keras warns of it too)."""
-  if loss not in objectives.FROM_LOGITS or not getattr(model, "layers", None):
-    return
+def _check_logits_or_probabilities(model, config) -> None:
+  """A loss or metric reading logits behind a final softmax or sigmoid
+  trains (or reports) silently wrong (Keras warns of it too); so does a
+  Keras object reading probabilities (from_logits=False) behind a linear
+  last layer."""
+  if not getattr(model, "layers", None):
+    return  # a subclassed model: its last step is not a layer to read
   last = model.layers[-1]
   squash = getattr(getattr(last, "activation", None), "__name__", "")
   if isinstance(last, keras.layers.Softmax):
     squash = "softmax"
-  if squash in ("softmax", "sigmoid"):
-    raise errors.ConfigError(
-        f"config.model_fn: the model's last layer {last.name!r} applies"
-        f" {squash}, but config.loss={loss!r} takes logits (from_logits): it"
-        " would train on squashed outputs; drop the final activation"
-        " (looper's losses and metrics take logits; override Trainer.serve"
-        " to serve probabilities)")
+  squashed = squash in ("softmax", "sigmoid")
+  metrics = [m for m in config.metrics if keras_objects.is_metric(m)]
+  for field, value in [("loss", config.loss)] + [("metrics", m)
+                                                   for m in metrics]:
+    reads = keras_objects.from_logits(value)
+    if value in objectives.FROM_LOGITS:
+      reads = True
+    shown = (keras_objects.describe(value) if reads is not None and
+             not isinstance(value, str) else repr(value))
+    if reads and squashed:
+      raise errors.ConfigError(
+          f"config.model_fn: the model's last layer {last.name!r} applies"
+          f" {squash}, but config.{field}={shown} takes logits"
+          " (from_logits): it would train on squashed outputs; drop the"
+          " final activation (looper's losses and metrics take logits;"
+          " override Trainer.serve to serve probabilities)")
+    if reads is False and not squashed:
+      raise errors.ConfigError(
+          f"config.{field}={shown} reads probabilities (from_logits=False),"
+          f" but the model's last layer {last.name!r} returns logits (no"
+          " softmax or sigmoid); pass from_logits=True to it")

@@ -4,7 +4,8 @@ Synopsis::
 
     c.loss = "sparse_categorical_crossentropy"   # a name from LOSSES
     c.loss = my_loss                             # or fn(labels, logits)
-    c.metrics = ("accuracy", keras_metric_factory)
+    c.loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    c.metrics = ("accuracy", keras.metrics.AUC(), keras_metric_factory)
     c.loss_normalization = "batch_size"          # or "weights": NORMALIZATIONS
     # A model returning a dict of outputs (labels: a dict, same keys):
     c.loss = {"digit": "sparse_categorical_crossentropy",
@@ -14,12 +15,11 @@ Synopsis::
 
     losses = objectives.losses(config.loss)       # a fn, or a dict of fns
     values = objectives.apply(losses, labels, logits)   # per example/token
-    loss = objectives.average(values, weights, weight_total,
-                              loss_weights=config.loss_weights,
-                              normalization=config.loss_normalization,
+    loss = objectives.average(values, weights, weight_total, loss_weights=
+                              config.loss_weights, normalization=normalization,
                               global_batch_size=256)
     metrics = objectives.Metrics(config.metrics)  # logs 'digit/accuracy'...
-    eval_loss = objectives.EvalLoss(config.loss, config.loss_normalization,
+    eval_loss = objectives.EvalLoss(config.loss, normalization,
                                     config.loss_weights)  # a whole split's
 
 Losses are per example (shape [batch]) or per token (any [batch, ...]) on
@@ -35,10 +35,12 @@ so the update is the same on any number of replicas. The average
                 mean over the real tokens of the global batch.
 
 Both sums run over the whole update: every replica and every
-micro-batch of train.grad_accum_steps. Metrics are zero-argument factories
-of Keras metrics updated with (labels, logits, sample_weight). A name is
-checked by `config.validate` against these tables, before TensorFlow
-builds anything.
+micro-batch of train.grad_accum_steps. Metrics are names, zero-argument
+factories of Keras metrics, or Keras metric objects (rebuilt fresh per
+use), updated with (labels, logits, sample_weight). Keras loss objects run
+as Keras computes them, their reduction mapped onto the normalization
+(looper.train.keras_objects). A name is checked by `config.validate`
+against these tables, before TensorFlow builds anything.
 """
 
 import math
@@ -49,6 +51,7 @@ import tensorflow as tf
 
 from looper import conversion
 from looper.errors import ConfigError
+from looper.train import keras_objects
 
 
 # Per-example losses on logits, by `config.loss` name.
@@ -59,8 +62,7 @@ LOSSES = {
     "mean_squared_error": keras.losses.mean_squared_error,
 }
 
-# The LOSSES that read logits (from_logits=True): a model ending in a
-# softmax or sigmoid would feed them probabilities (see `dry_run`).
+# LOSSES reading logits: a final softmax or sigmoid is refused (`dry_run`).
 FROM_LOGITS = ("sparse_categorical_crossentropy",)
 
 # config.loss_normalization -> the denominator of the global batch's loss,
@@ -89,11 +91,8 @@ RESERVED_METRIC_NAMES = ("loss", "examples", "learning_rate", "steps_per_sec",
 
 
 def lookup(value: Any, table: dict, field: str):
-  """`value` itself if it is callable, else its entry in `table`.
-
-  `config.validate` has checked the name; this error is for a Trainer
-  built from a config that was not validated.
-  """
+  """`value` itself if it is callable, else its entry in `table` (the error
+  is for a Trainer built from a config `config.validate` did not check)."""
   if callable(value):
     return value
   if value not in table:
@@ -201,7 +200,7 @@ class Metrics:
 
   def __init__(self, spec):
     per_output = spec.items() if isinstance(spec, dict) else [(None, spec)]
-    built = [(output, lookup(value, METRICS, "metrics")())
+    built = [(output, factory(value)())
              for output, values in per_output for value in values]
     names = [m.name if o is None else f"{o}/{m.name}" for o, m in built]
     check_metric_names(names)
@@ -224,6 +223,14 @@ class Metrics:
   def results(self) -> dict:
     return {name: metric.result()
             for name, (_, metric) in self.by_name.items()}
+
+
+def factory(metric) -> Any:
+  """config.metrics' entry as a zero-argument factory: a name's from
+  METRICS, a Keras metric object's copies, or the factory given."""
+  if keras_objects.is_metric(metric):
+    return keras_objects.metric_factory(metric)
+  return lookup(metric, METRICS, "metrics")
 
 
 def check_metric_names(names) -> None:
@@ -261,6 +268,8 @@ def losses(value: Any):
 
 def _loss_fn(value, field: str):
   # A function of the user's may branch on tensors: AutoGraph converts it.
+  if keras_objects.is_loss(value):  # its unreduced values
+    return conversion.user(keras_objects.loss_fn(value), f"config.{field}")
   return (conversion.user(value, f"config.{field}") if callable(value)
           else lookup(value, LOSSES, field))
 
@@ -378,10 +387,14 @@ def class_weight_table(value) -> tf.Tensor | None:
   return tf.constant([float(v) for v in value], tf.float32)
 
 
-def class_weighted(weights, labels, table):
-  """`weights` (None: 1) times the class weight of each label."""
-  if table is None:
-    return weights
-  by_class = tf.gather(table, labels)
-  return by_class if weights is None else by_class * broadcast(
-      weights, by_class)
+def label_weighted(weights, labels, table=None, ignored: int | None = None):
+  """`weights` (None: 1) times each label's class weight (`table`, from
+  class_weight_table) and 0 where the label is `ignored` (a Keras loss
+  object's ignore_class); as they are if neither is given."""
+  factors = [] if table is None else [tf.gather(table, labels)]
+  if ignored is not None:
+    factors.append(tf.cast(tf.not_equal(labels, ignored), tf.float32))
+  for factor in factors:
+    weights = factor if weights is None else factor * broadcast(weights,
+                                                                factor)
+  return weights

@@ -38,6 +38,7 @@ from looper.data import checks
 from looper.data import input as input_lib
 from looper.errors import ConfigError
 from looper.train import ema as ema_lib
+from looper.train import keras_objects
 from looper.train import loop
 from looper.train import objectives
 from looper.train import optimizers
@@ -80,6 +81,11 @@ class Trainer:
     self._micro_rows = config.train.batch_size // replicas  # static shape
     self.model_fn = names.resolve(config.model_fn, "model_fn")
     self._loss_fn = objectives.losses(config.loss)
+    # config.loss_normalization, or what a Keras loss object's reduction
+    # (and ignore_class: a 0 weight on those labels) says (keras_objects).
+    self.normalization = keras_objects.normalization(
+        config.loss, config.loss_normalization)
+    self._ignored = keras_objects.ignore_class(config.loss)
     # data.class_weights as a table by class id (None: off).
     self._class_weights = objectives.class_weight_table(
         config.data.class_weights)
@@ -110,7 +116,7 @@ class Trainer:
       self.train_metrics = self.build_metrics()
       self.eval_metrics = self.build_metrics()
       self.eval_loss = objectives.EvalLoss(
-          config.loss, config.loss_normalization, config.loss_weights)
+          config.loss, self.normalization, config.loss_weights)
       counter = dict(dtype=tf.int64, trainable=False,
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       self.step = tf.Variable(0, name="step", **counter)
@@ -153,10 +159,10 @@ class Trainer:
   @conversion.plain
   def average_loss(self, values, weights=None, weight_total=None):
     """This replica's share of the global batch's loss from the losses
-    `compute_loss` returned (config.loss_normalization, loss_weights)."""
+    `compute_loss` returned (`self.normalization`, loss_weights)."""
     return objectives.average(
         values, weights, weight_total, loss_weights=self.config.loss_weights,
-        normalization=self.config.loss_normalization,
+        normalization=self.normalization,
         global_batch_size=self.global_batch_size)
 
   @conversion.plain
@@ -190,14 +196,15 @@ class Trainer:
     """`batch` cut back into its train.grad_accum_steps micro-batches, each
     of train.batch_size / replicas examples (static slices), as
     (inputs, labels, weights): the examples' weights times
-    data.class_weights, None if there are neither."""
+    data.class_weights and 0 on a loss object's ignore_class, None if
+    there are none."""
     rows = self._micro_rows
     parts = []
     for i in range(self.grad_accum_steps):
       inputs, labels, weights = checks.parts(tf.nest.map_structure(
           lambda t, i=i: t[i * rows:(i + 1) * rows], batch))
-      parts.append((inputs, labels, objectives.class_weighted(
-          weights, labels, self._class_weights)))
+      parts.append((inputs, labels, objectives.label_weighted(
+          weights, labels, self._class_weights, self._ignored)))
     return parts
 
   @conversion.plain
@@ -205,7 +212,7 @@ class Trainer:
     """The sum of an update's example weights over all its micro-batches
     and replicas (one scalar all-reduce per step), which
     loss_normalization='weights' divides by; None when not needed."""
-    if (self.config.loss_normalization != "weights" or weights[0] is None):
+    if self.normalization != "weights" or weights[0] is None:
       return None
     local = tf.nest.map_structure(
         lambda *w: tf.add_n([tf.reduce_sum(x) for x in w]), *weights)
@@ -260,11 +267,12 @@ class Trainer:
   @conversion.plain
   def eval_step(self, batch) -> None:
     """One replica's eval step; padding examples have mask 0. The examples'
-    own weights count (data.class_weights, a train-time rebalancing, does
-    not, as in Keras). An override feeds `self.eval_loss` (what `evaluate`
+    own weights count, and a loss object's ignore_class (data.class_weights,
+    a train-time rebalancing, does not, as in Keras). An override feeds `self.eval_loss` (what `evaluate`
     reports as the loss and the example count) and the eval metrics."""
     *example, mask = batch
     inputs, labels, weights = checks.parts(example)
+    weights = objectives.label_weighted(weights, labels, ignored=self._ignored)
     logits = _float32(self.model(inputs, training=False))
     self.eval_loss.update(self.compute_loss(labels, logits), weights, mask)
     self.update_metrics(self.eval_metrics, labels, logits,

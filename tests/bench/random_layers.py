@@ -58,7 +58,7 @@ def measure(replicas: int, layers: str, rounds: int) -> dict:
   c = lc.default_config()
   c.model_fn = model_fn
   c.dataset_fn = lambda config, split: (x, y)
-  c.train.batch_size, c.train.steps_per_loop = 128, STEPS
+  c.train.steps, c.train.batch_size, c.train.steps_per_loop = 1000, 128, STEPS
   trainer = trainer_lib.Trainer(c, strategy)
   trainer.train(STEPS)  # the trace
   seconds = []
