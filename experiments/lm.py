@@ -115,7 +115,7 @@ def get_config() -> ml_collections.ConfigDict:
   # curve on any replica count). The baby GPT uses none at 2000 steps.
   c.model.dropout = 0.0
   # Dropout on the attention probabilities (Keras' own inside
-  # MultiHeadAttention, so > 0 makes the curve depend on the replica count).
+  # MultiHeadAttention, made replica-invariant by looper.train.randomness).
   c.model.attention_dropout = 0.0
   # The output projection is the token embedding transposed (logits =
   # h @ E^T), as in GPT-2 and nanoGPT; False: a Dense(256) of its own.

@@ -123,7 +123,8 @@ class Block(keras.layers.Layer):
   Args:
     heads, width: attention heads and the residual stream's width.
     dropout: on each residual branch (looper's replica-invariant Dropout).
-    attention_dropout: Keras' own, inside MultiHeadAttention.
+    attention_dropout: Keras' own, inside MultiHeadAttention (replica-
+      invariant and resumed: looper.train.randomness).
     seeds: (attention, first branch, second branch) dropout seeds.
     remat: recompute in the backward pass (above).
     init: the kernels' initializer, a key of INITS.
