@@ -5,6 +5,9 @@ Synopsis::
     # looper/main.py, before anything imports TensorFlow:
     console.start(verbose=console.wants_tensorflow_logs(sys.argv))
     ...
+    # looper.run.run, called from plain Python or a notebook too:
+    with console.printing(verbose):
+      ...
     logging.info("%s", console.header(config, strategy, workdir, mode,
                                       restored, model))
     logging.info("%s", console.summary(result, workdir, seconds, ...))
@@ -18,9 +21,15 @@ file descriptor 2 before any log level applies, so `start` imports
 TensorFlow and lists its devices with fd 2 pointed at a temporary file,
 and shows that file only if the import fails. `--verbosity=1` (absl's flag,
 `-v 1`) keeps everything, TensorFlow's INFO logs included.
+
+The lines are absl's log lines: `looper.main` (an absl app) shows them on
+stderr. Plain Python and a notebook set up no logging, so `printing` shows
+them on stdout there, as Keras' `fit` prints its progress, for the length
+of a `looper.run.run` call.
 """
 
 import collections
+import contextlib
 import datetime
 import logging as std_logging
 import os
@@ -98,6 +107,50 @@ def short_log_lines() -> None:
   handler = logging.get_absl_handler()
   handler.setFormatter(_ShortFormatter())
   handler.addFilter(_not_library_info)
+
+
+def _shown(logger) -> bool:
+  """Whether `logger`'s INFO records already reach a handler that shows
+  them (absl.app's, looper.main's, the caller's logging.basicConfig)."""
+  if not logger.isEnabledFor(std_logging.INFO):
+    return False
+  node = logger
+  while node is not None:
+    if any(h.level <= std_logging.INFO for h in node.handlers):
+      return True
+    node = node.parent if node.propagate else None
+  return False
+
+
+@contextlib.contextmanager
+def printing(verbose: bool):
+  """looper's log lines on stdout for the block, in the command line's
+  short format, where nothing else shows them: a plain Python process or a
+  notebook, whose logging has no handler (absl's INFO lines would be
+  dropped, its warnings printed bare). Nothing changes where they are shown
+  already (looper.main: no line twice), where the caller set absl's level
+  above INFO (`absl.logging.set_verbosity("warning")`), or if not `verbose`.
+  """
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logger = logging.get_absl_logger()
+  if not verbose or logger.level > std_logging.INFO or _shown(logger):
+    yield
+    return
+  handler = std_logging.StreamHandler(sys.stdout)
+  handler.setFormatter(_ShortFormatter())
+  handler.addFilter(_not_library_info)
+  level, propagate = logger.level, logger.propagate
+  logger.addHandler(handler)
+  logger.setLevel(level or std_logging.INFO)
+  # A root handler that shows only warnings (`logging.basicConfig()` at
+  # its default level) would print those a second time.
+  logger.propagate = False
+  try:
+    yield
+  finally:
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 def expect_partial_restores(error: BaseException) -> None:

@@ -6,6 +6,7 @@ Synopsis (what `python -m looper.main` does, usable from a notebook)::
     config = my_experiment.get_config()
     result = run.run(config, workdir="/tmp/exp", mode="train_and_eval")
     result["eval"]["accuracy"]
+    # It prints what the command line prints (verbose=False: nothing).
 
 Modes (the table MODES; each runs a `Controller` method):
   train            train from the last checkpoint in `workdir` (if any)
@@ -87,7 +88,7 @@ MODES = {
 
 def run(config: ml_collections.ConfigDict, workdir: str,
         mode: str = "train_and_eval", checkpoint_path: str | None = None,
-        *, started: float | None = None) -> dict:
+        *, started: float | None = None, verbose: bool = True) -> dict:
   """Runs an experiment in `workdir`, resuming from its last checkpoint.
 
   Args:
@@ -99,6 +100,13 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     started: when the attempt started, on the `time.monotonic()` clock
       (looper.main: the process' start); default: now. Its goodput's
       start-up is counted from there (looper.train.goodput).
+    verbose: print the command line's lines (the header, each loop's
+      progress line, evaluations, the closing summary) to stdout where
+      logging shows none, as from plain Python or a notebook; False: quiet.
+      Where logging shows absl's lines (looper.main, an absl app,
+      `logging.basicConfig(level=logging.INFO)`) they go there, once;
+      `absl.logging.set_verbosity("warning")` keeps them quiet too
+      (looper.console.printing).
 
   Returns:
     {'step': the final step, 'train': the last loop's logs (if trained),
@@ -106,6 +114,13 @@ def run(config: ml_collections.ConfigDict, workdir: str,
      SavedModel's path (if exported), 'stopped': the signal that stopped
      training early, 'ended': why training ended early}.
   """
+  with console.printing(verbose):
+    return _run(config, workdir, mode, checkpoint_path, started=started)
+
+
+def _run(config, workdir: str, mode: str, checkpoint_path: str | None, *,
+         started: float | None) -> dict:
+  """`run`'s work, its lines shown (console.printing)."""
   if mode not in MODES:
     raise errors.ConfigError(
         f"mode={mode!r} is not one of {', '.join(MODES)}; set --mode")
