@@ -195,7 +195,8 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
   logging.info("%s", console.header(config, strategy, wd.root, mode,
                                     restored, trainer.model, peak=machine))
   out = _open_workdir(wd, config, MODES[mode], chief,
-                      eval_names=evaluator.metric_names)
+                      eval_names=evaluator.metric_names,
+                      input_hint=trainer.input.faster() if training else "")
   ledger = None
   try:
     ctl = controller_lib.Controller(
@@ -298,7 +299,8 @@ def _export_checkpoint(trainer, evaluator, ckpt: checkpoint.Checkpointer,
 
 
 def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
-                  *, eval_names: list[str]) -> summaries.Summaries:
+                  *, eval_names: list[str],
+                  input_hint: str) -> summaries.Summaries:
   """config.json (training only) and the event writers, or one line."""
   table = hparams.Table.of(names.to_json(config),
                            names.to_json(config_lib.default_config()),
@@ -311,7 +313,7 @@ def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
     return summaries.Summaries(
         wd, chief=chief, total_steps=config.train.steps, trains=mode.trains,
         eval_dir=mode.eval_events(wd) if mode.eval_events else None,
-        table=table)
+        table=table, input_hint=input_hint)
   except (tf.errors.OpError, OSError) as e:
     raise errors.unwritable_workdir(wd.root, e) from None
 

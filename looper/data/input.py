@@ -4,6 +4,7 @@ Synopsis::
 
     input = Input(config, strategy)      # data.*, train.batch_size, eval.*
     input.examples("test")               # one checked pass of (inputs, label)
+    input.faster()                       # what to try if training waits
     batches = input.train_iterator()     # per-replica train batches, from
                                          # the data position on; kept
     input.advance(batches=k)             # in the loop: k batches consumed
@@ -63,6 +64,13 @@ class Input:
       if self.config.data.service and split == self.config.data.train_split:
         service.check_source(self._sources[split], self.config)
     return self._sources[split]
+
+  def faster(self) -> str:
+    """What to try when training waits for its batches, in the train
+    input's mode (sources.FASTER)."""
+    if self.config.data.service:
+      return sources.FASTER["service"]
+    return sources.FASTER[self.source(self.config.data.train_split).mode]
 
   def examples(self, split: str) -> tf.data.Dataset:
     """One pass over `split` as (inputs, label) examples, checked."""

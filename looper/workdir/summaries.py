@@ -182,14 +182,17 @@ class Summaries:
     eval_dir: where eval events go (one of the workdir's: an evaluator
       beside training has its own); None: none are written.
     table: the run's HParams row (looper.workdir.hparams).
+    input_hint: what to try when the progress line says the run is
+      input-bound (`looper.data.input.Input.faster`: by input mode).
   """
 
   def __init__(self, workdir: workdir_lib.Workdir, *, chief: bool,
                total_steps: int, trains: bool = False,
                eval_dir: str | None = None,
-               table: hparams.Table | None = None):
+               table: hparams.Table | None = None, input_hint: str = ""):
     self._chief = chief
     self._total_steps = total_steps
+    self._input_hint = input_hint
     self._workdir = workdir
     training = chief and trains
     self._table = table if training else None
@@ -309,7 +312,8 @@ class Summaries:
     `logs` must hold 'steps_per_sec'.
 
     The input wait shows only when it matters (above INPUT_BOUND of the
-    time and INPUT_BOUND_SECS_PER_STEP per step), with what to try.
+    time and INPUT_BOUND_SECS_PER_STEP per step), with what to try in the
+    run's input mode (`input_hint`).
     """
     if self._chief:
       eta = (self._total_steps - step) / max(logs["steps_per_sec"], 1e-9)
@@ -319,8 +323,7 @@ class Summaries:
       hint = ("" if wait <= INPUT_BOUND or
               per_step <= INPUT_BOUND_SECS_PER_STEP else
               f" | input-bound: {wait:.0%} of the time waiting for data"
-              " (faster dataset_fn: cache, parallel map; or file/array"
-              " mode, see BUILD.md 'Input modes')")
+              f" ({self._input_hint})")
       logging.info("train step %d/%d: %s | %s | ETA %s%s", step,
                    self._total_steps, _format(shown), speed(logs),
                    datetime.timedelta(seconds=round(eta)), hint)
