@@ -228,16 +228,17 @@ def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
             best: tuple[str, int, float] | None, checkpoint: str | None,
             export: str | None, goodput: str | None = None) -> str:
   """The lines that close a run: what it reached and where things are."""
+  from looper.workdir import summaries  # pylint: disable=g-import-not-at-top
   ended = result.get("stopped") or result.get("ended")
   lines = [f"looper done: step {result['step']} in"
            f" {datetime.timedelta(seconds=round(seconds))}"
            + (f" ({ended})" if ended else "")]
   if result.get("eval"):
-    metrics = " ".join(f"{k}={v:.4g}" for k, v in result["eval"].items())
-    lines.append(f"  last eval   {metrics}")
+    lines.append(f"  last eval   {summaries.format_logs(result['eval'])}")
   if best:
     metric, step, value = best
-    lines.append(f"  best eval   {metric}={value:.4g} at step {step}")
+    lines.append(f"  best eval   {metric}={summaries.number(value)} at step"
+                 f" {step}")
   if checkpoint:
     lines.append(f"  checkpoint  {checkpoint}")
   lines.append(f"  events      {workdir.train_events},"

@@ -19,8 +19,9 @@ step, the last value of every eval metric, the best evaluation by
 attempts (productive training time over their wall time, from its
 goodput/ records: looper.train.goodput), and the time from the run's start
 to its last line (including any time the run was stopped before a
-resume). Metrics print with 4
-significant digits, `-` where a run has none. A path that is no workdir
+resume). Metrics print as the log lines show them (a whole number in full,
+others with 4 significant digits: looper.workdir.summaries.number), `-`
+where a run has none. A path that is no workdir
 and holds none one level down, or a workdir without scalars yet, is named
 in one line on stderr (exit status 1); the table shows the others.
 """
@@ -38,6 +39,7 @@ from looper.cli import parsing
 from looper.train import evaluation
 from looper.train import goodput
 from looper.workdir import jsonl
+from looper.workdir import summaries
 
 # What an eval line holds beside its metrics: not a column.
 _NOT_METRICS = ("kind", "step", "time", "examples")
@@ -85,12 +87,12 @@ def summarize(workdir: str) -> dict[str, str] | None:
   evals = [l for l in logged if l["kind"] == "eval"]
   names = [k for k in evals[-1] if k not in _NOT_METRICS] if evals else []
   for name in sorted(names):
-    row[name] = f"{evals[-1][name]:.4g}"
+    row[name] = summaries.number(evals[-1][name])
   rule = evaluation.Best.of(_checkpoint_config(wd), names)
   best = rule.first_best((l["step"], l[rule.metric]) for l in evals
                          if rule.metric in l)
   if rule.metric in names and best:
-    row[f"best {rule.metric}"] = f"{best[1]:.4g} @{best[0]}"
+    row[f"best {rule.metric}"] = f"{summaries.number(best[1])} @{best[0]}"
   attempts = goodput.read(wd)
   if attempts:
     row["goodput"] = f"{goodput.Totals.of(attempts).goodput:.0%}"

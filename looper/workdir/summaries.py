@@ -72,8 +72,20 @@ SPEEDS = ("steps_per_sec", "examples_per_sec", "tokens_per_sec",
           "flops_per_sec", "mfu", "input_wait_fraction")
 
 
-def _format(logs: dict[str, float]) -> str:
-  return " ".join(f"{k}={v:.4g}" for k, v in logs.items())
+def number(value: float) -> str:
+  """A logged value as the lines show it: a whole number (a count:
+  examples, tokens) in full, 10000 and not 1e+04; any other to 4
+  significant digits."""
+  value = float(value)
+  # Up to 2**53 every whole float64 is exact: a count, not a rounding.
+  if value.is_integer() and abs(value) <= 2**53:
+    return str(int(value))
+  return f"{value:.4g}"
+
+
+def format_logs(logs: dict[str, float]) -> str:
+  """'loss=0.3126 examples=10000 accuracy=0.9051'."""
+  return " ".join(f"{k}={number(v)}" for k, v in logs.items())
 
 
 def si(value: float) -> tuple[str, str]:
@@ -325,7 +337,7 @@ class Summaries:
               f" | input-bound: {wait:.0%} of the time waiting for data"
               f" ({self._input_hint})")
       logging.info("train step %d/%d: %s | %s | ETA %s%s", step,
-                   self._total_steps, _format(shown), speed(logs),
+                   self._total_steps, format_logs(shown), speed(logs),
                    datetime.timedelta(seconds=round(eta)), hint)
 
   def eval(self, step: int, logs: dict[str, float]) -> None:
@@ -336,7 +348,7 @@ class Summaries:
       self._hparams_scalars.write(results, step)
     self._metrics_line("eval", step, logs)
     if self._chief:
-      logging.info("eval at step %d: %s", step, _format(logs))
+      logging.info("eval at step %d: %s", step, format_logs(logs))
 
   def goodput(self, step: int, fractions: dict[str, float]) -> None:
     """The run's goodput so far and each loss' share, as `goodput/<name>`
