@@ -227,12 +227,14 @@ def header(config, strategy, workdir: str | None, mode: str,
 def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
             best: tuple[str, int, float] | None, checkpoint: str | None,
             export: str | None, goodput: str | None = None) -> str:
-  """The lines that close a run: what it reached and where things are."""
+  """The lines that close a run: what it reached and where things are;
+  `seconds` is this attempt's wall time (looper.train.goodput: from its
+  process' start, or the call of run.run), which the first line says."""
   from looper.workdir import summaries  # pylint: disable=g-import-not-at-top
   ended = result.get("stopped") or result.get("ended")
   lines = [f"looper done: step {result['step']} in"
-           f" {datetime.timedelta(seconds=round(seconds))}"
-           + (f" ({ended})" if ended else "")]
+           f" {datetime.timedelta(seconds=round(seconds))} (this attempt's"
+           f" wall time{f'; {ended}' if ended else ''})"]
   if result.get("eval"):
     lines.append(f"  last eval   {summaries.format_logs(result['eval'])}")
   if best:

@@ -227,8 +227,10 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
       ledger.add("checkpoint", time.monotonic() - waited)
       totals = ledger.close(_how_it_ended(result))
       out.goodput(result["step"], totals.fractions())
+      # The attempt's time as its record holds it: `looper runs` adds up
+      # the records (its "wall (all attempts)"), so one attempt agrees.
       logging.info("%s", console.summary(
-          result, wd, time.monotonic() - started,
+          result, wd, ledger.wall,
           best=evaluations.best, checkpoint=ckpt.latest(),
           export=result.get("export"), goodput=totals.line()))
     return result

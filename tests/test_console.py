@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from looper import workdir as workdir_lib
+from looper.cli import runs
 from looper.train import goodput
 from tests.conftest import LOOPBACK_ENV, ROOT, run_looper, run_ok
 
@@ -51,8 +52,11 @@ def test_first_screen_header_progress_and_summary(tmp_path):
                       r" examples/s, [\d.]+ \w?FLOP/s = [\d.e+-]+% MFU \|"
                       r" ETA \S+( \| input-bound: .*)?", lines[7]), lines[7]
   done = next(i for i, l in enumerate(lines) if " looper done: " in l)
-  assert re.fullmatch(rf"{TIME} looper done: step 20 in 0:00:\d\d",
-                      lines[done])
+  took = re.fullmatch(rf"{TIME} looper done: step 20 in (0:00:\d\d) \(this"
+                      r" attempt's wall time\)", lines[done])
+  assert took, lines[done]
+  # `looper runs` shows the same time: the one attempt's record.
+  assert runs.summarize(str(workdir))[runs.WALL] == took.group(1)
   last = re.fullmatch(r"  last eval   loss=\S+ examples=1001 accuracy=(\S+)",
                       lines[done + 1])
   assert last and lines[done + 2] == (
@@ -70,6 +74,9 @@ def test_first_screen_header_progress_and_summary(tmp_path):
   resumed = run_ok(*args, "--config.train.steps=30").stderr.splitlines()
   assert resumed[0].endswith(
       f"in {workdir} (resumed from {workdir}/checkpoints/ckpt-20)")
+  # Two attempts: the goodput line's total, which the table shows.
+  [both] = [l for l in resumed if l.startswith("  goodput     ")]
+  assert f" of {runs.summarize(str(workdir))[runs.WALL]} in 2 attempts " in both
 
 
 def test_describe_a_mirrored_four_device_config_with_verbose_logs():

@@ -191,7 +191,7 @@ def test_looper_runs_tabulates_the_last_and_best_eval(sweep, capsys,
     assert row["accuracy"] == f"{accuracy[step]:.4g}"
     assert row["loss"] == f"{scalars(root / name / 'eval', 'loss')[step]:.4g}"
     assert row["best accuracy"] == f"{accuracy[best]:.4g} @{best}"
-    assert list(row)[-1] == "wall time"
+    assert list(row)[-1] == runs.WALL
   # The same rows for the workdirs named one by one.
   assert runs.main([str(root / "b"), str(root / "a")]) == 0
   assert rows(capsys.readouterr().out) == table
