@@ -9,7 +9,7 @@ Synopsis::
     with console.printing(verbose):
       ...
     logging.info("%s", console.header(config, strategy, workdir, mode,
-                                      restored, model))
+                                      "fresh start", model))
     logging.info("%s", console.summary(result, workdir, seconds, ...))
     # looper/main.py, before its one error line:
     console.expect_partial_restores(error)
@@ -31,6 +31,7 @@ of a `looper.run.run` call.
 import collections
 import contextlib
 import datetime
+import json
 import logging as std_logging
 import os
 import sys
@@ -177,10 +178,38 @@ def expect_partial_restores(error: BaseException) -> None:
       tb = tb.tb_next
 
 
+def _differences(config: dict, trained: dict, prefix: str = "") -> list[str]:
+  """'field=value (config.json: value)' for each field `config` and
+  `trained` (config.json) hold differently, by name."""
+  found = []
+  for key in sorted(set(config) | set(trained)):
+    mine, theirs = config.get(key), trained.get(key)
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+      found += _differences(mine, theirs, f"{prefix}{key}.")
+    elif mine != theirs:
+      found.append(f"{prefix}{key}={json.dumps(mine)} (config.json:"
+                   f" {json.dumps(theirs)})")
+  return found
+
+
 def header(config, strategy, workdir: str | None, mode: str,
-           restored: str | None, model, peak=None) -> str:
-  """The lines that open a run: what runs where, with which batch, and
-  the peak (a `looper.train.peak.Peak`) the progress line's MFU is of."""
+           start: str | None, model, peak=None,
+           trained: dict | None = None) -> str:
+  """The lines that open a run: what runs where (`start`: from where it
+  starts, or what it reads), with which batch, and the peak (a
+  `looper.train.peak.Peak`) the progress line's MFU is of.
+
+  `trained`, a trained run's config.json, is what an evaluator or export
+  describes (what was trained) instead of `config`, the command line's;
+  where they differ, one line says in which fields (the command line's
+  values are the ones in use).
+  """
+  differs = []
+  if trained is not None:
+    from looper import names  # pylint: disable=g-import-not-at-top
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    differs = _differences(json.loads(names.to_json(config)), trained)
+    config = ml_collections.ConfigDict(trained)
   replicas = strategy.num_replicas_in_sync
   name = type(strategy).__name__.replace("Strategy", "")
   name = "default" if name.startswith("_Default") else name
@@ -195,7 +224,6 @@ def header(config, strategy, workdir: str | None, mode: str,
     devices = ["default device"]
   per_replica = config.train.batch_size // replicas
   accum = config.train.grad_accum_steps
-  start = (f"resumed from {restored}" if restored else "fresh start")
   where = f" in {workdir} ({start})" if workdir else ""
   lines = [
       f"looper {mode}: {model.name} ({model.count_params():,} parameters)"
@@ -221,6 +249,8 @@ def header(config, strategy, workdir: str | None, mode: str,
     from looper.workdir import summaries  # pylint: disable=g-import-not-at-top
     value, prefix = summaries.si(peak.flops_per_sec)
     lines.append(f"  MFU        of {value} {prefix}FLOP/s: {peak.source}")
+  if differs:
+    lines.append(f"  differs    on the command line: {', '.join(differs)}")
   return "\n".join(lines)
 
 

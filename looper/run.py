@@ -178,9 +178,6 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
       wd, trainer.checkpoint_items(), keep=c.keep, chief=chief,
       task_id=distribute.task_id(strategy), async_save=c.async_save,
       on_tpu=on_tpu, guard=guard)
-  if mode == "export":
-    return _export_checkpoint(trainer, evaluator, ckpt, wd, checkpoint_path,
-                              chief=chief, on_tpu=on_tpu)
   restored = ckpt.restore() if training else None
   if training and not restored and config.init.checkpoint:
     items = {"model": trainer.model}
@@ -191,9 +188,15 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
   # What MFU is the share of (a probe, cached, or a known figure); the
   # FLOPs of a step are counted after the first loop (looper.train.flops).
   machine = peak.of_run(config, strategy) if training else None
-  # Every worker: under `looper launch` each line says whose it is.
-  logging.info("%s", console.header(config, strategy, wd.root, mode,
-                                    restored, trainer.model, peak=machine))
+  # Every worker: under `looper launch` each line says whose it is. A
+  # reader of a trained run describes what was trained: its config.json.
+  logging.info("%s", console.header(
+      config, strategy, wd.root, mode,
+      _start(mode, restored, checkpoint_path), trainer.model, peak=machine,
+      trained=None if training else workdir_lib.read_json(wd.config)))
+  if mode == "export":
+    return _export_checkpoint(trainer, evaluator, ckpt, wd, checkpoint_path,
+                              chief=chief, on_tpu=on_tpu)
   out = _open_workdir(wd, config, MODES[mode], chief,
                       eval_names=evaluator.metric_names,
                       input_hint=trainer.input.faster() if training else "")
@@ -244,6 +247,17 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
     raise
   finally:
     out.close()
+
+
+def _start(mode: str, restored: str | None,
+           checkpoint_path: str | None) -> str:
+  """What the header says the mode starts from or reads."""
+  if MODES[mode].trains:
+    return f"resumed from {restored}" if restored else "fresh start"
+  if mode == "continuous_eval":
+    return "evaluates each new checkpoint"
+  verb = "exports" if mode == "export" else "evaluates"
+  return f"{verb} {checkpoint_path or 'the latest checkpoint'}"
 
 
 def _accounting(ledger: goodput.Ledger, out: summaries.Summaries

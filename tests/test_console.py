@@ -2,6 +2,7 @@
 the same lines from plain Python (a notebook), or none if asked."""
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -9,10 +10,12 @@ import sys
 
 import pytest
 
+from looper import run
 from looper import workdir as workdir_lib
 from looper.cli import runs
 from looper.train import goodput
-from tests.conftest import LOOPBACK_ENV, ROOT, run_looper, run_ok
+from tests import tiny
+from tests.conftest import LOOPBACK_ENV, ROOT, configured, run_looper, run_ok
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -146,3 +149,29 @@ def test_plain_python_prints_the_run_unless_asked_not_to(tmp_path):
   assert quiet.splitlines() == [quiet.splitlines()[-1]]
   assert not [l for l in proc.stderr.splitlines()
               if re.match(rf"{TIME} ", l) or "looper" in l], proc.stderr
+
+
+def test_eval_and_export_describe_the_run_they_read(tmp_path, caplog):
+  """In-process: a run of 10 steps, read with the command line's config
+  (tiny's 40 steps, a checkpoint every 20)."""
+  run.run(configured(tiny.get_config(), train__steps=10,
+                     checkpoint__every_steps=5), str(tmp_path), "train")
+  differs = ("  differs    on the command line: checkpoint.every_steps=20"
+             " (config.json: 5), train.steps=40 (config.json: 10)")
+  for mode, path, reads in [
+      ("eval", str(tmp_path / "checkpoints" / "ckpt-5"),
+       f"evaluates {tmp_path}/checkpoints/ckpt-5"),
+      ("export", None, "exports the latest checkpoint")]:
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      run.run(tiny.get_config(), str(tmp_path), mode, path)
+    [header] = [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith(f"looper {mode}: ")]
+    # Keras numbers the models of one process: sequential_1, ...
+    assert re.sub(r"sequential_\d+", "sequential", header).splitlines() == [
+        f"looper {mode}: sequential (212 parameters) in {tmp_path} ({reads})",
+        "  strategy   default, 1 replica (default device)",
+        "  batch      32 global = 32 per replica x 1; eval 64",
+        "  steps      10, 10 per loop; eval every 20, checkpoint every 5",
+        "  precision  float32",
+        differs]

@@ -29,7 +29,6 @@ in one line on stderr (exit status 1); the table shows the others.
 """
 
 import datetime
-import json
 import os
 import sys
 
@@ -71,15 +70,6 @@ def _identity(path: str) -> str:
   return path.rstrip("/")
 
 
-def _checkpoint_config(wd: workdir_lib.Workdir) -> dict:
-  """config.json's `checkpoint` section ({} if unreadable)."""
-  try:
-    with tf.io.gfile.GFile(wd.config) as f:
-      return json.load(f).get("checkpoint", {})
-  except (tf.errors.OpError, ValueError):  # none or unreadable: the defaults
-    return {}
-
-
 def summarize(workdir: str) -> dict[str, str] | None:
   """One row of the table, {column: cell}; None if no loop was logged."""
   wd = workdir_lib.Workdir(workdir)
@@ -92,7 +82,9 @@ def summarize(workdir: str) -> dict[str, str] | None:
   names = [k for k in evals[-1] if k not in _NOT_METRICS] if evals else []
   for name in sorted(names):
     row[name] = summaries.number(evals[-1][name])
-  rule = evaluation.Best.of(_checkpoint_config(wd), names)
+  # No config.json, or unreadable: the defaults.
+  saved = workdir_lib.read_json(wd.config) or {}
+  rule = evaluation.Best.of(saved.get("checkpoint", {}), names)
   best = rule.first_best((l["step"], l[rule.metric]) for l in evals
                          if rule.metric in l)
   if rule.metric in names and best:
