@@ -29,6 +29,10 @@ DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "BUILD.md")}
 # common.py holds what the experiments share; it is not one.
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
                      if p.stem not in ("__init__", "common"))
+# Fields another branch adds (issue 36: epochs), which the README's
+# "From `model.fit`" names already. Drop each from here as it lands: the
+# field check fails while one is both here and in the config.
+PENDING_FIELDS = {"train.epochs", "eval.every_epochs", "checkpoint.every_epochs"}
 # Commands that are not looper's, or need what this machine has not.
 NOT_LOOPER = ("pip ", "tensorboard ", "gcloud ", "kaggle ", "unzip ",
               "python -m pytest", "TF_CONFIG=", "!pip")
@@ -87,10 +91,22 @@ def test_every_config_field_the_docs_name_exists():
   named -= {"train.step"}  # the misspelt field of the "did you mean" example
   assert named, "the docs name no --config fields?"
   fields = _config_fields()
-  assert not sorted(named - fields), sorted(named - fields)
+  assert not PENDING_FIELDS & fields, (
+      f"landed: drop {sorted(PENDING_FIELDS & fields)} from PENDING_FIELDS")
+  assert not sorted(named - PENDING_FIELDS - fields), sorted(
+      named - PENDING_FIELDS - fields)
+
+
+def _files_to_write() -> set[str]:
+  """The experiment files the README has the reader write: its Python
+  blocks that open with `# experiments/NAME.py`."""
+  return {m.group(1) for block in _blocks("python")
+          for m in [re.match(r"# (experiments/\w+\.py)\n", block)] if m}
 
 
 def test_every_concrete_looper_command_parses_and_validates():
+  written = _files_to_write()
+  assert written == {"experiments/linear.py", "experiments/mnist_fit.py"}
   parsed = 0
   for command in _commands():
     if command.startswith(NOT_LOOPER):
@@ -103,9 +119,9 @@ def test_every_concrete_looper_command_parses_and_validates():
     if config_file is None:
       continue
     if not (ROOT / config_file.split(":")[0]).exists():
-      # The one file the README has the reader write (run by
+      # A file the README has the reader write (linear.py: run by
       # test_the_fifteen_line_experiment_trains); nothing else may be missing.
-      assert config_file == "experiments/linear.py", command
+      assert config_file in written, command
       continue
     overrides = [a for a in args if a.startswith("--config.")]
     config = _load(config_file, overrides)
