@@ -5,8 +5,11 @@ Synopsis::
     # looper/main.py, before anything imports TensorFlow:
     console.start(verbose=console.wants_tensorflow_logs(sys.argv))
     ...
+    # looper.run.run, called from plain Python or a notebook too:
+    with console.printing(verbose):
+      ...
     logging.info("%s", console.header(config, strategy, workdir, mode,
-                                      restored, model))
+                                      "fresh start", model))
     logging.info("%s", console.summary(result, workdir, seconds, ...))
     # looper/main.py, before its one error line:
     console.expect_partial_restores(error)
@@ -18,10 +21,17 @@ file descriptor 2 before any log level applies, so `start` imports
 TensorFlow and lists its devices with fd 2 pointed at a temporary file,
 and shows that file only if the import fails. `--verbosity=1` (absl's flag,
 `-v 1`) keeps everything, TensorFlow's INFO logs included.
+
+The lines are absl's log lines: `looper.main` (an absl app) shows them on
+stderr. Plain Python and a notebook set up no logging, so `printing` shows
+them on stdout there, as Keras' `fit` prints its progress, for the length
+of a `looper.run.run` call.
 """
 
 import collections
+import contextlib
 import datetime
+import json
 import logging as std_logging
 import os
 import sys
@@ -100,6 +110,50 @@ def short_log_lines() -> None:
   handler.addFilter(_not_library_info)
 
 
+def _shown(logger) -> bool:
+  """Whether `logger`'s INFO records already reach a handler that shows
+  them (absl.app's, looper.main's, the caller's logging.basicConfig)."""
+  if not logger.isEnabledFor(std_logging.INFO):
+    return False
+  node = logger
+  while node is not None:
+    if any(h.level <= std_logging.INFO for h in node.handlers):
+      return True
+    node = node.parent if node.propagate else None
+  return False
+
+
+@contextlib.contextmanager
+def printing(verbose: bool):
+  """looper's log lines on stdout for the block, in the command line's
+  short format, where nothing else shows them: a plain Python process or a
+  notebook, whose logging has no handler (absl's INFO lines would be
+  dropped, its warnings printed bare). Nothing changes where they are shown
+  already (looper.main: no line twice), where the caller set absl's level
+  above INFO (`absl.logging.set_verbosity("warning")`), or if not `verbose`.
+  """
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logger = logging.get_absl_logger()
+  if not verbose or logger.level > std_logging.INFO or _shown(logger):
+    yield
+    return
+  handler = std_logging.StreamHandler(sys.stdout)
+  handler.setFormatter(_ShortFormatter())
+  handler.addFilter(_not_library_info)
+  level, propagate = logger.level, logger.propagate
+  logger.addHandler(handler)
+  logger.setLevel(level or std_logging.INFO)
+  # A root handler that shows only warnings (`logging.basicConfig()` at
+  # its default level) would print those a second time.
+  logger.propagate = False
+  try:
+    yield
+  finally:
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = propagate
+
+
 def expect_partial_restores(error: BaseException) -> None:
   """Marks the checkpoint restores `error` cut short as expected partial.
 
@@ -124,14 +178,41 @@ def expect_partial_restores(error: BaseException) -> None:
       tb = tb.tb_next
 
 
+def _differences(config: dict, trained: dict, prefix: str = "") -> list[str]:
+  """'field=value (config.json: value)' for each field `config` and
+  `trained` (config.json) hold differently, by name."""
+  found = []
+  for key in sorted(set(config) | set(trained)):
+    mine, theirs = config.get(key), trained.get(key)
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+      found += _differences(mine, theirs, f"{prefix}{key}.")
+    elif mine != theirs:
+      found.append(f"{prefix}{key}={json.dumps(mine)} (config.json:"
+                   f" {json.dumps(theirs)})")
+  return found
+
+
 def header(config, strategy, workdir: str | None, mode: str,
-           restored: str | None, model, peak=None, epoch=None,
-           note: str | None = None) -> str:
-  """The lines that open a run: what runs where, with which batch, how
-  many epochs the steps are (of `epoch`, a `looper.train.epochs.Epoch`,
-  if the train split's size is known), the peak (a
-  `looper.train.peak.Peak`) the progress line's MFU is of, and a `note` on
-  what the run cannot promise (looper.train.randomness)."""
+           start: str | None, model, peak=None, epoch=None,
+           note: str | None = None, trained: dict | None = None) -> str:
+  """The lines that open a run: what runs where (`start`: from where it
+  starts, or what it reads), with which batch, how many epochs the steps
+  are (of `epoch`, a `looper.train.epochs.Epoch`, if the train split's
+  size is known), the peak (a `looper.train.peak.Peak`) the progress
+  line's MFU is of, and a `note` on what the run cannot promise
+  (looper.train.randomness).
+
+  `trained`, a trained run's config.json, is what an evaluator or export
+  describes (what was trained) instead of `config`, the command line's;
+  where they differ, one line says in which fields (the command line's
+  values are the ones in use).
+  """
+  differs = []
+  if trained is not None:
+    from looper import names  # pylint: disable=g-import-not-at-top
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    differs = _differences(json.loads(names.to_json(config)), trained)
+    config = ml_collections.ConfigDict(trained)
   replicas = strategy.num_replicas_in_sync
   name = type(strategy).__name__.replace("Strategy", "")
   name = "default" if name.startswith("_Default") else name
@@ -146,7 +227,6 @@ def header(config, strategy, workdir: str | None, mode: str,
     devices = ["default device"]
   per_replica = config.train.batch_size // replicas
   accum = config.train.grad_accum_steps
-  start = (f"resumed from {restored}" if restored else "fresh start")
   where = f" in {workdir} ({start})" if workdir else ""
   lines = [
       f"looper {mode}: {model.name} ({model.count_params():,} parameters)"
@@ -175,6 +255,8 @@ def header(config, strategy, workdir: str | None, mode: str,
     lines.append(f"  MFU        of {value} {prefix}FLOP/s: {peak.source}")
   if note:
     lines.append(f"  note       {note}")
+  if differs:
+    lines.append(f"  differs    on the command line: {', '.join(differs)}")
   return "\n".join(lines)
 
 
@@ -190,17 +272,20 @@ def _in_epochs(config, epoch) -> str:
 def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
             best: tuple[str, int, float] | None, checkpoint: str | None,
             export: str | None, goodput: str | None = None) -> str:
-  """The lines that close a run: what it reached and where things are."""
+  """The lines that close a run: what it reached and where things are;
+  `seconds` is this attempt's wall time (looper.train.goodput: from its
+  process' start, or the call of run.run), which the first line says."""
+  from looper.workdir import summaries  # pylint: disable=g-import-not-at-top
   ended = result.get("stopped") or result.get("ended")
   lines = [f"looper done: step {result['step']} in"
-           f" {datetime.timedelta(seconds=round(seconds))}"
-           + (f" ({ended})" if ended else "")]
+           f" {datetime.timedelta(seconds=round(seconds))} (this attempt's"
+           f" wall time{f'; {ended}' if ended else ''})"]
   if result.get("eval"):
-    metrics = " ".join(f"{k}={v:.4g}" for k, v in result["eval"].items())
-    lines.append(f"  last eval   {metrics}")
+    lines.append(f"  last eval   {summaries.format_logs(result['eval'])}")
   if best:
     metric, step, value = best
-    lines.append(f"  best eval   {metric}={value:.4g} at step {step}")
+    lines.append(f"  best eval   {metric}={summaries.number(value)} at step"
+                 f" {step}")
   if checkpoint:
     lines.append(f"  checkpoint  {checkpoint}")
   lines.append(f"  events      {workdir.train_events},"

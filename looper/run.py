@@ -6,6 +6,7 @@ Synopsis (what `python -m looper.main` does, usable from a notebook)::
     config = my_experiment.get_config()
     result = run.run(config, workdir="/tmp/exp", mode="train_and_eval")
     result["eval"]["accuracy"]
+    # It prints what the command line prints (verbose=False: nothing).
 
 Modes (the table MODES; each runs a `Controller` method):
   train            train from the last checkpoint in `workdir` (if any)
@@ -89,7 +90,7 @@ MODES = {
 
 def run(config: ml_collections.ConfigDict, workdir: str,
         mode: str = "train_and_eval", checkpoint_path: str | None = None,
-        *, started: float | None = None) -> dict:
+        *, started: float | None = None, verbose: bool = True) -> dict:
   """Runs an experiment in `workdir`, resuming from its last checkpoint.
 
   Args:
@@ -101,6 +102,13 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     started: when the attempt started, on the `time.monotonic()` clock
       (looper.main: the process' start); default: now. Its goodput's
       start-up is counted from there (looper.train.goodput).
+    verbose: print the command line's lines (the header, each loop's
+      progress line, evaluations, the closing summary) to stdout where
+      logging shows none, as from plain Python or a notebook; False: quiet.
+      Where logging shows absl's lines (looper.main, an absl app,
+      `logging.basicConfig(level=logging.INFO)`) they go there, once;
+      `absl.logging.set_verbosity("warning")` keeps them quiet too
+      (looper.console.printing).
 
   Returns:
     {'step': the final step, 'train': the last loop's logs (if trained),
@@ -108,6 +116,13 @@ def run(config: ml_collections.ConfigDict, workdir: str,
      SavedModel's path (if exported), 'stopped': the signal that stopped
      training early, 'ended': why training ended early}.
   """
+  with console.printing(verbose):
+    return _run(config, workdir, mode, checkpoint_path, started=started)
+
+
+def _run(config, workdir: str, mode: str, checkpoint_path: str | None, *,
+         started: float | None) -> dict:
+  """`run`'s work, its lines shown (console.printing)."""
   if mode not in MODES:
     raise errors.ConfigError(
         f"mode={mode!r} is not one of {', '.join(MODES)}; set --mode")
@@ -168,9 +183,6 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
       wd, trainer.checkpoint_items(), keep=c.keep, chief=chief,
       task_id=distribute.task_id(strategy), async_save=c.async_save,
       on_tpu=on_tpu, guard=guard)
-  if mode == "export":
-    return _export_checkpoint(trainer, evaluator, ckpt, wd, checkpoint_path,
-                              chief=chief, on_tpu=on_tpu)
   restored = ckpt.restore() if training else None
   if training and not restored and config.init.checkpoint:
     items = {"model": trainer.model}
@@ -181,12 +193,19 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
   # What MFU is the share of (a probe, cached, or a known figure); the
   # FLOPs of a step are counted after the first loop (looper.train.flops).
   machine = peak.of_run(config, strategy) if training else None
-  # Every worker: under `looper launch` each line says whose it is.
-  logging.info("%s", console.header(config, strategy, wd.root, mode,
-                                    restored, trainer.model, peak=machine,
-                                    epoch=epoch, note=trainer.random.note()))
+  # Every worker: under `looper launch` each line says whose it is. A
+  # reader of a trained run describes what was trained: its config.json.
+  logging.info("%s", console.header(
+      config, strategy, wd.root, mode,
+      _start(mode, restored, checkpoint_path), trainer.model, peak=machine,
+      epoch=epoch, note=trainer.random.note(),
+      trained=None if training else workdir_lib.read_json(wd.config)))
+  if mode == "export":
+    return _export_checkpoint(trainer, evaluator, ckpt, wd, checkpoint_path,
+                              chief=chief, on_tpu=on_tpu)
   out = _open_workdir(wd, config, MODES[mode], chief,
-                      eval_names=evaluator.metric_names)
+                      eval_names=evaluator.metric_names,
+                      input_hint=trainer.input.faster() if training else "")
   ledger = None
   try:
     ctl = controller_lib.Controller(
@@ -217,8 +236,10 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
       ledger.add("checkpoint", time.monotonic() - waited)
       totals = ledger.close(_how_it_ended(result))
       out.goodput(result["step"], totals.fractions())
+      # The attempt's time as its record holds it: `looper runs` adds up
+      # the records (its "wall (all attempts)"), so one attempt agrees.
       logging.info("%s", console.summary(
-          result, wd, time.monotonic() - started,
+          result, wd, ledger.wall,
           best=evaluations.best, checkpoint=ckpt.latest(),
           export=result.get("export"), goodput=totals.line()))
     return result
@@ -232,6 +253,17 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
     raise
   finally:
     out.close()
+
+
+def _start(mode: str, restored: str | None,
+           checkpoint_path: str | None) -> str:
+  """What the header says the mode starts from or reads."""
+  if MODES[mode].trains:
+    return f"resumed from {restored}" if restored else "fresh start"
+  if mode == "continuous_eval":
+    return "evaluates each new checkpoint"
+  verb = "exports" if mode == "export" else "evaluates"
+  return f"{verb} {checkpoint_path or 'the latest checkpoint'}"
 
 
 def _accounting(ledger: goodput.Ledger, out: summaries.Summaries
@@ -289,7 +321,8 @@ def _export_checkpoint(trainer, evaluator, ckpt: checkpoint.Checkpointer,
 
 
 def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
-                  *, eval_names: list[str]) -> summaries.Summaries:
+                  *, eval_names: list[str],
+                  input_hint: str) -> summaries.Summaries:
   """config.json (training only) and the event writers, or one line."""
   table = hparams.Table.of(names.to_json(config),
                            names.to_json(config_lib.default_config()),
@@ -302,7 +335,7 @@ def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
     return summaries.Summaries(
         wd, chief=chief, total_steps=config.train.steps, trains=mode.trains,
         eval_dir=mode.eval_events(wd) if mode.eval_events else None,
-        table=table)
+        table=table, input_hint=input_hint)
   except (tf.errors.OpError, OSError) as e:
     raise errors.unwritable_workdir(wd.root, e) from None
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from tests import tiny
-from tests.conftest import ROOT, run_ok, scalars
+from tests.conftest import MNIST_DIR, ROOT, run_ok, scalars
 
 DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "BUILD.md")}
 # common.py holds what the experiments share; it is not one.
@@ -90,7 +90,16 @@ def test_every_config_field_the_docs_name_exists():
   assert not sorted(named - fields), sorted(named - fields)
 
 
+def _files_to_write() -> set[str]:
+  """The experiment files the README has the reader write: its Python
+  blocks that open with `# experiments/NAME.py`."""
+  return {m.group(1) for block in _blocks("python")
+          for m in [re.match(r"# (experiments/\w+\.py)\n", block)] if m}
+
+
 def test_every_concrete_looper_command_parses_and_validates():
+  written = _files_to_write()
+  assert written == {"experiments/linear.py", "experiments/mnist_fit.py"}
   parsed = 0
   for command in _commands():
     if command.startswith(NOT_LOOPER):
@@ -103,9 +112,9 @@ def test_every_concrete_looper_command_parses_and_validates():
     if config_file is None:
       continue
     if not (ROOT / config_file.split(":")[0]).exists():
-      # The one file the README has the reader write (run by
+      # A file the README has the reader write (linear.py: run by
       # test_the_fifteen_line_experiment_trains); nothing else may be missing.
-      assert config_file == "experiments/linear.py", command
+      assert config_file in written, command
       continue
     overrides = [a for a in args if a.startswith("--config.")]
     config = _load(config_file, overrides)
@@ -182,6 +191,29 @@ def test_the_fifteen_line_experiment_trains(tmp_path):
   accuracy = scalars(tmp_path / "run" / "eval", "accuracy")
   assert list(accuracy) == [500] and accuracy[500] > 0.95
   assert scalars(tmp_path / "run" / "eval", "examples") == {500: 1000}
+
+
+@pytest.mark.slow  # MNIST's CNN for 32 steps and a 10,000-image eval
+def test_the_fit_port_trains_with_its_keras_objects_and_epochs(
+    tmp_path, monkeypatch):
+  """README's experiments/mnist_fit.py as written (Keras' loss and metric
+  objects, epochs, early stopping), on the repository's MNIST test set
+  for both splits (Keras' loader would download): a fifth of an epoch."""
+  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  data = mnist.get_config().data
+  data.dir = str(MNIST_DIR)
+  images, labels = mnist.load_mnist("test", data)
+  monkeypatch.setattr(keras.datasets.mnist, "load_data",
+                      lambda: ((images, labels), (images, labels)))
+  namespace = {}
+  exec(_python_block("# experiments/mnist_fit.py"), namespace)  # pylint: disable=exec-used
+  c = namespace["get_config"]()
+  c.train.epochs = 0.2
+  result = run.run(c, str(tmp_path), verbose=False)
+  assert result["step"] == -(-2000 // 64)  # ceil(0.2 x 10,000 / 64)
+  logs = result["eval"]
+  assert logs["examples"] == 10000
+  assert 0.5 < logs["accuracy"] < logs["sparse_top_k_categorical_accuracy"]
 
 
 @pytest.mark.parametrize("name", ["SmoothedTrainer", "GanTrainer"])

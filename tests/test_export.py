@@ -135,6 +135,17 @@ def test_export_in_process_serves_what_the_model_computes(tmp_path):
   assert not list((tmp_path / "export").glob(".partial-*"))
   serve = tf.saved_model.load(path).signatures["serving_default"]
   x = tiny.make_data(5, seed=9)[0]
+  expected = trainer.model(x, training=False).numpy()
   np.testing.assert_allclose(serve(inputs=tf.constant(x))["logits"].numpy(),
-                             trainer.model(x, training=False).numpy(),
+                             expected, rtol=1e-5, atol=1e-6)
+  # README, "Serving": NumPy's float64 is converted to the float32
+  # signature; a float64 tensor is refused, and serves once cast.
+  wide = x.astype(np.float64)
+  np.testing.assert_allclose(serve(inputs=wide)["logits"].numpy(), expected,
                              rtol=1e-5, atol=1e-6)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="expected to be a float tensor but is a double"):
+    serve(inputs=tf.constant(wide))
+  np.testing.assert_allclose(
+      serve(inputs=tf.cast(tf.constant(wide), tf.float32))["logits"].numpy(),
+      expected, rtol=1e-5, atol=1e-6)

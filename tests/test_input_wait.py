@@ -1,4 +1,5 @@
-"""`input_wait_fraction`: the share of a train call spent waiting for batches."""
+"""`input_wait_fraction`: the share of a train call spent waiting for batches,
+and what the progress line says to try in each input mode."""
 
 import logging
 import os
@@ -11,11 +12,14 @@ import pytest
 import tensorflow as tf
 
 from looper import workdir
+from looper.data import input as input_lib
+from looper.data import shards
+from looper.data import sources
 from looper.train import trainer as trainer_lib
 from looper.workdir import summaries
 from looper.train import distribute
 from tests import tiny
-from tests.conftest import LOOPBACK_ENV, ROOT
+from tests.conftest import LOOPBACK_ENV, ROOT, configured
 
 
 def _slow_dataset_fn(config, split):
@@ -72,7 +76,7 @@ def test_one_cpu_still_tells_compute_from_waiting():
 
 def test_the_progress_line_names_an_input_bound_run(tmp_path, caplog):
   out = summaries.Summaries(workdir.Workdir(str(tmp_path)), chief=True,
-                            total_steps=100)
+                            total_steps=100, input_hint="element mode: X")
   logs = dict(loss=1.0, steps_per_sec=10.0, input_wait_fraction=0.05)
   with caplog.at_level(logging.INFO):
     out.progress(10, logs)
@@ -86,7 +90,26 @@ def test_the_progress_line_names_an_input_bound_run(tmp_path, caplog):
   assert "input" not in first and "loss=1" in first
   assert "input" not in tiny_model and "| 4k steps/s |" in tiny_model
   assert second.endswith(
-      "| input-bound: 42% of the time waiting for data (faster dataset_fn:"
-      " cache, parallel map; or file/array mode, see BUILD.md 'Input"
-      " modes')")
+      "| input-bound: 42% of the time waiting for data (element mode: X)")
   out.close()
+
+
+def _files(config, split):
+  """File mode, never read: its counts are given."""
+  return shards.Files(["/nonexistent/shard-0.tfrecord"], counts=[64],
+                      parse=lambda r: (tf.zeros([tiny.FEATURES]), 0))
+
+
+@pytest.mark.parametrize("mode, fields", [
+    ("element", {}), ("array", {"data.as_arrays": True}),
+    ("file", {"dataset_fn": _files}),
+    ("service", {"data.service": "localhost:5050"})])
+def test_the_hint_is_what_helps_in_the_run_s_input_mode(mode, fields):
+  config = configured(tiny.get_config(), fields)
+  hint = input_lib.Input(config, tf.distribute.get_strategy()).faster()
+  assert hint == sources.FASTER[mode]
+  assert hint.startswith(f"{mode} mode: " if mode != "service" else
+                         "data.service: ")
+  # Never what the run does already (array mode was told to switch to it).
+  in_use = "data.service" if mode == "service" else f"{mode} mode"
+  assert in_use not in hint.split(": ", 1)[1], hint

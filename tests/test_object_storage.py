@@ -241,7 +241,7 @@ def test_a_whole_cycle_on_an_object_store_equals_the_local_disk(
   reference_row = runs.summarize(local)
   # Each attempt's time is its own; the records were read from ram://.
   assert row["goodput"].endswith("%")
-  for name in ("run", "wall time", "goodput"):
+  for name in ("run", runs.WALL, "goodput"):
     del row[name], reference_row[name]
   assert row == reference_row
   capsys.readouterr()

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import importlib.util
 import json
+import logging
 import sys
 import time
 
@@ -21,6 +22,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import metadata
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+from looper import console
 from looper import main
 from looper import run
 from looper import workdir as workdir_lib
@@ -189,7 +191,7 @@ def test_looper_runs_tabulates_the_last_and_best_eval(sweep, capsys,
     assert row["accuracy"] == f"{accuracy[step]:.4g}"
     assert row["loss"] == f"{scalars(root / name / 'eval', 'loss')[step]:.4g}"
     assert row["best accuracy"] == f"{accuracy[best]:.4g} @{best}"
-    assert list(row)[-1] == "wall time"
+    assert list(row)[-1] == runs.WALL
   # The same rows for the workdirs named one by one.
   assert runs.main([str(root / "b"), str(root / "a")]) == 0
   assert rows(capsys.readouterr().out) == table
@@ -210,6 +212,32 @@ def test_looper_runs_names_what_holds_no_run(sweep, tmp_path, capsys):
       f"looper runs: {tmp_path}/started has no train loop or evaluation in"
       " metrics.jsonl yet"]
   assert list(rows(out)) == [str(root / "b")]
+
+
+def test_counts_print_whole_in_the_lines_the_summary_and_the_table(
+    tmp_path, caplog):
+  wd = workdir_lib.Workdir(str(tmp_path))
+  out = summaries.Summaries(wd, chief=True, total_steps=20, trains=True,
+                            eval_dir=wd.eval_events)
+  out.start_run("{}", "model")
+  logs = {"loss": 0.312561, "examples": 10000.0, "accuracy": 0.90512,
+          "true_positives": 12345.0}
+  with caplog.at_level(logging.INFO):
+    out.train(1, [1.0, 0.5], {"loss": 0.75, "steps_per_sec": 20.0})
+    out.progress(2, {"loss": 0.75, "examples": 64000.0, "steps_per_sec": 20.0})
+    out.eval(2, logs)
+  out.close()
+  shown = "loss=0.3126 examples=10000 accuracy=0.9051 true_positives=12345"
+  progress, evaluated = [r.getMessage() for r in caplog.records]
+  assert progress.startswith("train step 2/20: loss=0.75 examples=64000 |")
+  assert evaluated == f"eval at step 2: {shown}"
+  closing = console.summary({"step": 2, "eval": logs}, wd, 3.0,
+                            best=("examples", 2, 10000.0), checkpoint=None,
+                            export=None).splitlines()
+  assert closing[1:3] == [f"  last eval   {shown}",
+                          "  best eval   examples=10000 at step 2"]
+  row = runs.summarize(str(tmp_path))
+  assert (row["loss"], row["true_positives"]) == ("0.3126", "12345")
 
 
 def test_a_fresh_start_replaces_what_a_killed_attempt_wrote(tmp_path):

@@ -41,12 +41,10 @@ def describe(config) -> str:
     split = config.data[field.split(".")[1]]
     source = data.source(split)
     size = data.size(split)  # element mode: counted by one pass
-    mode = {"Elements": "element", "Arrays": "array", "Files": "file"}.get(
-        type(source).__name__, type(source).__name__)
     inputs, labels, weights = checks.parts(
         data.examples(split).element_spec)
     weighted = "" if weights is None else f", weights {_spec(weights)}"
-    lines.append(f"  {field}={split!r}: {size:,} examples, {mode} mode;"
+    lines.append(f"  {field}={split!r}: {size:,} examples, {source.mode} mode;"
                  f" inputs {_spec(inputs)}, labels {_spec(labels)}{weighted}")
   lines += ["", "model", summaries.model_summary(trainer.model), "",
             "config", names.to_json(config)]

@@ -6,27 +6,29 @@ Synopsis::
     looper runs /tmp/sweep                  # the workdirs one level down
     looper runs gs://bucket/sweep           # read through tf.io.gfile
 
-    | run          | step | accuracy | loss    | best accuracy | goodput | wall time |
-    |--------------|------|----------|---------|---------------|---------|-----------|
-    | /tmp/sweep/a | 1000 | 0.9741   | 0.08623 | 0.9741 @1000  | 81%     | 0:01:02   |
-    | /tmp/sweep/b | 1000 | 0.9613   | 0.1302  | 0.9655 @800   | 64%     | 0:01:05   |
+    | run          | step | accuracy | loss    | best accuracy | goodput | wall (all attempts) |
+    |--------------|------|----------|---------|---------------|---------|---------------------|
+    | /tmp/sweep/a | 1000 | 0.9741   | 0.08623 | 0.9741 @1000  | 81%     | 0:01:02             |
+    | /tmp/sweep/b | 1000 | 0.9613   | 0.1302  | 0.9655 @800   | 64%     | 0:01:05             |
 
 One row per workdir (a directory holding `train/` or `eval/`), from its
 `metrics.jsonl` (see `looper.workdir.jsonl`; no event file is read): the last
 step, the last value of every eval metric, the best evaluation by
 `evaluation.Best.of` (`checkpoint.best_metric` from its config.json; else
 `accuracy`; else the loss) with its step, the goodput of its training
-attempts (productive training time over their wall time, from its
-goodput/ records: looper.train.goodput), and the time from the run's start
-to its last line (including any time the run was stopped before a
-resume). Metrics print with 4
-significant digits, `-` where a run has none. A path that is no workdir
+attempts and their wall time added up (from its goodput/ records:
+looper.train.goodput): each attempt from its process' start to its end,
+the time between attempts (a stopped run waiting for its rerun) not
+counted. It is the goodput line's `of 0:01:02 in 2 attempts` and, for a
+run of one attempt, its closing line's `looper done: step 1000 in
+0:01:02`. Metrics print as the log lines show them (a whole number in full,
+others with 4 significant digits: looper.workdir.summaries.number), `-`
+where a run has none. A path that is no workdir
 and holds none one level down, or a workdir without scalars yet, is named
 in one line on stderr (exit status 1); the table shows the others.
 """
 
 import datetime
-import json
 import os
 import sys
 
@@ -38,9 +40,12 @@ from looper.cli import parsing
 from looper.train import evaluation
 from looper.train import goodput
 from looper.workdir import jsonl
+from looper.workdir import summaries
 
 # What an eval line holds beside its metrics: not a column.
 _NOT_METRICS = ("kind", "step", "time", "examples")
+# The column of the training attempts' wall time, added up (module doc).
+WALL = "wall (all attempts)"
 
 
 def is_workdir(path: str) -> bool:
@@ -65,15 +70,6 @@ def _identity(path: str) -> str:
   return path.rstrip("/")
 
 
-def _checkpoint_config(wd: workdir_lib.Workdir) -> dict:
-  """config.json's `checkpoint` section ({} if unreadable)."""
-  try:
-    with tf.io.gfile.GFile(wd.config) as f:
-      return json.load(f).get("checkpoint", {})
-  except (tf.errors.OpError, ValueError):  # none or unreadable: the defaults
-    return {}
-
-
 def summarize(workdir: str) -> dict[str, str] | None:
   """One row of the table, {column: cell}; None if no loop was logged."""
   wd = workdir_lib.Workdir(workdir)
@@ -85,17 +81,19 @@ def summarize(workdir: str) -> dict[str, str] | None:
   evals = [l for l in logged if l["kind"] == "eval"]
   names = [k for k in evals[-1] if k not in _NOT_METRICS] if evals else []
   for name in sorted(names):
-    row[name] = f"{evals[-1][name]:.4g}"
-  rule = evaluation.Best.of(_checkpoint_config(wd), names)
+    row[name] = summaries.number(evals[-1][name])
+  # No config.json, or unreadable: the defaults.
+  saved = workdir_lib.read_json(wd.config) or {}
+  rule = evaluation.Best.of(saved.get("checkpoint", {}), names)
   best = rule.first_best((l["step"], l[rule.metric]) for l in evals
                          if rule.metric in l)
   if rule.metric in names and best:
-    row[f"best {rule.metric}"] = f"{best[1]:.4g} @{best[0]}"
+    row[f"best {rule.metric}"] = f"{summaries.number(best[1])} @{best[0]}"
   attempts = goodput.read(wd)
   if attempts:
-    row["goodput"] = f"{goodput.Totals.of(attempts).goodput:.0%}"
-  row["wall time"] = str(datetime.timedelta(
-      seconds=round(lines[-1]["time"] - lines[0]["time"])))
+    totals = goodput.Totals.of(attempts)
+    row["goodput"] = f"{totals.goodput:.0%}"
+    row[WALL] = str(datetime.timedelta(seconds=round(totals.wall)))
   return row
 
 
@@ -106,7 +104,7 @@ def table(rows: list[dict[str, str]]) -> str:
     columns += [c for c in row if c not in columns]
   # The goodput and wall time last: they describe the run, the rest its
   # results.
-  last = ("goodput", "wall time")
+  last = ("goodput", WALL)
   columns.sort(key=lambda c: last.index(c) + 1 if c in last else 0)
   cells = [columns] + [[row.get(c, "-") for c in columns] for row in rows]
   widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]

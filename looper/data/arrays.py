@@ -56,6 +56,7 @@ def is_arrays(value) -> bool:
 class Arrays:
   """(inputs, label[, sample_weight]) numpy arrays or `windows.Windows`
   (nests of them) sharing their first dimension."""
+  mode = "array"
 
   def __init__(self, arrays, split: str):
     self.split = split

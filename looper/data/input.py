@@ -5,6 +5,7 @@ Synopsis::
     input = Input(config, strategy)      # data.*, train.batch_size, eval.*
     input.examples("test")               # one checked pass of (inputs, label)
     input.size("train")                  # examples in one pass (counted once)
+    input.faster()                       # what to try if training waits
     batches = input.train_iterator()     # per-replica train batches, from
                                          # the data position on; kept
     input.advance(batches=k)             # in the loop: k batches consumed
@@ -73,6 +74,13 @@ class Input:
       self._sizes[split] = self.source(split).size or checks.num_examples(
           self.examples(split), split, splits.split_field(self.config, split))
     return self._sizes[split]
+
+  def faster(self) -> str:
+    """What to try when training waits for its batches, in the train
+    input's mode (sources.FASTER)."""
+    if self.config.data.service:
+      return sources.FASTER["service"]
+    return sources.FASTER[self.source(self.config.data.train_split).mode]
 
   def examples(self, split: str) -> tf.data.Dataset:
     """One pass over `split` as (inputs, label) examples, checked."""

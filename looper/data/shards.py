@@ -186,6 +186,7 @@ class Files:
     split: the split's name, for errors.
     virtual_shards, cache: set by the Trainer from config.data.
   """
+  mode = "file"
 
   def __init__(self, paths, parse: Callable, counts=None, split: str = "",
                virtual_shards: int = 64, cache: bool = False):

@@ -16,7 +16,9 @@ Synopsis::
 | `shards.Files` (or `data.shards_dir` is set) | file (`shards`) | only its own files | skip within each group |
 
 All three are exact on any replica and worker count (the examples of global
-batch k do not depend on it); see each module for how. Each is a `Source`.
+batch k do not depend on it); see each module for how. Each is a `Source`,
+its `mode` the table's name; FASTER says what speeds each up (and a tf.data
+service's, looper.data.service) when a run waits for its input.
 Examples of variable length (config.data.bucket) need element mode: only it
 pads.
 """
@@ -35,6 +37,21 @@ from looper.data import elements
 from looper.data import shards
 from looper.errors import ConfigError
 
+# What to try, by input mode, when training waits for its batches (the
+# progress line's input-bound hint: looper.workdir.summaries).
+FASTER = {
+    "element": "element mode: a faster dataset_fn (cache, parallel map;"
+               " heavy preprocessing on other machines: data.service), or"
+               " array mode (numpy arrays) or file mode (data.shards_dir),"
+               " see BUILD.md 'Input modes'",
+    "array": "array mode: each batch is gathered from memory; smaller"
+             " arrays (uint8 images, scaled in the model) or more host CPUs",
+    "file": "file mode: data.cache=True keeps the parsed examples in memory;"
+            " or parse on other machines: data.service",
+    "service": "data.service: more tf.data service workers (looper"
+               " data_service --role=worker)",
+}
+
 
 class Source(Protocol):
   """One split's examples, and the per-replica batches of any input pipeline.
@@ -45,6 +62,7 @@ class Source(Protocol):
   """
   split: str  # the split's name, as configured
   size: int | None  # examples in one pass; None: unknown until counted
+  mode: str  # 'element', 'array' or 'file' (the table in the module doc)
 
   def examples(self) -> tf.data.Dataset:
     """One pass over the split as (inputs, label[, weight]) examples, in
@@ -68,6 +86,7 @@ class Source(Protocol):
 class Elements:
   """Element mode: any Dataset; all pipelines share one order and each keeps
   its block of every global batch."""
+  mode = "element"
 
   def __init__(self, remake: Callable[[], tf.data.Dataset], split: str,
                bucket: int = 0):

@@ -8,6 +8,7 @@ Synopsis::
     ledger.add("eval", 0.8)       # an action's time; see CATEGORIES
     totals = ledger.write()       # the record, at most every WRITE_SECS
     ledger.close("finished")      # the last record: how the attempt ended
+    ledger.wall                   # this attempt's wall time, as recorded
     goodput.Totals.of(goodput.read(wd)).line()
     # '81% of 0:01:02 in 2 attempts (largest loss: startup, 12%)'
 
@@ -168,6 +169,7 @@ class Ledger:
     # the short loops before an eval or of a profiler window); all.
     self._first, self._like, self._all = None, _Loops(), _Loops()
     self._written = None
+    self.wall = 0.0  # this attempt's wall time in its last record
 
   def start(self, step: int) -> None:
     """Training starts at `step`: the start-up ends (once)."""
@@ -207,8 +209,8 @@ class Ledger:
     if not force and self._written and now - self._written < WRITE_SECS:
       return None
     self._written = now
-    record = dict(self._record, wall=now - self._started,
-                  seconds=self._split(now - self._started))
+    self.wall = now - self._started
+    record = dict(self._record, wall=self.wall, seconds=self._split(self.wall))
     path = self._wd.goodput_attempt(record["attempt"])
     with checkpoint.on_full_disk(self._wd.root, "goodput",
                                  self._wd.checkpoints):

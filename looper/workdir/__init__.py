@@ -48,6 +48,7 @@ where).
 """
 
 import dataclasses
+import json
 import os
 import uuid
 
@@ -77,6 +78,17 @@ def write_file(path: str, text: str) -> None:
     if tf.io.gfile.exists(tmp):  # e.g. a full disk: nothing left behind
       tf.io.gfile.remove(tmp)
     raise
+
+
+def read_json(path: str) -> dict | None:
+  """The JSON object in the file at `path`; None where there is none (a
+  run's config.json before its first start) or it does not parse."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      return json.load(f)
+  except (tf.errors.OpError, ValueError):
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

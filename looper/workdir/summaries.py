@@ -72,8 +72,20 @@ SPEEDS = ("steps_per_sec", "examples_per_sec", "tokens_per_sec",
           "flops_per_sec", "mfu", "input_wait_fraction")
 
 
-def _format(logs: dict[str, float]) -> str:
-  return " ".join(f"{k}={v:.4g}" for k, v in logs.items())
+def number(value: float) -> str:
+  """A logged value as the lines show it: a whole number (a count:
+  examples, tokens) in full, 10000 and not 1e+04; any other to 4
+  significant digits."""
+  value = float(value)
+  # Up to 2**53 every whole float64 is exact: a count, not a rounding.
+  if value.is_integer() and abs(value) <= 2**53:
+    return str(int(value))
+  return f"{value:.4g}"
+
+
+def format_logs(logs: dict[str, float]) -> str:
+  """'loss=0.3126 examples=10000 accuracy=0.9051'."""
+  return " ".join(f"{k}={number(v)}" for k, v in logs.items())
 
 
 def si(value: float) -> tuple[str, str]:
@@ -182,14 +194,17 @@ class Summaries:
     eval_dir: where eval events go (one of the workdir's: an evaluator
       beside training has its own); None: none are written.
     table: the run's HParams row (looper.workdir.hparams).
+    input_hint: what to try when the progress line says the run is
+      input-bound (`looper.data.input.Input.faster`: by input mode).
   """
 
   def __init__(self, workdir: workdir_lib.Workdir, *, chief: bool,
                total_steps: int, trains: bool = False,
                eval_dir: str | None = None,
-               table: hparams.Table | None = None):
+               table: hparams.Table | None = None, input_hint: str = ""):
     self._chief = chief
     self._total_steps = total_steps
+    self._input_hint = input_hint
     self._workdir = workdir
     training = chief and trains
     self._table = table if training else None
@@ -309,7 +324,8 @@ class Summaries:
     `logs` must hold 'steps_per_sec'.
 
     The input wait shows only when it matters (above INPUT_BOUND of the
-    time and INPUT_BOUND_SECS_PER_STEP per step), with what to try.
+    time and INPUT_BOUND_SECS_PER_STEP per step), with what to try in the
+    run's input mode (`input_hint`).
     """
     if self._chief:
       eta = (self._total_steps - step) / max(logs["steps_per_sec"], 1e-9)
@@ -319,10 +335,9 @@ class Summaries:
       hint = ("" if wait <= INPUT_BOUND or
               per_step <= INPUT_BOUND_SECS_PER_STEP else
               f" | input-bound: {wait:.0%} of the time waiting for data"
-              " (faster dataset_fn: cache, parallel map; or file/array"
-              " mode, see BUILD.md 'Input modes')")
+              f" ({self._input_hint})")
       logging.info("train step %d/%d: %s | %s | ETA %s%s", step,
-                   self._total_steps, _format(shown), speed(logs),
+                   self._total_steps, format_logs(shown), speed(logs),
                    datetime.timedelta(seconds=round(eta)), hint)
 
   def eval(self, step: int, logs: dict[str, float]) -> None:
@@ -333,7 +348,7 @@ class Summaries:
       self._hparams_scalars.write(results, step)
     self._metrics_line("eval", step, logs)
     if self._chief:
-      logging.info("eval at step %d: %s", step, _format(logs))
+      logging.info("eval at step %d: %s", step, format_logs(logs))
 
   def goodput(self, step: int, fractions: dict[str, float]) -> None:
     """The run's goodput so far and each loss' share, as `goodput/<name>`
