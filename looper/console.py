@@ -250,8 +250,8 @@ def header(config, strategy, workdir: str | None, mode: str,
   if slower:
     lines[-1] += f" (slower here: {slower})"
   if peak:
-    from looper.workdir import summaries  # pylint: disable=g-import-not-at-top
-    value, prefix = summaries.si(peak.flops_per_sec)
+    from looper.workdir import formats  # pylint: disable=g-import-not-at-top
+    value, prefix = formats.si(peak.flops_per_sec)
     lines.append(f"  MFU        of {value} {prefix}FLOP/s: {peak.source}")
   if note:
     lines.append(f"  note       {note}")
@@ -275,16 +275,16 @@ def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
   """The lines that close a run: what it reached and where things are;
   `seconds` is this attempt's wall time (looper.train.goodput: from its
   process' start, or the call of run.run), which the first line says."""
-  from looper.workdir import summaries  # pylint: disable=g-import-not-at-top
+  from looper.workdir import formats  # pylint: disable=g-import-not-at-top
   ended = result.get("stopped") or result.get("ended")
   lines = [f"looper done: step {result['step']} in"
            f" {datetime.timedelta(seconds=round(seconds))} (this attempt's"
            f" wall time{f'; {ended}' if ended else ''})"]
   if result.get("eval"):
-    lines.append(f"  last eval   {summaries.format_logs(result['eval'])}")
+    lines.append(f"  last eval   {formats.format_logs(result['eval'])}")
   if best:
     metric, step, value = best
-    lines.append(f"  best eval   {metric}={summaries.number(value)} at step"
+    lines.append(f"  best eval   {metric}={formats.number(value)} at step"
                  f" {step}")
   if checkpoint:
     lines.append(f"  checkpoint  {checkpoint}")

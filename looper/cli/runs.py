@@ -22,7 +22,7 @@ the time between attempts (a stopped run waiting for its rerun) not
 counted. It is the goodput line's `of 0:01:02 in 2 attempts` and, for a
 run of one attempt, its closing line's `looper done: step 1000 in
 0:01:02`. Metrics print as the log lines show them (a whole number in full,
-others with 4 significant digits: looper.workdir.summaries.number), `-`
+others with 4 significant digits: looper.workdir.formats.number), `-`
 where a run has none. A path that is no workdir
 and holds none one level down, or a workdir without scalars yet, is named
 in one line on stderr (exit status 1); the table shows the others.
@@ -40,7 +40,7 @@ from looper.cli import parsing
 from looper.train import evaluation
 from looper.train import goodput
 from looper.workdir import jsonl
-from looper.workdir import summaries
+from looper.workdir import formats
 
 # What an eval line holds beside its metrics: not a column.
 _NOT_METRICS = ("kind", "step", "time", "examples")
@@ -81,14 +81,14 @@ def summarize(workdir: str) -> dict[str, str] | None:
   evals = [l for l in logged if l["kind"] == "eval"]
   names = [k for k in evals[-1] if k not in _NOT_METRICS] if evals else []
   for name in sorted(names):
-    row[name] = summaries.number(evals[-1][name])
+    row[name] = formats.number(evals[-1][name])
   # No config.json, or unreadable: the defaults.
   saved = workdir_lib.read_json(wd.config) or {}
   rule = evaluation.Best.of(saved.get("checkpoint", {}), names)
   best = rule.first_best((l["step"], l[rule.metric]) for l in evals
                          if rule.metric in l)
   if rule.metric in names and best:
-    row[f"best {rule.metric}"] = f"{summaries.number(best[1])} @{best[0]}"
+    row[f"best {rule.metric}"] = f"{formats.number(best[1])} @{best[0]}"
   attempts = goodput.read(wd)
   if attempts:
     totals = goodput.Totals.of(attempts)

@@ -4,7 +4,7 @@ This package holds what is written there, a module each: `checkpoint`
 (saves, restores, the best one) with `contents` (what a checkpoint holds;
 warm starts from another run's), `lease` (one writer per workdir),
 `summaries` (TensorBoard events, the progress line) with `jsonl`
-(metrics.jsonl) and `hparams` (the HParams row), `export` (a SavedModel
+(metrics.jsonl), `formats` (how a value prints) and `hparams` (the HParams row), `export` (a SavedModel
 for serving). They, and the profiler window (looper.train.profiler), take
 their paths from the `Workdir` defined here.
 

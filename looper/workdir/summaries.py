@@ -54,6 +54,7 @@ from looper import workdir as workdir_lib
 from looper.workdir import checkpoint
 from looper.workdir import hparams
 from looper.workdir import jsonl
+from looper.workdir import formats
 
 
 # Above this share of a loop spent waiting for batches, the progress line
@@ -70,46 +71,6 @@ INPUT_BOUND_SECS_PER_STEP = 0.0005
 # hint), not among the metrics.
 SPEEDS = ("steps_per_sec", "examples_per_sec", "tokens_per_sec",
           "flops_per_sec", "mfu", "input_wait_fraction")
-
-
-def number(value: float) -> str:
-  """A logged value as the lines show it: a whole number (a count:
-  examples, tokens) in full, 10000 and not 1e+04; any other to 4
-  significant digits."""
-  value = float(value)
-  # Up to 2**53 every whole float64 is exact: a count, not a rounding.
-  if value.is_integer() and abs(value) <= 2**53:
-    return str(int(value))
-  return f"{value:.4g}"
-
-
-def format_logs(logs: dict[str, float]) -> str:
-  """'loss=0.3126 examples=10000 accuracy=0.9051'."""
-  return " ".join(f"{k}={number(v)}" for k, v in logs.items())
-
-
-def si(value: float) -> tuple[str, str]:
-  """`value` to 3 digits and its SI prefix: ('21', 'k'), ('14.2', 'G')."""
-  power = 0
-  while abs(value) >= 999.5 and power < 6:
-    value, power = value / 1000, power + 1
-  return f"{value:.3g}", " kMGTPE"[power].strip()
-
-
-def speed(logs: dict[str, float]) -> str:
-  """The speed part of the progress line, of what `logs` holds: '5.12
-  steps/s, 21k tokens/s, 14.2 GFLOP/s = 4.38% MFU' (tokens for sequences,
-  else examples)."""
-  parts = [f"{''.join(si(logs['steps_per_sec']))} steps/s"]
-  for count in ("tokens", "examples"):
-    if f"{count}_per_sec" in logs:
-      parts.append(f"{''.join(si(logs[count + '_per_sec']))} {count}/s")
-      break
-  if "flops_per_sec" in logs:
-    value, prefix = si(logs["flops_per_sec"])
-    mfu = f" = {100 * logs['mfu']:.3g}% MFU" if "mfu" in logs else ""
-    parts.append(f"{value} {prefix}FLOP/s{mfu}")
-  return ", ".join(parts)
 
 
 def model_summary(model) -> str:
@@ -337,7 +298,8 @@ class Summaries:
               f" | input-bound: {wait:.0%} of the time waiting for data"
               f" ({self._input_hint})")
       logging.info("train step %d/%d: %s | %s | ETA %s%s", step,
-                   self._total_steps, format_logs(shown), speed(logs),
+                   self._total_steps, formats.format_logs(shown),
+                   formats.speed(logs),
                    datetime.timedelta(seconds=round(eta)), hint)
 
   def eval(self, step: int, logs: dict[str, float]) -> None:
@@ -348,7 +310,7 @@ class Summaries:
       self._hparams_scalars.write(results, step)
     self._metrics_line("eval", step, logs)
     if self._chief:
-      logging.info("eval at step %d: %s", step, format_logs(logs))
+      logging.info("eval at step %d: %s", step, formats.format_logs(logs))
 
   def goodput(self, step: int, fractions: dict[str, float]) -> None:
     """The run's goodput so far and each loss' share, as `goodput/<name>`
@@ -356,10 +318,10 @@ class Summaries:
     self._train_scalars.write(
         {f"goodput/{k}": v for k, v in fractions.items()}, step)
 
-  def _best_in(self, lines: list[dict]) -> float | None:
+  def _best_in(self, kept: list[dict]) -> float | None:
     """The best value of table.best in the eval lines kept (a resume)."""
     best = None
-    for line in lines:
+    for line in kept:
       if line["kind"] == "eval":
         best = self._table.eval_results(line, best).get(
             self._table.best_tag, best)
