@@ -26,6 +26,11 @@ LOOPBACK_ENV = {"GCE_METADATA_IP": "127.0.0.1:9",
                 "GCE_METADATA_HOST": "127.0.0.1:9",
                 "TF_CPP_MIN_LOG_LEVEL": "2"}
 os.environ.update(LOOPBACK_ENV)
+# TensorFlow counts CPU:0's bytes (tf.config.experimental.get_memory_info,
+# reset_memory_stats) only in a BFC allocator: oneDNN's, on by default on
+# CPUs with AVX-512 VNNI/BF16 or AMX only (an Intel Xeon, not an AMD EPYC),
+# or this one, read when the first CPU device is made: for a fresh process.
+MEMORY_STATS_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 
 
 # Freeing a run's TensorFlow objects (tf.data iterators, traced functions)
