@@ -203,6 +203,18 @@ def looper_lines(log: str) -> list[str]:
   return [l for l in log.splitlines() if l.startswith("looper:")]
 
 
+# The line a worker ends with when another was killed (errors.cluster_error),
+# its cause whichever way the loss reached it first: missed heartbeats, the
+# connection to it reset or closed, or, when the killed task's port had
+# closed before the next RecvBuf dialled it (seen on a loaded 2-core CPU),
+# refused. All are the same event; each names the lost task.
+LOST_WORKER_1 = (
+    r"looper: lost worker /job:worker/replica:0/task:1 \((it stopped sending"
+    r" heartbeats|Connection reset by peer|Socket closed|Connection"
+    r" refused)\); this worker stopped too. Restart all workers with the"
+    r" same command to resume from the last checkpoint")
+
+
 def finish(procs, timeout: float) -> list[str]:
   """Waits for every process (killing all at `timeout`); returns the logs."""
   import time
