@@ -26,6 +26,11 @@ LOOPBACK_ENV = {"GCE_METADATA_IP": "127.0.0.1:9",
                 "GCE_METADATA_HOST": "127.0.0.1:9",
                 "TF_CPP_MIN_LOG_LEVEL": "2"}
 os.environ.update(LOOPBACK_ENV)
+# TensorFlow counts CPU:0's bytes (tf.config.experimental.get_memory_info,
+# reset_memory_stats) only in a BFC allocator: oneDNN's, on by default on
+# CPUs with AVX-512 VNNI/BF16 or AMX only (an Intel Xeon, not an AMD EPYC),
+# or this one, read when the first CPU device is made: for a fresh process.
+MEMORY_STATS_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 
 
 # Freeing a run's TensorFlow objects (tf.data iterators, traced functions)
@@ -196,6 +201,18 @@ def wait_for(path, text: str, timeout: float = 120) -> None:
 def looper_lines(log: str) -> list[str]:
   """The one-line errors (`looper: ...`) in a process's stderr."""
   return [l for l in log.splitlines() if l.startswith("looper:")]
+
+
+# The line a worker ends with when another was killed (errors.cluster_error),
+# its cause whichever way the loss reached it first: missed heartbeats, the
+# connection to it reset or closed, or, when the killed task's port had
+# closed before the next RecvBuf dialled it (seen on a loaded 2-core CPU),
+# refused. All are the same event; each names the lost task.
+LOST_WORKER_1 = (
+    r"looper: lost worker /job:worker/replica:0/task:1 \((it stopped sending"
+    r" heartbeats|Connection reset by peer|Socket closed|Connection"
+    r" refused)\); this worker stopped too. Restart all workers with the"
+    r" same command to resume from the last checkpoint")
 
 
 def finish(procs, timeout: float) -> list[str]:

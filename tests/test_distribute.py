@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import types
 from unittest import mock
@@ -12,6 +13,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper.train import distribute
 from looper.train import slurm
+from tests.conftest import LOST_WORKER_1
 
 
 def dist(**fields):
@@ -174,6 +176,30 @@ def test_a_worker_that_lost_the_chief_names_it():
           " unreachable or gone); this worker stopped too. Restart all workers"
           " with the same command to resume from the last checkpoint")
   assert errors.cluster_error(e, 8, leader=None) is None  # not multi-worker
+
+
+def test_a_worker_refused_by_a_killed_one_names_it():
+  """A survivor whose next RecvBuf dialled the killed worker's closed port
+  (gRPC's text for it): the lost worker, the line the test of a killed
+  worker accepts (tests/test_multiworker_faults.py)."""
+  from looper import errors  # pylint: disable=g-import-not-at-top
+  e = tf.errors.UnavailableError(None, None, (
+      "Graph execution error:\n\nDetected at node while/CollectiveReduceV2"
+      "\n\nfailed to connect to all addresses; last error: UNKNOWN:"
+      " ipv4:127.0.0.1:41653: Failed to connect to remote host: Connection"
+      " refused\nAdditional GRPC error information from remote target"
+      " /job:worker/replica:0/task:1 while calling"
+      " /tensorflow.WorkerService/RecvBuf:\n:UNKNOWN:Error received from peer"
+      "  {grpc_message:\"failed to connect to all addresses; last error:"
+      " UNKNOWN: ipv4:127.0.0.1:41653: Failed to connect to remote host:"
+      " Connection refused\", grpc_status:14}\n\t [[{{node"
+      " while/CollectiveReduceV2}}]] [Op:__inference__train_loop_961]"))
+  line = errors.cluster_error(e, 8, leader="/job:worker/replica:0/task:0")
+  assert line == (
+      "lost worker /job:worker/replica:0/task:1 (Connection refused); this"
+      " worker stopped too. Restart all workers with the same command to"
+      " resume from the last checkpoint")
+  assert re.fullmatch(LOST_WORKER_1, "looper: " + line)
 
 
 FAKE_GPUS = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU")

@@ -10,6 +10,7 @@ import logging
 import random
 import signal
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -84,11 +85,29 @@ def test_continuous_eval_beside_training_evaluates_each_checkpoint_once(
   assert saved["eval"]["batch_size"] == 64
 
 
+def nan_to_0_relu(z):
+  """ReLU with max(NaN, 0) = 0 on every CPU: a comparison with NaN is false
+  (IEEE 754), and the select's gradient there is 0, not NaN. tf.nn.relu(NaN)
+  is 0 on an Intel Xeon with AMX but NaN on an AMD EPYC."""
+  return tf.where(z > 0, z, tf.zeros_like(z))
+
+
+def nan_model_fn(config):
+  """tiny's MLP (its L2 penalty too), its hidden ReLU nan_to_0_relu."""
+  model = tiny.model_fn(config)
+  hidden = model.layers[0]
+  assert hidden.activation is keras.activations.relu, hidden.activation
+  hidden.activation = nan_to_0_relu
+  return model
+
+
 def nan_dataset_fn(config, split):
   """tiny's data with a NaN in train example 579 (inside step 19).
 
-  ReLU turns the NaN pre-activation into 0, so step 19's loss is finite;
-  its gradient is not, and the loss is NaN from step 20 on.
+  Under nan_model_fn, on any CPU: the ReLU turns the NaN pre-activation
+  into 0, so step 19's loss is finite; its gradient is not (the hidden
+  kernel's is the NaN input times 0), and from step 20 on the L2 penalty
+  of the NaN kernel makes the loss NaN.
   """
   name, selected = tiny.lc.split_slice(split, config.model.num_examples)
   x, y = tiny.make_data(config.model.num_examples,
@@ -100,7 +119,7 @@ def nan_dataset_fn(config, split):
 
 def nan_config(steps=25, tries=0):
   c = tiny.get_config()
-  c.dataset_fn = nan_dataset_fn
+  c.model_fn, c.dataset_fn = nan_model_fn, nan_dataset_fn
   c.data.shuffle_buffer = 0  # global example i is example i: no shuffle
   c.train.steps, c.train.steps_per_loop = steps, 5
   c.checkpoint.every_steps, c.eval.every_steps = 10, 0

@@ -67,10 +67,11 @@ class Input:
         service.check_source(self._sources[split], self.config)
     return self._sources[split]
 
-  def size(self, split: str) -> int:
+  def size(self, split: str, *, recount: bool = False) -> int:
     """Examples in one pass over `split`: its source's, or counted by one
-    pass (element mode) the first time it is asked for."""
-    if split not in self._sizes:
+    pass (element mode) the first time it is asked for, or again with
+    `recount` (a pass held other examples than counted)."""
+    if recount or split not in self._sizes:
       self._sizes[split] = self.source(split).size or checks.num_examples(
           self.examples(split), split, splits.split_field(self.config, split))
     return self._sizes[split]
@@ -149,14 +150,17 @@ class Input:
 
   # --- Eval -------------------------------------------------------------------
 
-  def eval_data(self) -> tuple[int, int, tf.distribute.DistributedDataset]:
+  def eval_data(self, *, recount: bool = False
+                ) -> tuple[int, int, tf.distribute.DistributedDataset]:
     """(count, steps, data): one eval pass is `steps` batches of
     eval.batch_size, holding `count` real examples (the rest padding with
-    mask 0); `data` repeats the pass without end."""
+    mask 0); `data` repeats the pass without end. `recount`: count the
+    split again, not the size counted before (see `size`)."""
     c = self.config
     source = self.source(c.data.eval_split)
-    count, steps = elements.eval_plan(self.size(c.data.eval_split),
-                                      c.eval.batch_size, c.eval.steps)
+    count, steps = elements.eval_plan(
+        self.size(c.data.eval_split, recount=recount), c.eval.batch_size,
+        c.eval.steps)
     return count, steps, self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(source.eval(
             ctx, global_batch_size=c.eval.batch_size, count=count,

@@ -39,6 +39,7 @@ class Evaluator:
     self.input = input or trainer.input
     # Made on the first evaluate(): counting the split may take a pass.
     self._plan = None  # (examples, steps, iterator) of one eval pass
+    self._failed = False  # the last pass did not end whole: recount
     self._eval_fn = tf.function(self._eval_loop)
 
   @property
@@ -62,7 +63,9 @@ class Evaluator:
     """
     split = self.input.config.data.eval_split
     if self._plan is None:
-      count, steps, data = self.input.eval_data()
+      # The size the Input counted (for epochs, describe) is the first
+      # plan's; after a pass that went wrong it may be stale: counted anew.
+      count, steps, data = self.input.eval_data(recount=self._failed)
       # One iterator over the eval pass repeated, kept: each evaluation
       # takes exactly one pass. A fresh iterator per evaluation ran a third
       # of them at half speed on this CPU (Keras fit's too; BUILD.md).
@@ -70,7 +73,7 @@ class Evaluator:
     count, steps, iterator = self._plan
     where = f"of the evaluation at step {self.trainer.global_step}"
     # Until a whole pass is taken, the next evaluation starts afresh.
-    self._plan = None
+    self._plan, self._failed = None, True
     with self.averaged_weights():
       try:
         results = self._eval_fn(iterator, tf.constant(steps, tf.int32))
@@ -83,7 +86,7 @@ class Evaluator:
           f"config.data.eval_split={split!r} gave {results['examples']:.0f}"
           f" examples {where}, where {count} were counted before it: make"
           " config.dataset_fn return the same examples on every pass")
-    self._plan = count, steps, iterator
+    self._plan, self._failed = (count, steps, iterator), False
     return results
 
   @conversion.plain

@@ -11,7 +11,8 @@ defaults: 4 blocks of width 128, 4 heads; AdamW, clipping) over random
 bytes in array mode, --batch windows per step, K steps per train call.
 Reports, per configuration:
   tf peak  TensorFlow's peak allocated bytes on CPU:0 over the timed calls
-           (its allocator's own count, reset after the first call): the
+           (its allocator's own count, reset after the first call; a BFC
+           allocator on every CPU: conftest.MEMORY_STATS_ENV): the
            tensors a step holds at once, the activations kept for the
            backward pass among them;
   rss      the process' peak resident memory (ru_maxrss: with TensorFlow,
@@ -23,9 +24,11 @@ come from the same allocator, so tf peak counts them too.
 
 import argparse
 import json
+import os
 import time
 
 from tests import bench
+from tests.conftest import MEMORY_STATS_ENV
 
 K = 3  # steps per train call
 
@@ -33,6 +36,8 @@ K = 3  # steps per train call
 def measure(context: int, remat: bool, batch: int, rounds: int,
             jit: bool) -> dict:
   """One configuration, in this (fresh) process."""
+  # Before TensorFlow makes its CPU device: an allocator that counts.
+  os.environ.update(MEMORY_STATS_ENV)
   import resource  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
