@@ -24,7 +24,6 @@ from typing import Sequence
 
 from absl import flags
 
-from looper import compat
 from looper.errors import ConfigError
 
 
@@ -139,6 +138,9 @@ def parse_flags(argv):
   try:
     # The config file runs here: a Keras metric object it makes must not
     # create TensorFlow variables before looper sets the devices up.
+    # (Imported here: `looper launch` shares this module and starts no
+    # TensorFlow.)
+    from looper import compat  # pylint: disable=g-import-not-at-top
     with compat.keras_variables_deferred():
       return flags.FLAGS(argv)
   except ConfigError as e:
