@@ -19,8 +19,8 @@ Synopsis::
     compat.shared_value("key", "value" or None)  # one job name, all workers
     compat.sublayers(model)                      # randomness: nested layers
     compat.seed_generators(layer)                # randomness: their states
-    with compat.keras_variables_deferred():      # parsing: a config file's
-      config = get_config()                      # Keras metrics
+    compat.output_operation(model)               # dry_run: the last op
+    with compat.keras_variables_deferred(): ...  # parsing: metric objects
 
 Each function reaches into a name TensorFlow or Keras may move or reshape in
 any release, because no public API does what looper needs. Its docstring
@@ -325,16 +325,13 @@ def shared_value(key: str, value: str | None) -> str:
 
 
 def sublayers(model) -> list:
-  """`model` and every layer inside it, nested ones included (a
-  MultiHeadAttention's dropout, an RNN's cell), each once, in the order
-  Keras tracks them.
+  """`model` and every layer inside it (a MultiHeadAttention's dropout, an
+  RNN's cell), each once, in the order Keras tracks them.
 
-  Touches: Keras' `Layer._flatten_layers(include_self, recursive)`
-  (keras/src/layers/layer.py), which walks the layers a layer tracks.
+  Touches: Keras' `Layer._flatten_layers(include_self, recursive)`.
 
-  Why: `model.layers` lists only the top level of a Functional or
-  Sequential model; the random layers looper makes replica-invariant and
-  checkpoints sit anywhere (looper.train.randomness).
+  Why: `model.layers` lists only the top level; the random layers looper
+  adopts sit anywhere (looper.train.randomness).
 
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
@@ -344,13 +341,11 @@ def sublayers(model) -> list:
 def seed_generators(layer) -> list:
   """The SeedGenerators `layer` itself holds (not its sublayers').
 
-  Touches: Keras' `Layer._seed_generators`, the list its attribute tracker
-  fills with each `keras.random.SeedGenerator` assigned to the layer.
+  Touches: Keras' `Layer._seed_generators`, which its attribute tracker
+  fills with each SeedGenerator assigned to the layer.
 
-  Why: a SeedGenerator's state (its place in the random stream) is a Keras
-  variable that `tf.train.Checkpoint(model=...)` does not reach; looper
-  checkpoints it (looper.train.randomness), and names the layers that draw
-  random numbers it cannot make replica-invariant.
+  Why: a SeedGenerator's state is a variable `tf.train.Checkpoint(model=)`
+  does not reach; looper checkpoints it (looper.train.randomness).
 
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
@@ -362,19 +357,15 @@ def keras_variables_deferred():
   """Keras variables made inside (a metric object's) create no TensorFlow
   variable, now or later.
 
-  Touches: `keras.StatelessScope(initialize_variables=False)` (public),
-  under which a Keras variable with an initializer is registered as
-  uninitialized instead of created, and Keras' global list of those
-  (`keras.src.backend.common.global_state`, "uninitialized_variables"),
-  which the next StatelessScope to close would initialize: the ones made
-  here are dropped from it.
+  Touches: `keras.StatelessScope(initialize_variables=False)`, under
+  which a Keras variable is registered as uninitialized, not created, and
+  Keras' global list of those (`global_state` "uninitialized_variables"),
+  which the next StatelessScope to close would initialize: dropped.
 
-  Why: a config file's `keras.metrics.SparseTopKCategoricalAccuracy(k=3)`
-  would create its variables while the config loads, which starts
-  TensorFlow's runtime before looper sets the devices up (logical CPU
-  devices cannot be configured after, multi-worker collectives must be
-  configured first). Looper rebuilds the metric from its class and config
-  in the strategy's scope; the object in the config never needs values.
+  Why: a config file's metric object would create its variables while the
+  config loads, starting TensorFlow before looper sets the devices up
+  (logical CPU devices, multi-worker collectives). Looper rebuilds the
+  metric from its class and config in the strategy's scope.
 
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
@@ -387,3 +378,23 @@ def keras_variables_deferred():
       yield
   finally:
     global_state.set_global_attribute(key, before)
+
+
+def output_operation(model):
+  """The Keras operation (a layer, or an op such as `keras.ops.softmax`)
+  that makes a functional or Sequential model's one output; None for a
+  subclassed model or several outputs.
+
+  Touches: `KerasTensor._keras_history`, the (operation, node index,
+  tensor index) Keras records on each symbolic tensor of a model.
+
+  Why: `model.layers` leaves out ops, so a model ending in
+  `keras.ops.softmax(x)` would look linear to the dry run's logits check.
+
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  outputs = getattr(model, "outputs", None)
+  if not outputs or len(outputs) != 1:
+    return None
+  history = getattr(outputs[0], "_keras_history", None)
+  return history.operation if history is not None else None

@@ -285,7 +285,8 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
            " by output), or None")
   _check_choice(c.loss_normalization, "loss_normalization",
                 objectives.NORMALIZATIONS)
-  keras_objects.check_loss(c.loss, c.loss_normalization)
+  keras_objects.check_loss(c.loss, c.loss_normalization,
+                           class_weighted=bool(c.data.class_weights))
   _check(isinstance(c.metrics, dict) == outputs or not c.metrics, "metrics",
          c.metrics, "give a dict of metric tuples by output when config.loss"
          " is a dict by output, else a tuple" if outputs else

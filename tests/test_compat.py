@@ -354,3 +354,13 @@ def test_keras_variables_made_deferred_create_no_tensorflow_variable():
   copy = type(metric).from_config(metric.get_config())
   copy.update_state([1], [[0.1, 0.5, 0.2, 0.0]])
   assert float(copy.result()) == 1.0
+
+
+def test_a_functional_models_output_names_its_operation():
+  inputs = keras.Input((3,))
+  hidden = keras.layers.Dense(4, name="logits")(inputs)
+  assert compat.output_operation(keras.Model(inputs, hidden)).name == "logits"
+  op = compat.output_operation(keras.Model(inputs, keras.ops.softmax(hidden)))
+  assert type(op).__name__ == "Softmax"
+  assert compat.output_operation(keras.Sequential(
+      [keras.Input((3,)), keras.layers.Dense(2, name="last")])).name == "last"

@@ -21,6 +21,7 @@ from looper import names
 from looper.cli import describe
 from looper.errors import ConfigError
 from looper.train import dry_run
+from looper.train import objectives
 from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
 from tests import tiny
@@ -195,3 +196,47 @@ def test_describe_shows_a_metric_object_as_a_run_logs_it():
       tiny.get_config())
   text = describe.describe(tiny_keras.get_config())
   assert "SparseTopKCategoricalAccuracy(name=" in text  # config, not a crash
+
+
+def _softmax_op_model(config):  # pylint: disable=unused-argument
+  inputs = keras.Input((tiny.FEATURES,))
+  return keras.Model(inputs, keras.ops.softmax(keras.layers.Dense(4)(inputs)))
+
+
+def test_a_final_softmax_op_counts_as_a_softmax_layer():
+  config = tiny.get_config()
+  config.model_fn = _softmax_op_model
+  config.loss = keras.losses.SparseCategoricalCrossentropy()  # probabilities
+  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  dry_run.check_inputs(trainer, trainer.input, "train")  # fits
+  config.loss = "sparse_categorical_crossentropy"  # logits
+  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  with pytest.raises(ConfigError) as e:
+    dry_run.check_inputs(trainer, trainer.input, "train")
+  assert "applies softmax, but config.loss='sparse_categorical_crossentropy'" \
+      " takes logits" in str(e.value)
+
+
+def test_ignore_class_beside_weights_under_keras_default_is_one_line():
+  config = tiny.get_config()
+  config.loss = keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True, ignore_class=-100)
+  config.data.class_weights = CLASS_WEIGHTS
+  with pytest.raises(ConfigError) as e:
+    lc.validate(config)
+  assert str(e.value) == (
+      "config.loss=SparseCategoricalCrossentropy(reduction="
+      "'sum_over_batch_size', from_logits=True, ignore_class=-100) with"
+      " data.class_weights: Keras would divide the weighted sum by the number"
+      " of labels not ignored, which looper does not; pass"
+      " reduction='mean_with_sample_weight' (the weighted mean over the"
+      " labels not ignored) to the loss, or drop the weights")
+  # With the weighted mean, an ignored label (no class id) weighs 0.
+  config.loss = keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True, ignore_class=-100,
+      reduction="mean_with_sample_weight")
+  lc.validate(config)
+  labels = tf.constant([0, -100, 3])
+  weights = objectives.label_weighted(
+      None, labels, objectives.class_weight_table(CLASS_WEIGHTS), -100)
+  np.testing.assert_array_equal(weights, [1.0, 0.0, 1.5])

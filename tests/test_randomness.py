@@ -50,11 +50,12 @@ def _checkpointer(trainer, root, items=None):
 
 def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
   whole = trainer_lib.Trainer(_config(), tf.distribute.get_strategy())
-  start = [s.numpy().copy() for s in whole.random.states]
+  start = [s.numpy().copy() for s in whole.random.states.values()]
   want = whole.train(12)[0]
   assert len(whole.random.states) == STATES
   assert whole.random.unreachable == []
-  for before, state in zip(start, whole.random.states):
+  assert list(whole.random.states)[:2] == ["000_Dropout", "001_GaussianNoise"]
+  for before, state in zip(start, whole.random.states.values()):
     assert not np.array_equal(before, state.numpy())  # each layer drew
 
   first = trainer_lib.Trainer(_config(), tf.distribute.get_strategy())
@@ -63,7 +64,8 @@ def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
   resumed = trainer_lib.Trainer(_config(), tf.distribute.get_strategy())
   assert _checkpointer(resumed, tmp_path).restore()
   np.testing.assert_array_equal(resumed.train(6)[0], want[6:])
-  for a, b in zip(whole.random.states, resumed.random.states):
+  for a, b in zip(whole.random.states.values(),
+                  resumed.random.states.values()):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
 
   # What the checkpoint used to hold: the draws of step 1 again.
@@ -156,6 +158,12 @@ def test_one_and_two_replicas_draw_the_same():
                                err_msg=name)
     assert not np.allclose(one, out["inputs"][name], atol=1e-3), name
   np.testing.assert_allclose(out["curve"][1], out["curve"][0], rtol=1e-5)
+  # Dropout on a tensor whose first axis is not the examples: Keras' own
+  # draw, said once.
+  assert out["not_examples"] == [
+      "Layer 'kernel_dropout' draws on a tensor of shape [3, 16], whose first"
+      " axis is not a replica's 4 examples: its draws are the same on every"
+      " replica, so the loss curve depends on the replica count."]
 
 
 def _layer_cases():
@@ -188,16 +196,17 @@ def _apply(make, x, strategy):
   """The layer's training output for batch `x` under `strategy`, twice
   (the second draw must follow the first)."""
   keras.utils.set_random_seed(0)  # the attention's kernels
+  rows = len(x) // strategy.num_replicas_in_sync
   with strategy.scope():
     layer = make()
     wrapper = keras.Sequential([keras.Input(x.shape[1:]), layer]) if not (
         isinstance(layer, keras.layers.MultiHeadAttention)) else None
     if wrapper is None:
       layer(x, x)
-      randomness.adopt(layer)
+      randomness.adopt(layer, rows)
       call = lambda v: layer(v, v, training=True)
     else:
-      randomness.adopt(wrapper)
+      randomness.adopt(wrapper, rows)
       call = lambda v: layer(v, training=True)
   dataset = strategy.experimental_distribute_dataset(
       tf.data.Dataset.from_tensors(x))
@@ -221,8 +230,16 @@ def _main():
     inputs[name] = [x.tolist(), x.tolist()]
   curve = [trainer_lib.Trainer(_config(), s).train(8)[0].tolist()
            for s in (one, two)]
-  print(json.dumps({"layers": layers, "inputs": inputs, "curve": curve}),
-        flush=True)
+  said = []
+  handler = logging.Handler()
+  handler.emit = lambda record: said.append(record.getMessage())
+  logging.getLogger("absl").addHandler(handler)
+  with two.scope():
+    layer = keras.layers.Dropout(0.5, name="kernel_dropout")
+    randomness.adopt(layer, rows=4)
+  two.run(tf.function(lambda: layer(tf.ones([3, 16]), training=True)))
+  print(json.dumps({"layers": layers, "inputs": inputs, "curve": curve,
+                    "not_examples": said}), flush=True)
   os._exit(0)  # pylint: disable=protected-access  (no teardown stall)
 
 

@@ -14,6 +14,7 @@ workdir, so a bad experiment leaves a workdir as it was.
 import keras
 import tensorflow as tf
 
+from looper import compat
 from looper import errors
 from looper.data import checks
 from looper.data import splits
@@ -100,8 +101,13 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
     if weights is not None:
       _check_weights(objectives.output_weights(weights, values)[output]
                      if output else weights, per_example, split)
+  if weights is not None:
+    keras_objects.check_ignore_unweighted(config.loss, "sample weights")
   if config.data.class_weights and split == config.data.train_split:
-    _check_class_weights(config.data.class_weights, labels, split)
+    ignored = keras_objects.ignore_class(config.loss)
+    _check_class_weights(config.data.class_weights, labels if ignored is None
+                         else tf.boolean_mask(labels, labels != ignored),
+                         split)
   _check_metrics(trainer, few_labels, logits, split)
 
 
@@ -209,12 +215,12 @@ def _check_logits_or_probabilities(model, config) -> None:
   trains (or reports) silently wrong (Keras warns of it too); so does a
   Keras object reading probabilities (from_logits=False) behind a linear
   last layer."""
-  if not getattr(model, "layers", None):
-    return  # a subclassed model: its last step is not a layer to read
-  last = model.layers[-1]
-  squash = getattr(getattr(last, "activation", None), "__name__", "")
-  if isinstance(last, keras.layers.Softmax):
-    squash = "softmax"
+  last = compat.output_operation(model)
+  if last is None:
+    return  # a subclassed model: its last step cannot be read
+  kind = type(last).__name__.lower()  # a Softmax layer, keras.ops.sigmoid
+  squash = next((s for s in ("softmax", "sigmoid") if s in kind), None) or (
+      getattr(getattr(last, "activation", None), "__name__", None))
   squashed = squash in ("softmax", "sigmoid")
   metrics = [m for m in config.metrics if keras_objects.is_metric(m)]
   for field, value in [("loss", config.loss)] + [("metrics", m)
@@ -231,7 +237,7 @@ def _check_logits_or_probabilities(model, config) -> None:
           " (from_logits): it would train on squashed outputs; drop the"
           " final activation (looper's losses and metrics take logits;"
           " override Trainer.serve to serve probabilities)")
-    if reads is False and not squashed:
+    if reads is False and squash == "linear":  # a Lambda: cannot tell
       raise errors.ConfigError(
           f"config.{field}={shown} reads probabilities (from_logits=False),"
           f" but the model's last layer {last.name!r} returns logits (no"

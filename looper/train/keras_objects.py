@@ -70,11 +70,14 @@ def _losses(spec) -> list[tuple[str, Any]]:
   return [("loss", spec)]
 
 
-def check_loss(spec, configured: str) -> None:
+def check_loss(spec, configured: str, class_weighted: bool = False) -> None:
   """Raises ConfigError (one line) for loss objects looper cannot run as
   written: a 'sum' (or unknown) reduction, reductions that disagree with
-  each other or with config.loss_normalization, ignore_class per output."""
+  each other or with config.loss_normalization, ignore_class per output or
+  beside data.class_weights (`class_weighted`) under Keras' default."""
   normalization(spec, configured)
+  if class_weighted:
+    check_ignore_unweighted(spec, "data.class_weights")
   outputs = isinstance(spec, dict)
   for field, value in _losses(spec):
     if outputs and is_loss(value) and _setting(value, "ignore_class") is not None:
@@ -123,6 +126,20 @@ def normalization(spec, configured: str) -> str:
         f" {wanted!r}; drop one: leave loss_normalization at 'batch_size',"
         " or pass reduction=None to the loss")
   return wanted
+
+
+def check_ignore_unweighted(spec, weights: str) -> None:
+  """ignore_class with `weights` (sample or class weights) under Keras'
+  default reduction: Keras divides the weighted sum by the number of
+  labels kept, an average none of looper's normalizations is; one line."""
+  if (ignore_class(spec) is not None and
+      REDUCTIONS.get(spec.reduction) == "batch_size"):
+    raise ConfigError(
+        f"config.loss={describe(spec)} with {weights}: Keras would divide"
+        " the weighted sum by the number of labels not ignored, which"
+        " looper does not; pass reduction='mean_with_sample_weight' (the"
+        " weighted mean over the labels not ignored) to the loss, or drop"
+        " the weights")
 
 
 def _dict_or(spec, field: str):

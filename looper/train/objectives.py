@@ -389,12 +389,12 @@ def class_weight_table(value) -> tf.Tensor | None:
 
 def label_weighted(weights, labels, table=None, ignored: int | None = None):
   """`weights` (None: 1) times each label's class weight (`table`, from
-  class_weight_table) and 0 where the label is `ignored` (a Keras loss
-  object's ignore_class); as they are if neither is given."""
-  factors = [] if table is None else [tf.gather(table, labels)]
+  class_weight_table; an ignored label, maybe -100, is looked up as 0) and
+  0 where the label is `ignored` (a Keras loss object's ignore_class)."""
+  ids = labels if ignored is None else tf.where(labels == ignored, 0, labels)
+  factors = [] if table is None else [tf.gather(table, ids)]
   if ignored is not None:
     factors.append(tf.cast(tf.not_equal(labels, ignored), tf.float32))
-  for factor in factors:
-    weights = factor if weights is None else factor * broadcast(weights,
-                                                                factor)
+  for f in factors:
+    weights = f if weights is None else f * broadcast(weights, f)
   return weights

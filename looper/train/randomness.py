@@ -4,7 +4,8 @@ loss curve on any replica count.
 Synopsis::
 
     model = keras.Sequential([..., keras.layers.Dropout(0.3), ...])
-    random = randomness.adopt(model)     # once, after the model is built
+    random = randomness.adopt(model, rows=16)  # once, after it is built;
+                        # rows: a replica's examples per micro-batch
     random.states       # every random state: tf.train.Checkpoint(random=...)
     random.unreachable  # ["layer 'lstm_cell' (LSTMCell)", ...]: not invariant
     random.note()       # the one line train, describe and check print
@@ -40,6 +41,7 @@ draw the same on every replica: `unreachable` names them.
 
 import dataclasses
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -61,9 +63,10 @@ PER_EXAMPLE = (
 class Random:
   """What `adopt` found in a model."""
   # The state variable of every SeedGenerator outside looper's own layers
-  # (theirs are already attributes the checkpoint reaches), in the model's
-  # layer order: a checkpoint item.
-  states: list
+  # (theirs are already attributes the checkpoint reaches), keyed by its
+  # place in the model's layer order and its layer's class ('003_Dropout'):
+  # a checkpoint item a changed model does not restore into silently.
+  states: dict
   # 'layer NAME (Class)' for each layer drawing the same on every replica.
   unreachable: list[str]
 
@@ -79,32 +82,48 @@ class Random:
             " instead of a recurrent layer's dropout=, or looper.train.layers")
 
 
-def adopt(model: keras.Model) -> Random:
+def adopt(model: keras.Model, rows: int) -> Random:
   """Makes `model`'s PER_EXAMPLE layers replica-invariant (in place, once)
-  and returns its random states and the layers it cannot reach."""
-  states, unreachable = [], []
+  and returns its random states and the layers it cannot reach. `rows`:
+  the examples of one replica's micro-batch (a layer's first axis when it
+  holds examples)."""
+  states, unreachable = {}, []
   for layer in compat.sublayers(model):
     if isinstance(layer, looper_layers.GlobalBatchNoise):
       continue  # invariant by construction, its state already tracked
     generators = compat.seed_generators(layer)
-    states += [generator.state for generator in generators]
+    for generator in generators:
+      states[f"{len(states):03d}_{type(layer).__name__}"] = generator.state
     if type(layer) in PER_EXAMPLE:  # pylint: disable=unidiomatic-typecheck
       if not getattr(layer, "_looper_invariant", False):
-        layer.call = _tiled(layer.call)
+        layer.call = _tiled(layer.call, rows, layer.name)
         layer._looper_invariant = True  # pylint: disable=protected-access
     elif generators:
       unreachable.append(f"layer {layer.name!r} ({type(layer).__name__})")
   return Random(states, unreachable)
 
 
-def _tiled(call):
+def _tiled(call, rows: int, name: str):
   """`call` (a PER_EXAMPLE layer's) run in training on this replica's rows
-  tiled to the global batch; this replica's copy is kept (see module)."""
+  tiled to the global batch; this replica's copy is kept (see module). A
+  tensor whose first axis is not the replica's `rows` examples (dropout on
+  a kernel, a time-major sequence) is not tiled: Keras' own draw, said
+  once."""
+  said = []
 
   def replica_invariant_call(inputs, *args, training=False, **kwargs):
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync if context else 1
     if not training or replicas == 1:
+      return call(inputs, *args, training=training, **kwargs)
+    if inputs.shape[0] != rows:  # static: known when traced
+      if not said:  # each replica traces it
+        said.append(name)
+        logging.warning(
+            "Layer %r draws on a tensor of shape %s, whose first axis is"
+            " not a replica's %d examples: its draws are the same on every"
+            " replica, so the loss curve depends on the replica count.",
+            name, inputs.shape.as_list(), rows)
       return call(inputs, *args, training=training, **kwargs)
     tiled = tf.tile(inputs, [replicas] + [1] * (inputs.shape.rank - 1))
     outputs = call(tiled, *args, training=training, **kwargs)

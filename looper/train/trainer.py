@@ -100,7 +100,7 @@ class Trainer:
         self.model = self.build_model()
       # Keras' random layers: replica-invariant draws and their state in
       # the checkpoint, whatever build_model made (looper.train.randomness).
-      self.random = randomness.adopt(self.model)
+      self.random = randomness.adopt(self.model, rows=self._micro_rows)
       self.optimizer = precision.wrap(self.build_optimizer(),
                                       config.train.precision)
       if config.optimizer.clip_global_norm:  # after the replicas' sum
