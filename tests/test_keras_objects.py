@@ -103,6 +103,7 @@ def test_metric_objects_are_fresh_copies_and_report_what_numpy_does():
   assert "k=2" in names.to_json(config)  # config.json says how it was made
 
 
+@pytest.mark.slow  # a process of its own (its devices)
 def test_a_metric_object_in_a_config_file_leaves_the_devices_free():
   # The objects are made while the command line loads the file, before
   # looper splits the CPU into 2 devices for 2 replicas.
