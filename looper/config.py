@@ -308,12 +308,6 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
   # and that each object rebuilds from its config (looper makes fresh
   # copies), fail now, not in the first trace.
   with compat.keras_variables_deferred():
-    for output, metrics in (c.metrics.items() if isinstance(c.metrics, dict)
-                            else [(None, c.metrics)]):
-      for metric in metrics:
-        if keras_objects.is_metric(metric):
-          keras_objects.check_metric(metric, "metrics" if output is None
-                                     else f"metrics['{output}']")
     objectives.Metrics(c.metrics)
   weights = c.data.class_weights
   values = list(weights.values()) if isinstance(weights, dict) else weights

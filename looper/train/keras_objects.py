@@ -8,7 +8,7 @@ Synopsis (an experiment's get_config())::
     keras_objects.loss_fn(c.loss)            # fn(labels, logits) per example
     keras_objects.normalization(c.loss, c.loss_normalization)  # 'batch_size'
     keras_objects.ignore_class(c.loss)       # None, or the label to skip
-    factory = keras_objects.metric_factory(metric)  # fresh copies
+    factory = keras_objects.metric_factory(metric, "metrics")  # copies
 
 A loss object reduces to one number per replica and micro-batch; looper
 needs its per-example (or per-token) values to average over the global
@@ -165,23 +165,21 @@ def from_logits(value) -> bool | None:
   return _setting(value, "from_logits")
 
 
-def metric_factory(metric: keras.metrics.Metric) -> Callable:
-  """A zero-argument factory of fresh copies of `metric`: its class and
-  get_config() (`check_metric` tried it)."""
+def metric_factory(metric: keras.metrics.Metric, field: str) -> Callable:
+  """A zero-argument factory of fresh copies of `metric` (its class and
+  get_config()); a copy that cannot be made (a subclass whose get_config()
+  misses an argument of its __init__) is one ConfigError naming `field`.
+  `config.validate` builds one with Keras' variables deferred, so this
+  fails before the devices are set."""
   cls, config = type(metric), metric.get_config()
-  return lambda: cls.from_config(config)
 
+  def copy():
+    try:
+      return cls.from_config(config)
+    except (TypeError, ValueError) as e:
+      raise ConfigError(
+          f"config.{field}: {cls.__name__} cannot be rebuilt from its"
+          f" get_config() ({str(e).splitlines()[0]}); give a zero-argument"
+          f" factory instead, e.g. lambda: {cls.__name__}(...)") from None
 
-def check_metric(metric: keras.metrics.Metric, field: str) -> None:
-  """Raises ConfigError (one line) if `metric` cannot be rebuilt from its
-  class and get_config(): a subclass whose get_config() misses an
-  argument of its __init__. Builds one: call it with Keras' variables
-  deferred (`compat.keras_variables_deferred`) before the devices are set."""
-  cls = type(metric)
-  try:
-    cls.from_config(metric.get_config())
-  except (TypeError, ValueError) as e:
-    raise ConfigError(
-        f"config.{field}: {cls.__name__} cannot be rebuilt from its"
-        f" get_config() ({str(e).splitlines()[0]}); give a zero-argument"
-        f" factory instead, e.g. lambda: {cls.__name__}(...)") from None
+  return copy

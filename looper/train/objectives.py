@@ -200,7 +200,8 @@ class Metrics:
 
   def __init__(self, spec):
     per_output = spec.items() if isinstance(spec, dict) else [(None, spec)]
-    built = [(output, factory(value)())
+    built = [(output, factory(value, "metrics" if output is None
+                              else f"metrics['{output}']")())
              for output, values in per_output for value in values]
     names = [m.name if o is None else f"{o}/{m.name}" for o, m in built]
     check_metric_names(names)
@@ -225,11 +226,10 @@ class Metrics:
             for name, (_, metric) in self.by_name.items()}
 
 
-def factory(metric) -> Any:
-  """config.metrics' entry as a zero-argument factory: a name's from
-  METRICS, a Keras metric object's copies, or the factory given."""
+def factory(metric, field: str = "metrics") -> Any:
+  """config.metrics' entry (at `field`) as a zero-argument factory."""
   if keras_objects.is_metric(metric):
-    return keras_objects.metric_factory(metric)
+    return keras_objects.metric_factory(metric, field)
   return lookup(metric, METRICS, "metrics")
 
 
