@@ -266,7 +266,7 @@ def on_gce() -> bool:
   another status or any requests error (a refused connection at once).
 
   Why: looper watches the metadata server's preemption and maintenance
-  notices (looper.train.notices) exactly where TensorFlow would; no public
+  notices (looper.train.vm_notices) exactly where TensorFlow would; no public
   API says whether this is a GCE VM.
 
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.

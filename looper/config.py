@@ -29,8 +29,8 @@ turns epochs into steps once the data are known.
 `validate` checks every field looper reads. The names an option accepts are not
 listed here: each comes from the table of the module that builds it
 (`distribute.STRATEGIES` and `ALL_REDUCES`, `optimizers.OPTIMIZERS` and
-`SCHEDULES`, `precision.PRECISIONS`, `objectives.LOSSES` and `METRICS`,
-`evaluation.BEST_MODES`), so a new option is added in one place. Every error is
+`SCHEDULES`, `precision.PRECISIONS`, `losses.LOSSES` and `METRICS`,
+`best.BEST_MODES`), so a new option is added in one place. Every error is
 one line naming the field, the value and the fix ("did you mean" for a misspelt
 name), so a bad `--config.*` override fails before TensorFlow touches a device.
 
@@ -47,13 +47,13 @@ from ml_collections import config_dict
 
 from looper import compat
 from looper import fields
-from looper import names
-from looper.train import distribute
-from looper.train import evaluation
-from looper.train import keras_objects
-from looper.train import objectives
-from looper.train import optimizers
-from looper.train import precision
+from looper import references
+from looper.options import best
+from looper.options import distribute
+from looper.options import keras_objects
+from looper.options import losses
+from looper.options import optimizers
+from looper.options import precision
 # Public names for experiments (see the module doc).
 from looper.data.splits import parse_split, split_field, split_slice  # pylint: disable=unused-import
 from looper.fields import Field, boolean, declared, seconds, whole  # pylint: disable=unused-import
@@ -86,17 +86,17 @@ def default_config() -> ml_collections.ConfigDict:
   # Trainer class to run; subclass looper.train.trainer.Trainer to change a step.
   c.trainer = fields.object_field("looper.train.trainer:Trainer")
   # Per-example (or per-token) loss on the model's logits: a name
-  # (objectives.LOSSES) or fn(labels, logits); for a model returning a dict
+  # (losses.LOSSES) or fn(labels, logits); for a model returning a dict
   # of outputs, a dict of them by output (labels: a dict, same keys).
   c.loss = fields.object_field("sparse_categorical_crossentropy")
   # Outputs: {output: factor} in the sum of their losses (missing: 1).
   c.loss_weights = fields.object_field(None)
   # How the global batch's weighted losses are averaged
-  # (objectives.NORMALIZATIONS): batch_size (Keras' rule: by the number of
+  # (losses.NORMALIZATIONS): batch_size (Keras' rule: by the number of
   # loss values) | weights (by the sum of the weights: per-token losses
   # with a mask average over the real tokens of the global batch).
   c.loss_normalization = "batch_size"
-  # Metrics on logits, by name (objectives.METRICS) or zero-arg factories;
+  # Metrics on logits, by name (metrics.METRICS) or zero-arg factories;
   # for outputs, a dict of such tuples by output (logged 'output/name').
   c.metrics = fields.object_field(("accuracy",))
 
@@ -117,7 +117,7 @@ def default_config() -> ml_collections.ConfigDict:
   # Stop after this many evals not bettering checkpoint.best_metric; 0: never.
   c.train.early_stop_patience = whole(0, low=0)
   # float32 | mixed_bfloat16 (TPU, CPU with AMX or AVX-512 BF16) |
-  # mixed_float16 (GPU, with loss scaling): see looper/train/precision.py.
+  # mixed_float16 (GPU, with loss scaling): see looper/options/precision.py.
   c.train.precision = "float32"
   # XLA-compile each replica's forward and backward pass (not the loop).
   c.train.jit_compile = boolean(False)
@@ -128,7 +128,7 @@ def default_config() -> ml_collections.ConfigDict:
   # batch grad_accum_steps times larger (train.steps counts updates).
   c.train.grad_accum_steps = whole(1)
   # FLOP/s of a GPU or TPU device, or of a host's CPUs, MFU is the share of; 0:
-  # a datasheet's (known GPU, TPU) or a matmul probe's, cached (train/peak.py).
+  # a datasheet's (known GPU, TPU) or a matmul probe's, cached (train/peak_flops.py).
   c.train.peak_flops = Field(0.0, float, "a number of FLOP/s")
 
   c.eval = ml_collections.ConfigDict()
@@ -274,7 +274,7 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
            "give a loss name or a fn(labels, logits) -> per-example loss"
            " (or a dict of them by output name)")
     if isinstance(loss, str):
-      _check_choice(loss, name, objectives.LOSSES,
+      _check_choice(loss, name, losses.LOSSES,
                     ", or assign a fn(labels, logits) in get_config()")
   if c.loss_weights is not None:
     _check(outputs and isinstance(c.loss_weights, dict) and
@@ -284,7 +284,7 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
            "give {output: factor >= 0} for outputs config.loss names (a dict"
            " by output), or None")
   _check_choice(c.loss_normalization, "loss_normalization",
-                objectives.NORMALIZATIONS)
+                losses.NORMALIZATIONS)
   keras_objects.check_loss(c.loss, c.loss_normalization,
                            class_weighted=bool(c.data.class_weights))
   _check(isinstance(c.metrics, dict) == outputs or not c.metrics, "metrics",
@@ -302,13 +302,13 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
              "give metric names, Keras metric objects or zero-argument"
              " factories of them")
       if isinstance(metric, str):
-        _check_choice(metric, name, objectives.METRICS,
+        _check_choice(metric, name, metrics.METRICS,
                       ", or add a metric factory in get_config()")
   # Built once here, their variables never made: what they log under,
   # and that each object rebuilds from its config (looper makes fresh
   # copies), fail now, not in the first trace.
   with compat.keras_variables_deferred():
-    objectives.Metrics(c.metrics)
+    metrics.Metrics(c.metrics)
   weights = c.data.class_weights
   values = list(weights.values()) if isinstance(weights, dict) else weights
   _check(isinstance(weights, (dict, tuple, list)) and
@@ -327,7 +327,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   """Checks every field looper reads, and every declared field (looper's
   and the experiment's); raises ConfigError on the first bad one."""
   for field in ("model_fn", "dataset_fn", "trainer"):
-    _check(callable(names.resolve(c[field], field)), field, c[field],
+    _check(callable(references.resolve(c[field], field)), field, c[field],
            "must name a callable")
   _validate_objectives(c)
   for path, field in declared(c):
@@ -353,7 +353,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _check(c.optimizer.learning_rate > 0, "optimizer.learning_rate",
          c.optimizer.learning_rate, "must be > 0")
   _check_choice(c.checkpoint.best_mode, "checkpoint.best_mode",
-                evaluation.BEST_MODES)
+                best.BEST_MODES)
   _check(not c.train.early_stop_patience or bool(c.checkpoint.best_metric),
          "train.early_stop_patience", c.train.early_stop_patience,
          "early stopping watches checkpoint.best_metric; set"

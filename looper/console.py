@@ -198,7 +198,7 @@ def header(config, strategy, workdir: str | None, mode: str,
   """The lines that open a run: what runs where (`start`: from where it
   starts, or what it reads), with which batch, how many epochs the steps
   are (of `epoch`, a `looper.train.epochs.Epoch`, if the train split's
-  size is known), the peak (a `looper.train.peak.Peak`) the progress
+  size is known), the peak (a `looper.train.peak_flops.Peak`) the progress
   line's MFU is of, and a `note` on what the run cannot promise
   (looper.train.randomness).
 
@@ -209,9 +209,9 @@ def header(config, strategy, workdir: str | None, mode: str,
   """
   differs = []
   if trained is not None:
-    from looper import names  # pylint: disable=g-import-not-at-top
+    from looper import references  # pylint: disable=g-import-not-at-top
     import ml_collections  # pylint: disable=g-import-not-at-top
-    differs = _differences(json.loads(names.to_json(config)), trained)
+    differs = _differences(json.loads(references.to_json(config)), trained)
     config = ml_collections.ConfigDict(trained)
   replicas = strategy.num_replicas_in_sync
   name = type(strategy).__name__.replace("Strategy", "")
@@ -244,7 +244,7 @@ def header(config, strategy, workdir: str | None, mode: str,
       f"  precision  {config.train.precision}"
       f"{', XLA per step' if config.train.jit_compile else ''}",
   ]
-  from looper.train import precision  # pylint: disable=g-import-not-at-top
+  from looper.options import precision  # pylint: disable=g-import-not-at-top
   slower = precision.slower_here(config.train.precision,
                                  accelerated=bool({"GPU", "TPU"} & set(types)))
   if slower:

@@ -34,7 +34,7 @@ class Field(config_dict.FieldReference):
   ml_collections keeps a FieldReference as the field itself: `c.x.y` reads
   its value, `c.x.y = v` and `--config.x.y=v` set it (typed by it), and
   the bounds stay for `validate` (also through deepcopy and pickle).
-  `to_dict`, `names.to_json` and `copy_and_resolve_references` see only the
+  `to_dict`, `references.to_json` and `copy_and_resolve_references` see only the
   value. A declaration assigned to a declared field would be linked to it
   (ml_collections' rule for references), the first bounds kept: declare a
   field once.

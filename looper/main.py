@@ -41,7 +41,7 @@ from looper import run
 from looper.cli import describe
 from looper.cli import parsing
 from looper.cli import tpu_check
-from looper.train import distribute
+from looper.options import distribute
 from looper.train import goodput
 
 _CONFIG = config_flags.DEFINE_config_file(

@@ -23,8 +23,8 @@ progress line and `Trainer.on_loop_end` (every loop); evaluation with the
 best checkpoint and early stop (train_and_eval); the checkpoint save
 (`checkpoint.every_steps`, `checkpoint.every_secs`, at the end and on a
 stop signal); the export for serving (`export.at_end`). A signal
-(looper.train.preemption) or, on a Google Cloud VM, a preemption or
-maintenance notice (looper.train.notices) asks the trainer's `stop` to stop.
+(looper.train.signals) or, on a Google Cloud VM, a preemption or
+maintenance notice (looper.train.vm_notices) asks the trainer's `stop` to stop.
 """
 
 import dataclasses
@@ -38,21 +38,22 @@ import tensorflow as tf
 from looper import config as config_lib
 from looper import console
 from looper import errors
-from looper import names
+from looper import references
 from looper import workdir as workdir_lib
 from looper.data import input as input_lib
 from looper.train import actions
 from looper.train import controller as controller_lib
-from looper.train import distribute
+from looper.options import distribute
 from looper.train import dry_run
 from looper.train import epochs
-from looper.train import evaluation
+from looper.options import best
+from looper.train import eval_action
 from looper.train import evaluator as evaluator_lib
 from looper.train import goodput
-from looper.train import notices
-from looper.train import peak
-from looper.train import precision
-from looper.train import preemption
+from looper.train import vm_notices
+from looper.train import peak_flops
+from looper.options import precision
+from looper.train import signals
 from looper.train import profiler
 from looper.workdir import checkpoint
 from looper.workdir import contents
@@ -141,7 +142,7 @@ def _run(config, workdir: str, mode: str, checkpoint_path: str | None, *,
   # Epochs as steps, before anything reads a step (looper.train.epochs); a
   # run that does not train reads the train split only if epochs need it.
   config, epoch = epochs.resolve(config, data, known=training)
-  trainer = names.resolve(config.trainer, "trainer")(config, strategy, data)
+  trainer = references.resolve(config.trainer, "trainer")(config, strategy, data)
   evaluator = evaluator_lib.Evaluator(trainer, data)
   # The one task that writes files (summaries, config, checkpoints):
   # TensorFlow's chief rule (the chief task, else worker 0).
@@ -153,7 +154,7 @@ def _run(config, workdir: str, mode: str, checkpoint_path: str | None, *,
     dry_run.check_inputs(trainer, data, config.data.train_split)
   if MODES[mode].reads_eval_split:
     dry_run.check_inputs(trainer, data, config.data.eval_split)
-  evaluation.check_best_metric(config.checkpoint.best_metric,
+  best.check_best_metric(config.checkpoint.best_metric,
                                evaluator.metric_names)
   cores = distribute.tpu_cores(strategy, config.distribution)
   if cores and training:
@@ -192,7 +193,7 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
     trainer.optimizer.iterations.assign(0)  # the schedule starts over
   # What MFU is the share of (a probe, cached, or a known figure); the
   # FLOPs of a step are counted after the first loop (looper.train.flops).
-  machine = peak.of_run(config, strategy) if training else None
+  machine = peak_flops.of_run(config, strategy) if training else None
   # Every worker: under `looper launch` each line says whose it is. A
   # reader of a trained run describes what was trained: its config.json.
   logging.info("%s", console.header(
@@ -222,13 +223,13 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
       return ctl.continuous_eval(evaluations.evaluate,
                                  timeout_secs=config.eval.timeout_secs)
     if not restored:
-      out.start_run(names.to_json(config),
+      out.start_run(references.to_json(config),
                     summaries.model_summary(trainer.model))
     ledger = goodput.Ledger(wd, started=started) if chief else None
     if ledger:
       ctl.add_actions(save=[_accounting(ledger, out)])
-    with (preemption.StopOnSignal(trainer.stop.request),
-          notices.WatchNotices(trainer.stop.request)):
+    with (signals.StopOnSignal(trainer.stop.request),
+          vm_notices.WatchNotices(trainer.stop.request)):
       result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
     waited = time.monotonic()
     ckpt.wait()
@@ -324,14 +325,14 @@ def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
                   *, eval_names: list[str],
                   input_hint: str) -> summaries.Summaries:
   """config.json (training only) and the event writers, or one line."""
-  table = hparams.Table.of(names.to_json(config),
-                           names.to_json(config_lib.default_config()),
+  table = hparams.Table.of(references.to_json(config),
+                           references.to_json(config_lib.default_config()),
                            ["loss", *eval_names])
   try:
     if chief and mode.trains:
       with checkpoint.on_full_disk(wd.root, "config.json", wd.checkpoints):
         tf.io.gfile.makedirs(wd.root)
-        workdir_lib.write_file(wd.config, names.to_json(config))
+        workdir_lib.write_file(wd.config, references.to_json(config))
     return summaries.Summaries(
         wd, chief=chief, total_steps=config.train.steps, trains=mode.trains,
         eval_dir=mode.eval_events(wd) if mode.eval_events else None,
@@ -343,7 +344,7 @@ def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
 def _add_actions(ctl: controller_lib.Controller, config, trainer, evaluator,
                  ckpt: checkpoint.Checkpointer, out: summaries.Summaries,
                  wd: workdir_lib.Workdir, *, chief: bool, training: bool,
-                 on_tpu: bool) -> evaluation.EvalAction:
+                 on_tpu: bool) -> eval_action.EvalAction:
   """Gives `ctl` the actions the config asks for; returns the evaluation
   action (its best evaluation; also what --mode=eval runs).
 
@@ -351,9 +352,9 @@ def _add_actions(ctl: controller_lib.Controller, config, trainer, evaluator,
   (--mode=eval, continuous_eval) never touches them.
   """
   c = config.checkpoint
-  evaluations = evaluation.EvalAction(
+  evaluations = eval_action.EvalAction(
       evaluator, out, checkpointer=ckpt, history=wd.best_history,
-      best=(evaluation.Best(c.best_metric, c.best_mode)
+      best=(best.Best(c.best_metric, c.best_mode)
             if training and c.best_metric else None),
       patience=config.train.early_stop_patience if training else 0,
       chief=chief)

@@ -109,9 +109,9 @@ def run_here(*args: str) -> dict:
   of a new TensorFlow (about 3 s a run), for the one-process references.
   `args`: --config=FILE, --config.FIELD=VALUE, --workdir=DIR, --mode=M."""
   import ast  # pylint: disable=g-import-not-at-top
-  from looper import names, run  # pylint: disable=g-import-not-at-top
+  from looper import references, run  # pylint: disable=g-import-not-at-top
   flags = dict(arg[2:].split("=", 1) for arg in args)
-  config = names.resolve(flags.pop("config") + ":get_config", "config")()
+  config = references.resolve(flags.pop("config") + ":get_config", "config")()
   fields = {}
   for name, value in flags.items():
     if name.startswith("config."):
@@ -265,10 +265,10 @@ def serve_in_fresh_process(export_dir, x, tmp_path) -> dict:
 def restored_trainer(config, prefix):
   """A one-device Trainer of `config` holding checkpoint `prefix`."""
   from looper.workdir import checkpoint  # pylint: disable=g-import-not-at-top
-  from looper.train import distribute  # pylint: disable=g-import-not-at-top
-  from looper import names  # pylint: disable=g-import-not-at-top
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  from looper import references  # pylint: disable=g-import-not-at-top
   from looper import workdir  # pylint: disable=g-import-not-at-top
-  trainer = names.resolve(config.trainer, "trainer")(
+  trainer = references.resolve(config.trainer, "trainer")(
       config, distribute.strategy_for(config))
   ckpt = checkpoint.Checkpointer(
       workdir.Workdir(str(pathlib.Path(prefix).parents[1])),

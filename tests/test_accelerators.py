@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper.train import layers
-from looper.train import precision
+from looper.options import precision
 from looper.train import trainer as trainer_lib
 from tests import tiny
 from tests.conftest import configured, curve, run_ok

@@ -1,6 +1,6 @@
 """One rule for "best": the same table of cases through all three callers.
 
-The callers: the best checkpoint and early stop (evaluation.EvalAction),
+The callers: the best checkpoint and early stop (eval_action.EvalAction),
 the HParams table's best column (hparams.Table) and `looper runs`
 (runs.summarize). Each case's answer is written by hand.
 """
@@ -13,7 +13,8 @@ import pytest
 from looper import workdir
 from looper.cli import runs
 from looper.train import actions
-from looper.train import evaluation
+from looper.options import best
+from looper.train import eval_action
 from looper.workdir import hparams
 from looper.workdir import jsonl
 
@@ -63,29 +64,29 @@ class Recorder:
     self.best_saves.append(step)
 
 
-def eval_action(tmp_path, metric, mode, history, patience=0):
+def make_action(tmp_path, metric, mode, history, patience=0):
   logs = [{metric: v, "loss": 1.0} if metric != "loss" else {"loss": v}
           for _, v in history]
   record = Recorder()
-  action = evaluation.EvalAction(
+  action = eval_action.EvalAction(
       FakeEvaluator(logs), record, checkpointer=record,
       history=workdir.Workdir(str(tmp_path)).best_history,
-      best=evaluation.Best(metric, mode), patience=patience)
+      best=best.Best(metric, mode), patience=patience)
   return action, record
 
 
 @pytest.mark.parametrize("checkpoint, names, want", RULES)
 def test_the_rule_of_a_run(checkpoint, names, want):
-  assert evaluation.Best.of(checkpoint, names) == evaluation.Best(*want)
+  assert best.Best.of(checkpoint, names) == best.Best(*want)
   table = hparams.Table.of(json.dumps({"checkpoint": checkpoint}), "{}",
                            names)
-  assert table.best == evaluation.Best(*want)
+  assert table.best == best.Best(*want)
 
 
 @pytest.mark.parametrize("metric, mode, history, want", HISTORIES)
 def test_the_best_checkpoint_is_saved_at_each_new_best(tmp_path, metric, mode,
                                                        history, want):
-  action, record = eval_action(tmp_path, metric, mode, history)
+  action, record = make_action(tmp_path, metric, mode, history)
   for step, _ in history:
     action.evaluate(step)
   assert action.best == (None if want is None else (metric, *want))
@@ -131,7 +132,7 @@ def test_looper_runs_ranks_by_the_rule_of_the_run(tmp_path):
 
 def test_patience_ends_training_through_the_moment(tmp_path):
   history = [(10, 0.5), (20, 0.7), (30, 0.6), (40, 0.65), (50, 0.9)]
-  action, _ = eval_action(tmp_path, "accuracy", "max", history, patience=2)
+  action, _ = make_action(tmp_path, "accuracy", "max", history, patience=2)
   now = actions.Moment(0, 100)
   for step, _ in history[:4]:
     now.step = step
@@ -141,10 +142,10 @@ def test_patience_ends_training_through_the_moment(tmp_path):
       " 2 evaluations (train.early_stop_patience=2)")
   # Resumed at step 30 (the history past it forgotten): patience is left.
   again = actions.Moment(30, 100)
-  resumed, _ = eval_action(tmp_path, "accuracy", "max", history, patience=2)
+  resumed, _ = make_action(tmp_path, "accuracy", "max", history, patience=2)
   resumed.resume(again)
   assert again.ended is None and resumed.best == ("accuracy", 20, 0.7)
   # Resumed at step 40 (history.json read back): patience ran out there.
   late = actions.Moment(40, 100)
-  eval_action(tmp_path, "accuracy", "max", history, patience=2)[0].resume(late)
+  make_action(tmp_path, "accuracy", "max", history, patience=2)[0].resume(late)
   assert late.ended == now.ended

@@ -105,7 +105,7 @@ def test_every_combination_is_the_same_on_1_and_2_replicas():
 
 if __name__ == "__main__":
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from looper.train import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
   devices = distribute.split_cpu(int(sys.argv[1]))
   print(json.dumps(results(tf.distribute.MirroredStrategy(devices))),
         flush=True)

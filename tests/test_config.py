@@ -10,7 +10,7 @@ from ml_collections import config_flags
 import pytest
 
 from looper import config as lc
-from looper import names
+from looper import references
 from tests import tiny
 from tests.conftest import configured
 
@@ -162,7 +162,7 @@ def test_overrides_of_declared_fields_keep_their_types(tmp_path):
 
 def test_declarations_leave_plain_values_in_json_and_copies():
   c = configured(_declaring(), {"model.layers": 3})
-  saved = json.loads(names.to_json(c))
+  saved = json.loads(references.to_json(c))
   assert (saved["model"]["layers"], saved["train"]["steps"]) == (3, 40)
   assert saved["eval"]["timeout_secs"] == 3600.0
   resolved = c.copy_and_resolve_references()
@@ -192,12 +192,12 @@ def test_empty_split_is_an_error():
 
 
 def test_json_names_functions_so_resolve_loads_them_back():
-  saved = json.loads(names.to_json(tiny.get_config()))
+  saved = json.loads(references.to_json(tiny.get_config()))
   assert saved["model_fn"] == "tests.tiny:model_fn"
   assert saved["trainer"] == "looper.train.trainer:Trainer"
   assert saved["metrics"] == ["accuracy"]
-  assert names.resolve(saved["model_fn"], "model_fn") is tiny.model_fn
-  by_path = names.resolve("tests/tiny.py:make_data", "x")
+  assert references.resolve(saved["model_fn"], "model_fn") is tiny.model_fn
+  by_path = references.resolve("tests/tiny.py:make_data", "x")
   x, y = by_path(5, seed=0)
   assert (x == tiny.make_data(5, seed=0)[0]).all()
 

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
-from looper.train import distribute
-from looper.train import slurm
+from looper.options import distribute
+from looper.options import slurm
 from tests.conftest import LOST_WORKER_1
 
 
@@ -261,7 +261,7 @@ def test_multi_worker_is_built_with_the_all_reduce(monkeypatch):
   assert options.implementation == KIND.NCCL
 
 
-# --- Slurm: a step's environment as one cluster (looper.train.slurm). A real
+# --- Slurm: a step's environment as one cluster (looper.options.slurm). A real
 # Slurm runs looper in tests/test_slurm.py; here each variable's reading.
 
 NODES = {"n[9-10]": ("n9", "n10"), "vm": ("vm",)}  # as scontrol expands them
@@ -300,7 +300,7 @@ def test_a_slurm_step_is_one_cluster_in_slurms_node_order(nodes, step, port):
 
 def test_tensorflows_slurm_resolver_misplaces_tasks_and_fails_on_cpus(
     monkeypatch, tmp_path):
-  """Why looper builds TF_CONFIG itself (looper.train.slurm's doc)."""
+  """Why looper builds TF_CONFIG itself (looper.options.slurm's doc)."""
   for name, value in step_env(0, 0, "n9").items():
     monkeypatch.setenv(name, value)
   monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -25,9 +25,9 @@ from experiments import lm
 from experiments import mnist
 from looper import run
 from looper import workdir as workdir_lib
-from looper.train import distribute
+from looper.options import distribute
 from looper.train import flops
-from looper.train import peak
+from looper.train import peak_flops
 from looper.train import trainer as trainer_lib
 from looper.workdir import jsonl
 from tests import test_controller
@@ -149,22 +149,22 @@ def test_the_controller_turns_work_into_rates_over_the_loops_time(caplog):
 def test_the_probe_is_measured_once_per_machine_and_dtype(tmp_path,
                                                           monkeypatch):
   measured = []
-  monkeypatch.setattr(peak, "measure",
+  monkeypatch.setattr(peak_flops, "measure",
                       lambda dtype: measured.append(dtype) or 7e10)
   cache = str(tmp_path / "cache" / "peak.json")
   c = tiny.get_config()
   strategy = tf.distribute.get_strategy()
-  first = peak.of_run(c, strategy, cache)
-  again = peak.of_run(c, strategy, cache)
+  first = peak_flops.of_run(c, strategy, cache)
+  again = peak_flops.of_run(c, strategy, cache)
   c.train.precision = "mixed_bfloat16"
-  bf16 = peak.of_run(c, strategy, cache)
+  bf16 = peak_flops.of_run(c, strategy, cache)
   assert measured == ["float32", "bfloat16"]
   assert first == again and first.flops_per_sec == bf16.flops_per_sec == 7e10
   assert "float32 matmul speed measured on this CPU" in first.source
   keys = sorted(json.loads((tmp_path / "cache" / "peak.json").read_text()))
   assert [k.rsplit(", ", 2)[1] for k in keys] == ["bfloat16", "float32"]
   c.train.peak_flops = 2.5e11  # the config wins: nothing measured
-  assert peak.of_run(c, strategy, cache) == peak.Peak(
+  assert peak_flops.of_run(c, strategy, cache) == peak_flops.Peak(
       2.5e11, "train.peak_flops=2.5e+11")
   assert measured == ["float32", "bfloat16"]
 
@@ -173,25 +173,25 @@ def test_the_probe_stops_at_a_size_whose_call_takes_half_its_time():
   """A clock at 10 ms a read: a call 'takes' 10 ms, half of per_size, so
   256 is the last size, timed until per_size has passed."""
   reads = iter(np.arange(0, 100, 0.01))
-  flops_per_call = peak.CHAIN * 2 * 256 ** 3
-  assert peak.measure("float32", per_size=0.02,
+  flops_per_call = peak_flops.CHAIN * 2 * 256 ** 3
+  assert peak_flops.measure("float32", per_size=0.02,
                       clock=lambda: next(reads)) == pytest.approx(
                           flops_per_call / 0.01)
   assert next(reads) == pytest.approx(0.04)  # start, a call (2), the check
-  assert peak.measure("float32", per_size=0.02) > 1e8  # a real one
+  assert peak_flops.measure("float32", per_size=0.02) > 1e8  # a real one
 
 
 def test_datasheet_table_picks_the_first_match_and_tf32():
-  assert peak.datasheet("NVIDIA H100 PCIe", "bfloat16") == 756e12
-  assert peak.datasheet("NVIDIA H100 80GB HBM3", "float16") == 989e12
-  assert peak.datasheet("NVIDIA A100-SXM4-80GB", "float32") == 156e12
+  assert peak_flops.datasheet("NVIDIA H100 PCIe", "bfloat16") == 756e12
+  assert peak_flops.datasheet("NVIDIA H100 80GB HBM3", "float16") == 989e12
+  assert peak_flops.datasheet("NVIDIA A100-SXM4-80GB", "float32") == 156e12
   tf.config.experimental.enable_tensor_float_32_execution(False)
   try:
-    assert peak.datasheet("NVIDIA A100-SXM4-80GB", "float32") == 19.5e12
+    assert peak_flops.datasheet("NVIDIA A100-SXM4-80GB", "float32") == 19.5e12
   finally:
     tf.config.experimental.enable_tensor_float_32_execution(True)
-  assert peak.datasheet("v5litepod", "float32") == 197e12
-  assert peak.datasheet("Intel(R) Xeon(R)", "bfloat16") is None
+  assert peak_flops.datasheet("v5litepod", "float32") == 197e12
+  assert peak_flops.datasheet("Intel(R) Xeon(R)", "bfloat16") is None
 
 
 # --- A run's figures: the counts of a CNN and of the LM -----------------------

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 TIMEOUT = 8  # distribution.worker_timeout_secs: registration and heartbeats
 MARGIN = 12  # the heartbeat check's period, the error's way out, exit
-# Heartbeats time out after TIMEOUT / 2 (looper.train.distribute); a cut that
+# Heartbeats time out after TIMEOUT / 2 (looper.options.distribute); a cut that
 # long, with TCP's retransmission back-off after it, may end the run (in
 # one line, as a cut does). An outage of an eighth of it is ridden out.
 BLIP = TIMEOUT / 8

@@ -17,7 +17,7 @@ from looper.data import shards
 from looper.data import sources
 from looper.train import trainer as trainer_lib
 from looper.workdir import summaries
-from looper.train import distribute
+from looper.options import distribute
 from tests import tiny
 from tests.conftest import LOOPBACK_ENV, ROOT, configured
 

@@ -1,5 +1,5 @@
 """Keras loss and metric objects in config.loss / config.metrics, as a Keras
-user writes them (looper.train.keras_objects).
+user writes them (looper.options.keras_objects).
 
 Each loss object's first-step loss is the number Keras' own `loss(labels,
 logits, sample_weight)` gives on that batch (its reduction, from_logits,
@@ -17,11 +17,11 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
-from looper import names
+from looper import references
 from looper.cli import describe
 from looper.errors import ConfigError
 from looper.train import dry_run
-from looper.train import objectives
+from looper.options import losses
 from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
 from tests import tiny
@@ -100,7 +100,7 @@ def test_metric_objects_are_fresh_copies_and_report_what_numpy_does():
   assert 0.5 < in_top2.mean() < 1  # trained, and not trivially 1
   # The config's own object was never updated: copies were.
   assert float(top2.result()) == 0.0
-  assert "k=2" in names.to_json(config)  # config.json says how it was made
+  assert "k=2" in references.to_json(config)  # config.json says how it was made
 
 
 @pytest.mark.slow  # a process of its own (its devices)
@@ -238,6 +238,6 @@ def test_ignore_class_beside_weights_under_keras_default_is_one_line():
       reduction="mean_with_sample_weight")
   lc.validate(config)
   labels = tf.constant([0, -100, 3])
-  weights = objectives.label_weighted(
-      None, labels, objectives.class_weight_table(CLASS_WEIGHTS), -100)
+  weights = losses.label_weighted(
+      None, labels, losses.class_weight_table(CLASS_WEIGHTS), -100)
   np.testing.assert_array_equal(weights, [1.0, 0.0, 1.5])

@@ -11,12 +11,9 @@ from tests.conftest import ROOT
 
 # In import order: each may import those before it (and its own group).
 GROUPS = (
-    ("looper.errors", "looper.names", "looper.compat", "looper.conversion",
+    ("looper.errors", "looper.references", "looper.compat", "looper.autograph",
      "looper.data.splits", "looper.fields"),
-    ("looper.train.distribute", "looper.train.slurm",
-     "looper.train.optimizers", "looper.train.precision",
-     "looper.train.keras_objects", "looper.train.objectives",
-     "looper.train.evaluation"),
+    ("looper.options",),
     ("looper.config",),
     ("looper.data",),
     ("looper.workdir",),

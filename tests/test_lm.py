@@ -35,8 +35,8 @@ from looper.cli import tpu_check
 from looper import workdir as workdir_lib
 from looper.data import windows
 from looper.train import goodput
-from looper.train import objectives
-from looper.train import precision
+from looper.options import losses
+from looper.options import precision
 from tests.conftest import ROOT, configured, curve, loopback_server, \
     popen_looper, restored_trainer, run_ok, scalars
 
@@ -324,7 +324,7 @@ def test_forward_and_backward_compile_with_xla(policy):
   keras.utils.set_random_seed(3)
   with precision.policy(policy):
     model = lm.model_fn(_config(**{"model.dropout": 0.1}))
-  loss_fn = objectives.LOSSES["sparse_categorical_crossentropy"]
+  loss_fn = losses.LOSSES["sparse_categorical_crossentropy"]
 
   @tf.function(jit_compile=True)
   def step(x, y, w):

@@ -12,7 +12,7 @@ batch; the global gradient clipped to norm 1 (tf.clip_by_global_norm);
 AdamW written out (Kingma and Ba's update with epsilon-hat, as Keras
 documents it, then the decoupled decay var -= lr * wd * var); the
 learning rate of update k peak * k / W for k <= W, then
-peak * (1 + cos(pi * (k - 1 - W) / (T - W))) / 2 (looper/train/optimizers.py's
+peak * (1 + cos(pi * (k - 1 - W) / (T - W))) / 2 (looper/options/optimizers.py's
 documented schedule, cosine to 0). looper runs the LM's config shrunk (2
 layers of 32, context 16, windows at every offset) for 30 updates of 8
 windows (27 more than one epoch) on 1 replica here, and on 2 replicas

@@ -83,7 +83,7 @@ def test_under_xla_the_curve_with_remat_is_within_1e_6():
 
 _TWO_REPLICAS = """
 import json, tensorflow as tf
-from looper.train import distribute
+from looper.options import distribute
 from tests import test_lm_remat as t
 strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(2))
 print(json.dumps([t._curve(strategy, **fields).tolist() for fields in (

@@ -20,7 +20,7 @@ import tensorflow as tf
 from experiments import lm
 from experiments.text import model as model_lib
 from experiments.text import sample
-from looper.train import precision
+from looper.options import precision
 from looper.workdir import export
 from tests.conftest import configured
 

@@ -57,7 +57,7 @@ def _walk(fdef, library, out) -> None:
 def loop_facts(fields: dict) -> dict:
   """What the while body of tiny's train loop does outside the replica step."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from looper.train import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
   from looper.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
   from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from tests import tiny  # pylint: disable=g-import-not-at-top

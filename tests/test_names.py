@@ -1,4 +1,4 @@
-"""looper.names: functions in a config written to config.json and loaded
+"""looper.references: functions in a config written to config.json and loaded
 back; a config file named by path runs once per process."""
 
 import functools
@@ -8,7 +8,7 @@ import keras
 import pytest
 
 from looper import config as lc
-from looper import names
+from looper import references
 from tests import tiny
 from tests.conftest import ROOT
 
@@ -25,7 +25,7 @@ def _saved_loss(loss):
   c = tiny.get_config()
   c.loss = loss
   lc.validate(c)
-  return json.loads(names.to_json(c))["loss"]
+  return json.loads(references.to_json(c))["loss"]
 
 
 def test_json_marks_unloadable_losses_and_never_crashes():
@@ -53,14 +53,14 @@ def test_json_marks_unloadable_losses_and_never_crashes():
 def test_json_names_loadable_callables_for_resolve():
   saved = _saved_loss(_module_level_loss)
   assert saved == "tests.test_names:_module_level_loss"
-  assert names.resolve(saved, "loss") is _module_level_loss
+  assert references.resolve(saved, "loss") is _module_level_loss
   saved = _saved_loss(keras.losses.SparseCategoricalCrossentropy)  # a class
-  assert names.resolve(saved, "loss") is keras.losses.SparseCategoricalCrossentropy
+  assert references.resolve(saved, "loss") is keras.losses.SparseCategoricalCrossentropy
 
 
 def test_resolve_rejects_an_unloadable_marker():
   with pytest.raises(lc.ConfigError) as e:
-    names.resolve("<unloadable: function m:f.<locals>.<lambda>>", "loss")
+    references.resolve("<unloadable: function m:f.<locals>.<lambda>>", "loss")
   assert str(e.value) == (
       "config.loss='<unloadable: function m:f.<locals>.<lambda>>' was saved"
       " from an object that cannot be loaded back; set config.loss in"
@@ -78,16 +78,16 @@ def test_config_file_by_path_is_executed_once(tmp_path, monkeypatch):
       "def model_fn(config):\n  return 'model'\n"
       "def dataset_fn(config, split):\n  return 'data'\n")
   monkeypatch.chdir(tmp_path)
-  model_fn = names.resolve(f"{experiment}:model_fn", "model_fn")
-  dataset_fn = names.resolve("counted_experiment.py:dataset_fn", "dataset_fn")
-  again = names.resolve(f"{tmp_path}/./counted_experiment.py:model_fn", "x")
+  model_fn = references.resolve(f"{experiment}:model_fn", "model_fn")
+  dataset_fn = references.resolve("counted_experiment.py:dataset_fn", "dataset_fn")
+  again = references.resolve(f"{tmp_path}/./counted_experiment.py:model_fn", "x")
   assert log.read_text() == "x"
   assert again is model_fn and model_fn(None) == "model"
   assert dataset_fn(None, "train") == "data"
   # Saved to JSON, a function of the file is named by the file's path.
   c = lc.default_config()
   c.model_fn = model_fn
-  assert json.loads(names.to_json(c))["model_fn"] == (
+  assert json.loads(references.to_json(c))["model_fn"] == (
       "counted_experiment.py:model_fn")
   # A file Python already imported as a module is not run a second time.
-  assert names.resolve(f"{ROOT}/tests/tiny.py:model_fn", "x") is tiny.model_fn
+  assert references.resolve(f"{ROOT}/tests/tiny.py:model_fn", "x") is tiny.model_fn

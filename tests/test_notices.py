@@ -18,7 +18,7 @@ import urllib.parse
 import pytest
 import tensorflow as tf
 
-from looper.train import notices
+from looper.train import vm_notices
 from tests import conftest
 from tests.conftest import finish, start_workers, stop_and_resume, wait_for
 
@@ -149,11 +149,11 @@ def watcher_threads() -> set[threading.Thread]:
 
 def test_off_gce_the_watcher_ends_at_once_and_says_nothing(caplog):
   # The test environment's address: a loopback port nothing listens on.
-  assert notices.metadata_root() == "http://127.0.0.1:9/computeMetadata/v1/"
+  assert vm_notices.metadata_root() == "http://127.0.0.1:9/computeMetadata/v1/"
   requested, before = [], watcher_threads()
   caplog.set_level(logging.INFO)
   start = time.monotonic()
-  with notices.WatchNotices(requested.append):
+  with vm_notices.WatchNotices(requested.append):
     entered = time.monotonic() - start
     assert wait_until(lambda: not watcher_threads() - before, timeout=0.5)
     ended = time.monotonic() - start
@@ -170,16 +170,16 @@ def test_off_gce_the_watcher_ends_at_once_and_says_nothing(caplog):
 def test_a_notice_requests_one_stop_naming_it(fake_metadata, key, value,
                                                reason):
   requested = []
-  with notices.WatchNotices(requested.append, wait_secs=5):
+  with vm_notices.WatchNotices(requested.append, wait_secs=5):
     # Both keys are being long-polled (a poll with the ETag of FALSE/NONE).
     assert wait_until(lambda: all(fake_metadata.polls(n.key)
-                                  for n in notices.NOTICES))
+                                  for n in vm_notices.NOTICES))
     polls = len(fake_metadata.paths)
     sent = time.monotonic()
     fake_metadata.set(key, value)
     assert wait_until(lambda: requested)
     seconds = time.monotonic() - sent
-    for notice in notices.NOTICES:  # the other one too: still one stop
+    for notice in vm_notices.NOTICES:  # the other one too: still one stop
       fake_metadata.set(notice.key, notice.value)
     time.sleep(0.3)
   assert requested == [reason]
@@ -193,7 +193,7 @@ def test_a_notice_requests_one_stop_naming_it(fake_metadata, key, value,
 def test_a_live_migration_and_a_notice_after_the_end_do_not_stop(
     fake_metadata):
   requested, before = [], watcher_threads()
-  with notices.WatchNotices(requested.append, wait_secs=1):
+  with vm_notices.WatchNotices(requested.append, wait_secs=1):
     assert wait_until(lambda: fake_metadata.polls("instance/maintenance-event"))
     polls = fake_metadata.polls("instance/maintenance-event")
     # The VM survives a live migration: training goes on.
@@ -213,7 +213,7 @@ def test_an_unavailable_server_is_retried_with_one_warning_per_key(
     fake_metadata, caplog):
   fake_metadata.unavailable = True  # as during a maintenance
   requested = []
-  with notices.WatchNotices(requested.append, wait_secs=5, retry_secs=0.05):
+  with vm_notices.WatchNotices(requested.append, wait_secs=5, retry_secs=0.05):
     assert wait_until(lambda: len(fake_metadata.paths) > 10)
     fake_metadata.set("instance/preempted", "TRUE")
     fake_metadata.unavailable = False
@@ -235,7 +235,7 @@ def test_requests_never_go_through_a_proxy(fake_metadata, monkeypatch):
     monkeypatch.setenv(name, "http://127.0.0.1:9")  # a dead proxy
   requested = []
   # TensorFlow's test (requests) honours the proxy: this one asks nothing.
-  with notices.WatchNotices(requested.append, detect=lambda: True,
+  with vm_notices.WatchNotices(requested.append, detect=lambda: True,
                             wait_secs=5):
     fake_metadata.set("instance/preempted", "TRUE")
     assert wait_until(lambda: requested)

@@ -13,10 +13,10 @@ import pytest
 import tensorflow as tf
 
 from looper import run
-from looper.train import distribute
+from looper.options import distribute
 from looper.train import evaluator as evaluator_lib
 from looper.train import layers
-from looper.train import precision
+from looper.options import precision
 from looper.train import trainer as trainer_lib
 from tests import tiny
 from tests.conftest import LOOPBACK_ENV, ROOT, curve
@@ -78,7 +78,7 @@ def test_checkpoints_move_between_precisions(tmp_path):
 # Run in its own process: it needs 2 logical CPUs before TensorFlow starts.
 _INF_ON_REPLICA_ONE = """
 import json, numpy as np, tensorflow as tf
-from looper.train import distribute
+from looper.options import distribute
 from looper.train import trainer as trainer_lib
 from tests import tiny
 devices = distribute.split_cpu(2)
@@ -201,7 +201,7 @@ def test_random_flip_mirrors_about_half_of_the_images_in_training_only():
 _DETERMINISTIC = """
 import tensorflow as tf
 from tensorflow.python.framework import config
-from looper.train import precision
+from looper.options import precision
 def show():
   print(config.is_op_determinism_enabled(),
         tf.config.experimental.tensor_float_32_execution_enabled())

@@ -1,9 +1,9 @@
-"""looper.train.objectives: metric names that would collide in the logs."""
+"""looper.options.metrics: metric names that would collide in the logs."""
 
 import pytest
 
 from looper import config as lc
-from looper.train import objectives
+from looper.options import metrics
 
 
 # --- Metric names that collide with looper's own log keys ------------------
@@ -13,7 +13,7 @@ from looper.train import objectives
                                   "learning_rate", "loss", "steps_per_sec"])
 def test_metric_names_looper_reports_are_rejected(name):
   with pytest.raises(lc.ConfigError) as e:
-    objectives.check_metric_names(["accuracy", name])
+    metrics.check_metric_names(["accuracy", name])
   assert str(e.value) == (
       f"config.metrics: a metric is named {name!r}, which looper reports"
       f" itself; give it another name (e.g. keras.metrics.Mean("
@@ -21,9 +21,9 @@ def test_metric_names_looper_reports_are_rejected(name):
 
 
 def test_metric_names_must_be_distinct():
-  objectives.check_metric_names(["accuracy", "top5_accuracy", "my_loss"])
+  metrics.check_metric_names(["accuracy", "top5_accuracy", "my_loss"])
   with pytest.raises(lc.ConfigError) as e:
-    objectives.check_metric_names(["accuracy", "top5_accuracy", "accuracy"])
+    metrics.check_metric_names(["accuracy", "top5_accuracy", "accuracy"])
   assert str(e.value) == (
       "config.metrics: two metrics are named 'accuracy', so one would hide"
       " the other in the logs; give each its own name")

@@ -1,4 +1,4 @@
-"""looper.train.optimizers: the schedules (Keras' own after looper's warmup)
+"""looper.options.optimizers: the schedules (Keras' own after looper's warmup)
 against their documented formula, the linear scaling of the rate, and the
 clip of the global batch's gradient inside the optimizer."""
 
@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
-from looper.train import optimizers
+from looper.options import optimizers
 
 
 # --- The schedules: Keras' own, after looper's warmup -----------------------

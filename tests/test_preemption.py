@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from looper.train import preemption
+from looper.train import signals
 from looper.train import stopping
 
 
@@ -21,7 +21,7 @@ def test_first_signal_requests_a_stop_and_the_second_exits(monkeypatch):
   # The watcher thread would end the test process: record the call instead.
   monkeypatch.setattr(os, "_exit", exits.append)
   before = signal.getsignal(signal.SIGTERM)
-  with preemption.StopOnSignal(requested.append):
+  with signals.StopOnSignal(requested.append):
     os.kill(os.getpid(), signal.SIGTERM)
     assert wait_until(lambda: requested), "no stop was requested"
     os.kill(os.getpid(), signal.SIGINT)
@@ -36,7 +36,7 @@ def test_the_signal_is_the_stop_flags_reason():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   stop = stopping.StopFlag(tf.distribute.get_strategy())
   assert not stop.requested and stop.reason is None
-  with preemption.StopOnSignal(stop.request):
+  with signals.StopOnSignal(stop.request):
     os.kill(os.getpid(), signal.SIGTERM)
     assert wait_until(lambda: stop.requested), "no stop was requested"
   assert stop.reason == "SIGTERM"

@@ -221,7 +221,7 @@ def _apply(make, x, strategy):
 
 
 def _main():
-  from looper.train import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
   two = tf.distribute.MirroredStrategy(distribute.split_cpu(2))
   one = tf.distribute.get_strategy()
   layers, inputs = {}, {}

@@ -32,7 +32,7 @@ import pytest
 from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 
 from looper.cli import launch
-from looper.train import slurm as slurm_lib
+from looper.options import slurm as slurm_lib
 from tests.conftest import LOOPBACK_ENV, ROOT, checkpoint_tensors, curve
 from tests.conftest import LOST_WORKER_1, looper_lines, run_ok, scalars
 from tests.conftest import wait_for

@@ -20,7 +20,7 @@ import tensorflow as tf
 from experiments import text_classifier as tc
 from looper import config as lc
 from looper import run
-from looper.train import distribute
+from looper.options import distribute
 from looper.train import trainer as trainer_lib
 from tests.conftest import configured, curve, run_ok, scalars
 

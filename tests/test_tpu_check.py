@@ -143,7 +143,7 @@ def test_the_tiny_experiment_is_ready():
                          ids=["cpu-without-bf16", "cpu-with-amx"])
 def test_a_precision_slower_on_this_machine_is_noted(monkeypatch, flags,
                                                      noted):
-  from looper.train import precision  # pylint: disable=g-import-not-at-top
+  from looper.options import precision  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
   config = _config(**{"train.precision": "mixed_bfloat16"})
   lines = tpu_check.report([], config, 8).splitlines()
@@ -220,7 +220,7 @@ def test_describe_names_the_modes_sizes_and_specs_in_process():
 ])
 def test_a_precision_slower_than_float32_here_is_named(name, accelerated,
                                                        flags, want):
-  from looper.train import precision  # pylint: disable=g-import-not-at-top
+  from looper.options import precision  # pylint: disable=g-import-not-at-top
   assert precision.slower_here(name, accelerated=accelerated,
                                flags=flags) == want
 

@@ -43,7 +43,7 @@ CASES = [
 _SCRIPT = """
 import json, os, sys
 import tensorflow as tf
-from looper.train import distribute
+from looper.options import distribute
 from looper.train import trainer as trainer_lib
 from tests import weighted
 from tests.conftest import configured

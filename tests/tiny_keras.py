@@ -1,5 +1,5 @@
 """tests/tiny.py as a Keras user writes its loss and metrics: objects made
-in get_config() (looper.train.keras_objects).
+in get_config() (looper.options.keras_objects).
 
 Synopsis::
 

@@ -16,10 +16,10 @@ error) but reads no checkpoint and writes nothing.
 
 from looper import config as config_lib
 from looper import console
-from looper import names
+from looper import references
 from looper.data import checks
 from looper.data import input as input_lib
-from looper.train import distribute
+from looper.options import distribute
 from looper.train import epochs
 from looper.workdir import summaries
 
@@ -32,7 +32,7 @@ def describe(config) -> str:
   # Its splits are counted anyway: the header says what the steps are in
   # epochs in element mode too.
   config, epoch = epochs.resolve(config, data, count=True)
-  trainer = names.resolve(config.trainer, "trainer")(config, strategy, data)
+  trainer = references.resolve(config.trainer, "trainer")(config, strategy, data)
   lines = [console.header(config, strategy, None, "describe", None,
                           trainer.model, epoch=epoch,
                           note=trainer.random.note()),
@@ -47,7 +47,7 @@ def describe(config) -> str:
     lines.append(f"  {field}={split!r}: {size:,} examples, {source.mode} mode;"
                  f" inputs {_spec(inputs)}, labels {_spec(labels)}{weighted}")
   lines += ["", "model", summaries.model_summary(trainer.model), "",
-            "config", names.to_json(config)]
+            "config", references.to_json(config)]
   return "\n".join(lines)
 
 

@@ -38,7 +38,7 @@ import time
 from absl import flags
 
 from looper.cli import parsing
-from looper.train import slurm
+from looper.options import slurm
 
 _GRACE_SECS = 30  # after a failure: how long the others get to exit
 

@@ -14,7 +14,7 @@ Synopsis::
 One row per workdir (a directory holding `train/` or `eval/`), from its
 `metrics.jsonl` (see `looper.workdir.jsonl`; no event file is read): the last
 step, the last value of every eval metric, the best evaluation by
-`evaluation.Best.of` (`checkpoint.best_metric` from its config.json; else
+`best.Best.of` (`checkpoint.best_metric` from its config.json; else
 `accuracy`; else the loss) with its step, the goodput of its training
 attempts and their wall time added up (from its goodput/ records:
 looper.train.goodput): each attempt from its process' start to its end,
@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from looper import workdir as workdir_lib
 from looper.cli import parsing
-from looper.train import evaluation
+from looper.options import best
 from looper.train import goodput
 from looper.workdir import jsonl
 from looper.workdir import formats
@@ -84,11 +84,11 @@ def summarize(workdir: str) -> dict[str, str] | None:
     row[name] = formats.number(evals[-1][name])
   # No config.json, or unreadable: the defaults.
   saved = workdir_lib.read_json(wd.config) or {}
-  rule = evaluation.Best.of(saved.get("checkpoint", {}), names)
-  best = rule.first_best((l["step"], l[rule.metric]) for l in evals
-                         if rule.metric in l)
-  if rule.metric in names and best:
-    row[f"best {rule.metric}"] = f"{formats.number(best[1])} @{best[0]}"
+  rule = best.Best.of(saved.get("checkpoint", {}), names)
+  top = rule.first_best((l["step"], l[rule.metric]) for l in evals
+                        if rule.metric in l)
+  if rule.metric in names and top:
+    row[f"best {rule.metric}"] = f"{formats.number(top[1])} @{top[0]}"
   attempts = goodput.read(wd)
   if attempts:
     totals = goodput.Totals.of(attempts)

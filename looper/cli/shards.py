@@ -15,7 +15,7 @@ writes and reads them).
 import os
 import sys
 
-from looper import names
+from looper import references
 from looper.cli import parsing
 from looper.data import shards
 from looper.errors import ConfigError
@@ -61,7 +61,7 @@ def write(config, out: str, splits=None, **options):
   """Writes each of `splits` (default: the train and eval split) of
   `config`'s dataset_fn to out/<split>; yields a line per split.
   `options`: `shard_bytes`, `min_shards` of `looper.data.shards.write`."""
-  dataset_fn = names.resolve(config.dataset_fn, "dataset_fn")
+  dataset_fn = references.resolve(config.dataset_fn, "dataset_fn")
   for split in splits or (config.data.train_split, config.data.eval_split):
     directory = os.path.join(out, split)
     index = shards.write(shards.as_dataset(dataset_fn(config, split), split),

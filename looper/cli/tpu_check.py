@@ -43,12 +43,12 @@ import tensorflow as tf
 from looper import compat
 from looper import config as config_lib
 from looper import errors
-from looper import names
+from looper import references
 from looper.data import checks
 from looper.data import input as input_lib
-from looper.train import distribute
+from looper.options import distribute
 from looper.train import epochs
-from looper.train import precision
+from looper.options import precision
 
 # Distinct train batch shapes above which a TPU run spends its time
 # compiling (rule 3).
@@ -73,7 +73,7 @@ def check(config, *, cores: int = 8, batches: int = 20,
   # Traced here, on the CPU's default strategy, whatever the config asks
   # for; the steps are compiled below one at a time (train.jit_compile
   # only affects the train loop, which is not run).
-  trainer_cls = names.resolve(config.trainer, "trainer")
+  trainer_cls = references.resolve(config.trainer, "trainer")
   data = input_lib.Input(config, tf.distribute.get_strategy())
   # The optimizer's schedule needs the steps train.epochs come to.
   config, _ = epochs.resolve(config, data, known=False)

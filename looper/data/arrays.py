@@ -38,7 +38,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from looper import conversion
+from looper import autograph
 from looper.data import windows
 from looper.errors import ConfigError
 
@@ -75,7 +75,7 @@ class Arrays:
     """One pass in the arrays' order (probes, specs, a shard writer)."""
     tensors = self._tensors()
     return tf.data.Dataset.range(self.size).map(
-        conversion.plain(lambda i: _gather(tensors, i)))
+        autograph.plain(lambda i: _gather(tensors, i)))
 
   def check(self, replicas: int, global_batch_size: int, field: str) -> None:
     """Array mode fits any replica count that divides the batch."""
@@ -86,7 +86,7 @@ class Arrays:
     n, tensors = self.size, self._tensors()
     per_replica = ctx.get_per_replica_batch_size(global_batch_size)
 
-    @conversion.plain
+    @autograph.plain
     def gather(start):
       j = start + tf.range(per_replica, dtype=tf.int64)
       j = _permuted(j, n, seed) if shuffle_buffer else j % n
@@ -103,7 +103,7 @@ class Arrays:
     tensors = self._tensors()
     per_replica = ctx.get_per_replica_batch_size(global_batch_size)
 
-    @conversion.plain
+    @autograph.plain
     def gather(start):
       j = start + tf.range(per_replica, dtype=tf.int64)
       mask = tf.cast(j < count, tf.float32)
@@ -158,11 +158,11 @@ def _per_replica_starts(steps: tf.data.Dataset,
   offsets = (first + tf.range(local, dtype=tf.int64)) * per_replica
   # map + unbatch: a flat_map would build a dataset per global batch (3-5%
   # of an MLP step's throughput on 2 cores, measured).
-  return steps.map(conversion.plain(
+  return steps.map(autograph.plain(
       lambda k: k * global_batch_size + offsets)).unbatch()
 
 
-@conversion.plain  # an explicit loop: no AutoGraph rewrite
+@autograph.plain  # an explicit loop: no AutoGraph rewrite
 def _permuted(j, n: int, seed: int):
   """perm_e(j mod n) for e = j // n: a fresh full permutation per epoch.
 

@@ -19,7 +19,7 @@ programs). Exact on any topology and on resume, like element mode.
 import numpy as np
 import tensorflow as tf
 
-from looper import conversion
+from looper import autograph
 from looper.data import elements
 from looper.errors import ConfigError
 
@@ -47,13 +47,13 @@ def train_dataset(examples: tf.data.Dataset,
   start_epoch, offset = divmod(position // global_batch_size, per_epoch)
   buffer = min(shuffle_buffer, size)
 
-  @conversion.plain
+  @autograph.plain
   def epoch(e):
     shuffled = elements.seeded_shuffle(examples, buffer, seed, e,
                                        enabled=buffer > 0)
     return shuffled.group_by_window(
         key_func=key, window_size=global_batch_size,
-        reduce_func=conversion.plain(lambda k, window: window.padded_batch(
+        reduce_func=autograph.plain(lambda k, window: window.padded_batch(
             global_batch_size, drop_remainder=True,
             padded_shapes=_bucket_shapes(window.element_spec, k * bucket))))
 
@@ -72,7 +72,7 @@ def epoch_batches(examples: tf.data.Dataset, *, global_batch_size: int,
   """
   ids = examples.map(_key(bucket)).batch(4096).reduce(
       tf.zeros([0], tf.int64),
-      conversion.plain(lambda a, b: tf.concat([a, b], 0))).numpy()
+      autograph.plain(lambda a, b: tf.concat([a, b], 0))).numpy()
   per_epoch = int(sum(n // global_batch_size
                       for n in np.bincount(ids) if n))
   if not per_epoch:
@@ -91,14 +91,14 @@ def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
   `bucket`."""
   batches = elements.masked(examples, count, steps * global_batch_size
                             ).padded_batch(global_batch_size).map(
-                                conversion.plain(lambda x, *rest: (
+                                autograph.plain(lambda x, *rest: (
                                     _pad_to_multiple(x, bucket), *rest)))
   return elements.blocks(batches, ctx, global_batch_size)
 
 
 def _key(bucket: int):
   """An example's length bucket: ceil(length / bucket), at least 1."""
-  return conversion.plain(
+  return autograph.plain(
       lambda x, *_: tf.maximum((_length(x) + bucket - 1) // bucket, 1))
 
 

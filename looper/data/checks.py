@@ -15,14 +15,14 @@ and the fix, before any training step runs.
 import tensorflow as tf
 
 from looper import compat
-from looper import conversion
+from looper import autograph
 from looper.errors import ConfigError
 
 _INFINITE = tf.data.INFINITE_CARDINALITY
 _UNKNOWN = tf.data.UNKNOWN_CARDINALITY
 # Counts a dataset whose cardinality tf.data cannot tell (Dataset.reduce);
 # plain: AutoGraph would rewrite even this lambda on every count.
-count = conversion.plain(lambda c, _: c + 1)
+count = autograph.plain(lambda c, _: c + 1)
 # Ops that call back into this process' Python: neither a TPU host nor a
 # tf.data service worker can run them (op -> what the pipeline called).
 PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":

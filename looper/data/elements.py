@@ -36,7 +36,7 @@ import math
 
 import tensorflow as tf
 
-from looper import conversion
+from looper import autograph
 from looper.data import checks
 
 INFINITE_EPOCHS = 2**62  # Dataset.range needs an end; this never comes.
@@ -67,7 +67,7 @@ def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
   start_epoch, offset = divmod(position, size) if size > 0 else (0, position)
   buffer = min(shuffle_buffer, size) if size > 0 else shuffle_buffer
 
-  epoch = conversion.plain(lambda e: seeded_shuffle(
+  epoch = autograph.plain(lambda e: seeded_shuffle(
       examples, buffer, seed, e, enabled=buffer > 0))
   stream = tf.data.Dataset.range(start_epoch, INFINITE_EPOCHS).flat_map(epoch)
   return per_replica_batches(stream.skip(offset), ctx, global_batch_size)
@@ -112,9 +112,9 @@ def masked(examples: tf.data.Dataset, count: int, total: int
   """`(inputs, label[, weight], mask)`: the first `count` examples with
   mask 1, then zeros with mask 0 up to `total`, so eval shapes stay static
   and nothing is dropped."""
-  with_mask = conversion.plain(lambda *example: (*example,
+  with_mask = autograph.plain(lambda *example: (*example,
                                                   tf.constant(1.0)))
-  zero = conversion.plain(lambda *example: (
+  zero = autograph.plain(lambda *example: (
       *tf.nest.map_structure(tf.zeros_like, example), tf.constant(0.0)))
   return examples.take(count).map(with_mask).concatenate(
       examples.take(1).map(zero).repeat(total - count))
@@ -144,7 +144,7 @@ def blocks(batches: tf.data.Dataset, ctx: tf.distribute.InputContext,
   """Global batches -> this pipeline's block, split among its replicas."""
   block = global_batch_size // ctx.num_input_pipelines
   start = ctx.input_pipeline_id * block
-  return (batches.map(conversion.plain(lambda *b: tf.nest.map_structure(
+  return (batches.map(autograph.plain(lambda *b: tf.nest.map_structure(
       lambda t: t[start:start + block], b)))
           .rebatch(ctx.get_per_replica_batch_size(global_batch_size),
                    drop_remainder=True)

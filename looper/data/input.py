@@ -30,7 +30,7 @@ import ml_collections
 import tensorflow as tf
 
 from looper import compat
-from looper import names
+from looper import references
 from looper.data import checks
 from looper.data import elements
 from looper.data import service
@@ -45,7 +45,7 @@ class Input:
                strategy: tf.distribute.Strategy):
     self.config = config
     self.strategy = strategy
-    self._dataset_fn = names.resolve(config.dataset_fn, "dataset_fn")
+    self._dataset_fn = references.resolve(config.dataset_fn, "dataset_fn")
     self._sources = {}  # split -> its input source, made once
     self._sizes = {}  # split -> its examples, counted once if need be
     self._iterator = None  # opened by train_iterator() at the position

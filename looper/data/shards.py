@@ -39,7 +39,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from looper import conversion
+from looper import autograph
 from looper.data import arrays
 from looper.data import checks
 from looper.data import elements
@@ -98,7 +98,7 @@ def write(dataset: tf.data.Dataset, directory: str, *,
   return index
 
 
-@conversion.plain
+@autograph.plain
 def _serialized_leaves(*example):
   # In a tf.data map (graph): each leaf's bytes, its dtype and shape kept.
   return tuple(tf.io.serialize_tensor(t) for t in tf.nest.flatten(example))
@@ -160,7 +160,7 @@ def _parser(spec) -> Callable[[tf.Tensor], tuple]:
   features = {str(i): tf.io.FixedLenFeature([], tf.string)
               for i in range(len(leaves))}
 
-  @conversion.plain
+  @autograph.plain
   def parse(record):
     raw = tf.io.parse_single_example(record, features)
     return tf.nest.pack_sequence_as(spec, [
@@ -257,7 +257,7 @@ class Files:
                          for g in range(first, first + mine)], tf.int64)
     consumed = position // v  # by every group: B/V per step
 
-    # Converted by AutoGraph (no `conversion.plain`): `self.parse` may be
+    # Converted by AutoGraph (no `autograph.plain`): `self.parse` may be
     # the user's, and a map made where AutoGraph is off never converts it.
     def stream(i):
       """Group first+i's endless stream, `consumed` examples in."""

@@ -33,7 +33,7 @@ import ml_collections
 import tensorflow as tf
 
 from looper import config as lc
-from looper import conversion
+from looper import autograph
 from looper import errors
 from looper.data import splits
 
@@ -152,7 +152,7 @@ def _example_fn(input_keys: tuple, label_key: str, features: dict):
   to_int32 = (isinstance(spec, tf.TensorSpec) and spec.dtype.is_integer and
               spec.dtype != tf.int32)
 
-  @conversion.plain
+  @autograph.plain
   def example(feature_dict):
     label = feature_dict[label_key]
     if to_int32:

@@ -27,7 +27,7 @@ Synopsis (what `looper.run.run` assembles from a config)::
         now.spent[action.name] = the seconds it took
 
 A stop is requested on the trainer (`trainer.stop.request(reason)`, e.g.
-from a signal handler: looper.train.preemption); an early end by an action
+from a signal handler: looper.train.signals); an early end by an action
 (`now.end_training(reason)`, e.g. early stopping). The Controller knows
 nothing of tf.distribute or Keras: the Trainer runs steps, the
 Checkpointer saves and restores, actions do everything else. What it needs
@@ -121,7 +121,7 @@ class Controller:
       each loop; eval actions only in `train_and_eval`.
     nan_recovery_tries: `train.nan_recovery_tries`.
     peak_flops: the FLOP/s of the run's devices that `mfu` is the share
-      of (looper.train.peak); None: no mfu.
+      of (looper.train.peak_flops); None: no mfu.
     clock: times each loop (steps_per_sec), injectable for tests.
   """
 

@@ -18,8 +18,8 @@ from looper import compat
 from looper import errors
 from looper.data import checks
 from looper.data import splits
-from looper.train import keras_objects
-from looper.train import objectives
+from looper.options import keras_objects
+from looper.options import losses
 
 
 def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disable=redefined-builtin
@@ -77,7 +77,7 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
                                 keras_objects.ignore_class(loss))
   if not isinstance(config.loss, dict):
     _check_logits_or_probabilities(trainer.model, config)
-  loss = objectives.display_name(config.loss)
+  loss = losses.display_name(config.loss)
   try:
     values = trainer.compute_loss(few_labels, logits)
   except mismatch as e:
@@ -90,7 +90,7 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
   batch = len(tf.nest.flatten(inputs)[0])
   for output in losses:
     per_example = _pick(values, output)
-    name = loss if output is None else objectives.display_name(
+    name = loss if output is None else losses.display_name(
         config.loss[output])
     if per_example.shape.rank < 1 or per_example.shape[0] != batch:
       raise errors.ConfigError(
@@ -99,7 +99,7 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
           " [batch]) or per token ([batch, ...]): looper averages over the"
           " global batch itself")
     if weights is not None:
-      _check_weights(objectives.output_weights(weights, values)[output]
+      _check_weights(losses.output_weights(weights, values)[output]
                      if output else weights, per_example, split)
   if weights is not None:
     keras_objects.check_ignore_unweighted(config.loss, "sample weights")
@@ -116,7 +116,7 @@ def _check_metrics(trainer, labels, logits, split: str) -> None:
   does not fit them fails here in one line, not in the first trace."""
   metrics = trainer.build_metrics()
   for name, (output, metric) in metrics.by_name.items():
-    label, logit, _ = objectives.of_output(output, None, labels, logits)
+    label, logit, _ = losses.of_output(output, None, labels, logits)
     try:
       metric.update_state(label, logit)
     except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
@@ -145,7 +145,7 @@ def _check_outputs(config, logits, labels, split: str) -> None:
   if isinstance(logits, dict) != isinstance(config.loss, dict):
     if isinstance(logits, dict):
       raise errors.ConfigError(
-          f"config.loss={objectives.display_name(config.loss)}: the model"
+          f"config.loss={losses.display_name(config.loss)}: the model"
           f" returns a dict of outputs {sorted(logits)}; give a dict of"
           f" losses by output, e.g. config.loss = {{{next(iter(logits))!r}:"
           " 'sparse_categorical_crossentropy', ...}")
@@ -196,7 +196,7 @@ def _check_weights(weights, values, split: str) -> None:
 
 def _check_class_weights(class_weights, labels, split: str) -> None:
   """Every label of the probe indexes data.class_weights."""
-  table = objectives.class_weight_table(class_weights)
+  table = losses.class_weight_table(class_weights)
   if not labels.dtype.is_integer:
     raise errors.ConfigError(
         f"config.data.class_weights needs integer class-id labels, but"
@@ -226,7 +226,7 @@ def _check_logits_or_probabilities(model, config) -> None:
   for field, value in [("loss", config.loss)] + [("metrics", m)
                                                    for m in metrics]:
     reads = keras_objects.from_logits(value)
-    if value in objectives.FROM_LOGITS:
+    if value in losses.FROM_LOGITS:
       reads = True
     shown = (keras_objects.describe(value) if reads is not None and
              not isinstance(value, str) else repr(value))

@@ -26,7 +26,7 @@ import contextlib
 
 import tensorflow as tf
 
-from looper import conversion
+from looper import autograph
 from looper import errors
 from looper.data import input as input_lib
 
@@ -89,7 +89,7 @@ class Evaluator:
     self._plan, self._failed = (count, steps, iterator), False
     return results
 
-  @conversion.plain
+  @autograph.plain
   def _eval_loop(self, iterator, steps):
     trainer = self.trainer
     trainer.eval_loss.reset()

@@ -35,10 +35,10 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from looper import conversion
+from looper import autograph
 from looper import errors
 from looper.train import flops
-from looper.train import precision
+from looper.options import precision
 
 
 # The name scope of the replica function's ops (the graph test finds the
@@ -132,7 +132,7 @@ class TrainLoop:
       logs["flops"] = len(losses) * self._flops
     return losses, logs, bool(finite)
 
-  @conversion.plain
+  @autograph.plain
   def _train_loop(self, iterator, steps):
     """`steps` (an int32 tensor) steps in a tf.while_loop; steps=None: one
     step and no loop, which the profiler can see as a step (a while loop
@@ -168,7 +168,7 @@ class TrainLoop:
       results["tokens"] = self._tokens.read_value()
     return self._step_losses.read_value()[:ran], finite, waited, results
 
-  @conversion.plain
+  @autograph.plain
   def _loop_step(self, iterator, i, waited):
     """Step i of a train call: next batch, the replica step.
 
@@ -191,7 +191,7 @@ class TrainLoop:
     self._trainer.strategy.run(self._train_step, args=(i, *batches))
     return waited
 
-  @conversion.plain
+  @autograph.plain
   def _train_step(self, i, *batches):
     """The replica function: the micro-batches of one update as one batch;
     this replica's share of the loss goes to its slot i of the buffer (its

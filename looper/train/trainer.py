@@ -32,17 +32,18 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from looper import conversion
-from looper import names
+from looper import autograph
+from looper import references
 from looper.data import checks
 from looper.data import input as input_lib
 from looper.errors import ConfigError
-from looper.train import ema as ema_lib
-from looper.train import keras_objects
+from looper.options import ema as ema_lib
+from looper.options import keras_objects
 from looper.train import loop
-from looper.train import objectives
-from looper.train import optimizers
-from looper.train import precision
+from looper.options import losses
+from looper.options import metrics
+from looper.options import optimizers
+from looper.options import precision
 from looper.train import randomness
 from looper.train import stopping
 
@@ -50,12 +51,12 @@ from looper.train import stopping
 class Trainer:
   """Builds the training state in `strategy.scope()` and runs the loops."""
 
-  # The methods the traced loops run are `conversion.plain`: never
+  # The methods the traced loops run are `autograph.plain`: never
   # rewritten by AutoGraph (20-200 ms per function, most of the first
   # trace: BUILD.md "first loop"); a subclass's override of one is.
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
-    conversion.convert_overrides(cls, Trainer)
+    autograph.convert_overrides(cls, Trainer)
 
   def __init__(self, config: ml_collections.ConfigDict,
                strategy: tf.distribute.Strategy,
@@ -79,15 +80,15 @@ class Trainer:
                            "train.batch_size")
     checks.check_divisible(config.eval.batch_size, replicas, "eval.batch_size")
     self._micro_rows = config.train.batch_size // replicas  # static shape
-    self.model_fn = names.resolve(config.model_fn, "model_fn")
-    self._loss_fn = objectives.losses(config.loss)
+    self.model_fn = references.resolve(config.model_fn, "model_fn")
+    self._loss_fn = losses.losses(config.loss)
     # config.loss_normalization, or what a Keras loss object's reduction
     # (and ignore_class: a 0 weight on those labels) says (keras_objects).
     self.normalization = keras_objects.normalization(
         config.loss, config.loss_normalization)
     self._ignored = keras_objects.ignore_class(config.loss)
     # data.class_weights as a table by class id (None: off).
-    self._class_weights = objectives.class_weight_table(
+    self._class_weights = losses.class_weight_table(
         config.data.class_weights)
     # Stops a running loop (`stopping`): request(), agree(), requested.
     self.stop = stopping.StopFlag(strategy)
@@ -115,7 +116,7 @@ class Trainer:
                   if config.optimizer.ema_decay else None)
       self.train_metrics = self.build_metrics()
       self.eval_metrics = self.build_metrics()
-      self.eval_loss = objectives.EvalLoss(
+      self.eval_loss = losses.EvalLoss(
           config.loss, self.normalization, config.loss_weights)
       counter = dict(dtype=tf.int64, trainable=False,
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -144,28 +145,28 @@ class Trainer:
     return optimizers.build(self.config.optimizer, self.config.train.steps,
                             self.global_batch_size)
 
-  def build_metrics(self) -> objectives.Metrics:
+  def build_metrics(self) -> metrics.Metrics:
     """Fresh metric objects, keyed by their log names (config.metrics);
     called once for train and once for eval."""
-    return objectives.Metrics(self.config.metrics)
+    return metrics.Metrics(self.config.metrics)
 
-  @conversion.plain
+  @autograph.plain
   def compute_loss(self, labels, logits):
     """Per-example (or per-token) losses, shape [batch, ...]; a dict of them
     by output if config.loss is a dict. Weighted and averaged by the
     caller (`average_loss`)."""
-    return objectives.apply(self._loss_fn, labels, logits)
+    return losses.apply(self._loss_fn, labels, logits)
 
-  @conversion.plain
+  @autograph.plain
   def average_loss(self, values, weights=None, weight_total=None):
     """This replica's share of the global batch's loss from the losses
     `compute_loss` returned (`self.normalization`, loss_weights)."""
-    return objectives.average(
+    return losses.average(
         values, weights, weight_total, loss_weights=self.config.loss_weights,
         normalization=self.normalization,
         global_batch_size=self.global_batch_size)
 
-  @conversion.plain
+  @autograph.plain
   def train_step(self, batch) -> tf.Tensor:
     """One replica's update; returns its share of the global mean loss.
 
@@ -191,7 +192,7 @@ class Trainer:
       self.ema.update()
     return loss
 
-  @conversion.plain
+  @autograph.plain
   def micro_batches(self, batch) -> list:
     """`batch` cut back into its train.grad_accum_steps micro-batches, each
     of train.batch_size / replicas examples (static slices), as
@@ -203,11 +204,11 @@ class Trainer:
     for i in range(self.grad_accum_steps):
       inputs, labels, weights = checks.parts(tf.nest.map_structure(
           lambda t, i=i: t[i * rows:(i + 1) * rows], batch))
-      parts.append((inputs, labels, objectives.label_weighted(
+      parts.append((inputs, labels, losses.label_weighted(
           weights, labels, self._class_weights, self._ignored)))
     return parts
 
-  @conversion.plain
+  @autograph.plain
   def weight_total(self, weights: list):
     """The sum of an update's example weights over all its micro-batches
     and replicas (one scalar all-reduce per step), which
@@ -219,7 +220,7 @@ class Trainer:
     return tf.distribute.get_replica_context().all_reduce(
         tf.distribute.ReduceOp.SUM, local)
 
-  @conversion.plain
+  @autograph.plain
   def compute_gradients(self, inputs, labels, weights=None,
                         weight_total=None):
     """One replica's (loss, gradients, float32 logits).
@@ -243,7 +244,7 @@ class Trainer:
       scaled = precision.scale_loss(self.optimizer, loss)
     return loss, tape.gradient(scaled, self.model.trainable_variables), logits
 
-  @conversion.plain
+  @autograph.plain
   def transform_gradients(self, grads):
     """This replica's gradients before the update; the optimizer then sums
     them over replicas (and clips the sum: optimizer.clip_global_norm).
@@ -258,13 +259,13 @@ class Trainer:
       grads = [tf.convert_to_tensor(g) for g in grads]
     return precision.skip_unless_finite_everywhere(self.optimizer, grads)
 
-  @conversion.plain
+  @autograph.plain
   def apply_gradients(self, grads) -> None:
     """The optimizer update: it sums `grads` over replicas first (one
     all-reduce per step) and clips the sum (optimizer.clip_global_norm)."""
     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
-  @conversion.plain
+  @autograph.plain
   def eval_step(self, batch) -> None:
     """One replica's eval step; padding examples have mask 0. The examples'
     own weights count, and a loss object's ignore_class (data.class_weights,
@@ -272,18 +273,18 @@ class Trainer:
     reports as the loss and the example count) and the eval metrics."""
     *example, mask = batch
     inputs, labels, weights = checks.parts(example)
-    weights = objectives.label_weighted(weights, labels, ignored=self._ignored)
+    weights = losses.label_weighted(weights, labels, ignored=self._ignored)
     logits = _float32(self.model(inputs, training=False))
     self.eval_loss.update(self.compute_loss(labels, logits), weights, mask)
     self.update_metrics(self.eval_metrics, labels, logits,
-                        objectives.masked(weights, mask))
+                        losses.masked(weights, mask))
 
-  @conversion.plain
+  @autograph.plain
   def update_metrics(self, metrics, labels, logits, sample_weight=None):
-    """Updates `metrics` (an objectives.Metrics) with a batch."""
+    """Updates `metrics` (an metrics.Metrics) with a batch."""
     metrics.update(labels, logits, sample_weight)
 
-  @conversion.plain
+  @autograph.plain
   def serve(self, inputs) -> dict[str, tf.Tensor]:
     """What an export computes for a batch of `inputs` (see looper.workdir.export):
     {"logits": ...}, or every output of a model with a dict of them.
@@ -342,7 +343,7 @@ class Trainer:
     return items
 
 
-@conversion.plain
+@autograph.plain
 def _float32(outputs):
   """The model's outputs (a tensor or a dict of them) as float32: losses
   and metrics run in float32 under any precision policy."""

@@ -122,7 +122,7 @@ class Workdir:
 
   @property
   def best_history(self) -> str:
-    """The evaluated values of checkpoint.best_metric (looper.train.evaluation)."""
+    """The evaluated values of checkpoint.best_metric (looper.train.eval_action)."""
     return os.path.join(self.best_checkpoints, "history.json")
 
   def checkpoint_saves(self, task_id: int | None = None) -> tuple[str, str]:

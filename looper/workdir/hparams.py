@@ -17,7 +17,7 @@ One row per run, written in the run's own directory (`workdir/hparams/`):
   data.train_split=test[:8000] model.width=32`);
 * metric columns: `hparams/eval_<metric>` (the last evaluation, the
   configured metrics first, then the loss), `hparams/best_eval_<metric>`
-  (by `looper.train.evaluation.Best.of`) and `hparams/train_loss` (the last
+  (by `looper.train.eval_action.Best.of`) and `hparams/train_loss` (the last
   loop's mean):
   scalars written in the same directory as the run goes, so a single run
   has metric columns too.
@@ -45,8 +45,8 @@ from tensorboard.plugins.hparams import metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 import tensorflow as tf
 
-from looper import names
-from looper.train import evaluation
+from looper import references
+from looper.options import best
 
 PREFIX = "hparams"  # of the metric columns' tags
 # The typed columns, with their titles.
@@ -60,7 +60,7 @@ ALWAYS = ("optimizer.name", "optimizer.schedule", "train.precision", "seed")
 def flat(config_json: str) -> dict[str, bool | int | float | str]:
   """The config as HParams: flat dotted names, scalars and strings only.
 
-  Callables are already 'module:name' strings (`names.to_json`); the rest
+  Callables are already 'module:name' strings (`references.to_json`); the rest
   (None, tuples, callables no name reaches) has no HParams value and is
   left out: the config text holds it.
   """
@@ -71,7 +71,7 @@ def flat(config_json: str) -> dict[str, bool | int | float | str]:
       for key, item in value.items():
         visit(f"{prefix}{key}.", item)
     elif isinstance(value, (bool, int, float, str)) and not (
-        isinstance(value, str) and value.startswith(names.UNLOADABLE)):
+        isinstance(value, str) and value.startswith(references.UNLOADABLE)):
       out[prefix[:-1]] = value
 
   visit("", json.loads(config_json))
@@ -93,18 +93,18 @@ class Table:
   """One run's row of the HParams table (see module doc)."""
   values: dict[str, int | float | str]  # hparam column -> value
   eval_names: list[str]  # the eval metrics that are columns, loss last
-  best: evaluation.Best  # what `best_eval_<metric>` ranks by
+  best: best.Best  # what `best_eval_<metric>` ranks by
 
   @classmethod
   def of(cls, config_json: str, defaults_json: str, eval_names) -> "Table":
-    """The row of a run of `config_json` (resolved; see names.to_json)."""
+    """The row of a run of `config_json` (resolved; see references.to_json)."""
     config, defaults = flat(config_json), flat(defaults_json)
     values = {k: config[k] for k in COLUMNS if k in config}
     values[SETTINGS] = settings(config, defaults)
     names = [n for n in eval_names if n not in ("loss", "examples")]
     names.append("loss")
     checkpoint = json.loads(config_json).get("checkpoint", {})
-    return cls(values, names, evaluation.Best.of(checkpoint, names))
+    return cls(values, names, best.Best.of(checkpoint, names))
 
   def metric_tags(self) -> list[str]:
     """The metric columns' scalar tags, in column order."""

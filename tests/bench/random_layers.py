@@ -32,7 +32,7 @@ def measure(replicas: int, layers: str, rounds: int) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper import config as lc  # pylint: disable=g-import-not-at-top
-  from looper.train import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
   from looper.train import layers as looper_layers  # pylint: disable=g-import-not-at-top
   from looper.train import randomness  # pylint: disable=g-import-not-at-top
   from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top

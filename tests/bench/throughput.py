@@ -75,8 +75,8 @@ def _contenders(model, replicas, precision, clip=0.0):
   """{name: (build() -> step()), ...}; step() runs K steps and returns."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from looper.train import distribute  # pylint: disable=g-import-not-at-top
-  from looper.train import precision as precision_lib  # pylint: disable=g-import-not-at-top
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import precision as precision_lib  # pylint: disable=g-import-not-at-top
   from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
 
   strategy = (tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))

@@ -113,7 +113,7 @@ def run_fit(seed: int, precision: str) -> dict:
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from experiments import mnist  # pylint: disable=g-import-not-at-top
-  from looper.train import precision as precision_lib  # pylint: disable=g-import-not-at-top
+  from looper.options import precision as precision_lib  # pylint: disable=g-import-not-at-top
   from looper.data import arrays  # pylint: disable=g-import-not-at-top
   reached = {"imported": time.time()}
   config = _config(seed, precision)

@@ -1,26 +1,23 @@
-"""What training minimizes and reports: losses and metrics by name.
+"""What training minimizes: losses by name, and their average over a global batch.
 
 Synopsis::
 
     c.loss = "sparse_categorical_crossentropy"   # a name from LOSSES
     c.loss = my_loss                             # or fn(labels, logits)
     c.loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    c.metrics = ("accuracy", keras.metrics.AUC(), keras_metric_factory)
     c.loss_normalization = "batch_size"          # or "weights": NORMALIZATIONS
     # A model returning a dict of outputs (labels: a dict, same keys):
     c.loss = {"digit": "sparse_categorical_crossentropy",
               "ink": "mean_squared_error"}
     c.loss_weights = {"digit": 1.0, "ink": 0.5}
-    c.metrics = {"digit": ("accuracy",), "ink": ("mean_squared_error",)}
 
-    losses = objectives.losses(config.loss)       # a fn, or a dict of fns
-    values = objectives.apply(losses, labels, logits)   # per example/token
-    loss = objectives.average(values, weights, weight_total, loss_weights=
-                              config.loss_weights, normalization=normalization,
-                              global_batch_size=256)
-    metrics = objectives.Metrics(config.metrics)  # logs 'digit/accuracy'...
-    eval_loss = objectives.EvalLoss(config.loss, normalization,
-                                    config.loss_weights)  # a whole split's
+    fns = losses.losses(config.loss)              # a fn, or a dict of fns
+    values = losses.apply(fns, labels, logits)    # per example/token
+    loss = losses.average(values, weights, weight_total, loss_weights=
+                          config.loss_weights, normalization=normalization,
+                          global_batch_size=256)
+    eval_loss = losses.EvalLoss(config.loss, normalization,
+                                config.loss_weights)  # a whole split's
 
 Losses are per example (shape [batch]) or per token (any [batch, ...]) on
 the model's float32 logits: looper averages over the global batch itself,
@@ -35,11 +32,9 @@ so the update is the same on any number of replicas. The average
                 mean over the real tokens of the global batch.
 
 Both sums run over the whole update: every replica and every
-micro-batch of train.grad_accum_steps. Metrics are names, zero-argument
-factories of Keras metrics, or Keras metric objects (rebuilt fresh per
-use), updated with (labels, logits, sample_weight). Keras loss objects run
+micro-batch of train.grad_accum_steps. Keras loss objects run
 as Keras computes them, their reduction mapped onto the normalization
-(looper.train.keras_objects). A name is checked by `config.validate`
+(looper.options.keras_objects). A name is checked by `config.validate`
 against these tables, before TensorFlow builds anything.
 """
 
@@ -49,9 +44,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from looper import conversion
+from looper import autograph
 from looper.errors import ConfigError
-from looper.train import keras_objects
+from looper.options import keras_objects
 
 
 # Per-example losses on logits, by `config.loss` name.
@@ -73,22 +68,6 @@ NORMALIZATIONS = {
     "weights": lambda count, weight_sum: (
         count if weight_sum is None else weight_sum),
 }
-
-# Metric factories on logits, by `config.metrics` name.
-METRICS = {
-    "accuracy": lambda: keras.metrics.SparseCategoricalAccuracy("accuracy"),
-    "top5_accuracy": lambda: keras.metrics.SparseTopKCategoricalAccuracy(
-        5, name="top5_accuracy"),
-    "mean_squared_error": lambda: keras.metrics.MeanSquaredError(
-        "mean_squared_error"),
-}
-
-# Keys looper itself puts in the train and eval logs; a metric with one of
-# these names would overwrite them (see `check_metric_names`).
-RESERVED_METRIC_NAMES = ("loss", "examples", "learning_rate", "steps_per_sec",
-                         "examples_per_sec", "tokens_per_sec", "flops_per_sec",
-                         "mfu", "tokens", "flops", "input_wait_fraction")
-
 
 def lookup(value: Any, table: dict, field: str):
   """`value` itself if it is callable, else its entry in `table` (the error
@@ -186,78 +165,6 @@ class EvalLoss:
             "examples": self._examples.result()}
 
 
-class Metrics:
-  """The experiment's metrics, keyed by the name they log under.
-
-  Args:
-    spec: config.metrics: a tuple of names or factories, or (a model with a
-      dict of outputs) a dict of such tuples by output name, whose metrics
-      log as 'output/name'.
-
-  Raises:
-    ConfigError: an unknown name, or two metrics logging under one name.
-  """
-
-  def __init__(self, spec):
-    per_output = spec.items() if isinstance(spec, dict) else [(None, spec)]
-    built = [(output, factory(value, "metrics" if output is None
-                              else f"metrics['{output}']")())
-             for output, values in per_output for value in values]
-    names = [m.name if o is None else f"{o}/{m.name}" for o, m in built]
-    check_metric_names(names)
-    # log name -> (output name or None, Keras metric)
-    self.by_name = dict(zip(names, built))
-
-  @property
-  def names(self) -> list[str]:
-    return list(self.by_name)
-
-  def update(self, labels, logits, weights=None) -> None:
-    for output, metric in self.by_name.values():
-      *parts, sample_weight = of_output(output, weights, labels, logits)
-      metric.update_state(*parts, sample_weight=sample_weight)
-
-  def reset(self) -> None:
-    for _, metric in self.by_name.values():
-      metric.reset_state()
-
-  def results(self) -> dict:
-    return {name: metric.result()
-            for name, (_, metric) in self.by_name.items()}
-
-
-def factory(metric, field: str = "metrics") -> Any:
-  """config.metrics' entry (at `field`) as a zero-argument factory."""
-  if keras_objects.is_metric(metric):
-    return keras_objects.metric_factory(metric, field)
-  return lookup(metric, METRICS, "metrics")
-
-
-def check_metric_names(names) -> None:
-  """Checks the names of the built metric objects (they key the logs).
-
-  Called once the metrics are built, since factories choose their names.
-
-  Args:
-    names: the `.name` of every metric, in config.metrics order.
-
-  Raises:
-    ConfigError: a name is one looper logs itself, or is used twice.
-  """
-  seen = set()
-  for name in names:
-    if name.rsplit("/", 1)[-1] in RESERVED_METRIC_NAMES:  # 'out/loss' too
-      raise ConfigError(
-          f"config.metrics: a metric is named {name!r}, which looper reports"
-          " itself; give it another name (e.g. keras.metrics.Mean("
-          f"name='my_{name}'))")
-    if name in seen:
-      raise ConfigError(
-          f"config.metrics: two metrics are named {name!r}, so one would"
-          " hide the other in the logs; give each its own name")
-    seen.add(name)
-
-
 def losses(value: Any):
   """config.loss as functions: one fn(labels, logits), or a dict of them by
   output name (a model returning a dict of outputs)."""
@@ -269,8 +176,8 @@ def losses(value: Any):
 def _loss_fn(value, field: str):
   # A function of the user's may branch on tensors: AutoGraph converts it.
   if keras_objects.is_loss(value):  # its unreduced values
-    return conversion.user(keras_objects.loss_fn(value), f"config.{field}")
-  return (conversion.user(value, f"config.{field}") if callable(value)
+    return autograph.user(keras_objects.loss_fn(value), f"config.{field}")
+  return (autograph.user(value, f"config.{field}") if callable(value)
           else lookup(value, LOSSES, field))
 
 

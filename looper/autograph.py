@@ -2,11 +2,11 @@
 
 Synopsis::
 
-    @conversion.plain                  # looper's: traced as written
+    @autograph.plain                  # looper's: traced as written
     def train_step(self, batch): ...
 
-    conversion.convert_overrides(MyTrainer, Trainer)  # Trainer does this
-    loss_fn = conversion.user(config.loss, "config.loss")  # a user's fn
+    autograph.convert_overrides(MyTrainer, Trainer)  # Trainer does this
+    loss_fn = autograph.user(config.loss, "config.loss")  # a user's fn
 
 AutoGraph rewrites the source of every function a `tf.function` calls
 (20-200 ms each, most of the first trace: BUILD.md "first loop"). Keras 3's

@@ -2,10 +2,10 @@
 
 Synopsis::
 
-    from looper import names
-    model_fn = names.resolve(config.model_fn, "model_fn")  # fn or 'mod:fn'
-    names.resolve("experiments/mnist.py:model_fn", "model_fn")  # by path
-    text = names.to_json(config)     # callables written as 'module:name'
+    from looper import references
+    model_fn = references.resolve(config.model_fn, "model_fn")  # fn or 'mod:fn'
+    references.resolve("experiments/mnist.py:model_fn", "model_fn")  # by path
+    text = references.to_json(config)     # callables written as 'module:name'
 
 A config field may hold a callable, a class or a string naming one
 ('experiments.mnist:model_fn', 'experiments/mnist.py:model_fn'). `to_json`

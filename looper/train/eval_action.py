@@ -2,16 +2,14 @@
 
 Synopsis::
 
-    evaluate = evaluation.EvalAction(
+    evaluate = eval_action.EvalAction(
         evaluator, out, checkpointer=ckpt, history=workdir.best_history,
-        best=evaluation.Best("accuracy", "max"), patience=3)
+        best=best.Best("accuracy", "max"), patience=3)
     logs = evaluate.evaluate(step)  # evaluate, write eval/ events, track best
     # As a train_and_eval action: evaluate(moment), and on (re)start
     # evaluate.resume(moment): forget evaluations past moment.step.
 
-Best: one rule (`Best`) says which evaluation is a run's best: here for the
-best checkpoint and early stopping, and for the best columns of
-TensorBoard's HParams table (looper.workdir.hparams) and of `looper runs`.
+Which evaluation is the best is `looper.options.best.Best`'s rule.
 
 Best checkpoint: after each evaluation that improves `best.metric`, the
 state is saved to `checkpoints/best/` (one kept, apart from the rolling
@@ -26,68 +24,13 @@ after an evaluation but before the next checkpoint replays that evaluation;
 is not counted twice.
 """
 
-import dataclasses
 import json
-import math
-import operator
 import os
-from typing import Iterable, Mapping
 
 from absl import logging
 import tensorflow as tf
 
-from looper.errors import ConfigError
-
-
-# `checkpoint.best_mode` -> is a value better than another?
-BEST_MODES = {"max": operator.gt, "min": operator.lt}
-
-
-def check_best_metric(best_metric: str, metric_names: list[str]) -> None:
-  """`checkpoint.best_metric` must be one of the values evaluation reports
-  (`metric_names`: the Evaluator's, besides the loss)."""
-  names = ["loss"] + metric_names
-  if best_metric and best_metric not in names:
-    raise ConfigError(
-        f"config.checkpoint.best_metric={best_metric!r} is not an eval"
-        f" metric; use one of {', '.join(names)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Best:
-  """Which of a run's evaluations is its best: an eval metric, a direction."""
-  metric: str
-  mode: str = "max"  # a key of BEST_MODES
-
-  @classmethod
-  def of(cls, checkpoint: Mapping, eval_names: Iterable[str]) -> "Best":
-    """The rule of a run, from its config's `checkpoint` section (as in
-    config.json): `best_metric` and `best_mode` if set; else the accuracy
-    (max) if it is evaluated; else the loss (min)."""
-    if checkpoint.get("best_metric"):
-      return cls(checkpoint["best_metric"], checkpoint.get("best_mode", "max"))
-    if "accuracy" in eval_names:
-      return cls("accuracy", "max")
-    return cls("loss", "min")
-
-  def better(self, value: float, than: float | None) -> bool:
-    """Whether `value` beats `than` (None: no value yet). A NaN beats
-    nothing, and any number beats a NaN."""
-    if math.isnan(value):
-      return False
-    if than is None or math.isnan(than):
-      return True
-    return BEST_MODES[self.mode](value, than)
-
-  def first_best(self, evaluations: Iterable[tuple[int, float]]
-                 ) -> tuple[int, float] | None:
-    """The best (step, value) of `evaluations` in step order; of equal
-    values the earliest; None if there is none (or only NaNs)."""
-    best = None
-    for step, value in evaluations:
-      if self.better(value, best[1] if best else None):
-        best = (step, value)
-    return best
+from looper.options.best import Best
 
 
 class EvalAction:

@@ -2,10 +2,10 @@
 
 Synopsis::
 
-    machine = peak.of_run(config, strategy)  # once per run (looper.run)
+    machine = peak_flops.of_run(config, strategy)  # once per run (looper.run)
     machine.flops_per_sec                    # all the run's devices
     machine.source                           # what it is, for the header
-    peak.measure("bfloat16")                 # the matmul probe alone
+    peak_flops.measure("bfloat16")                 # the matmul probe alone
 
 Where the figure comes from, first found:
 1. `train.peak_flops`: of one GPU or TPU device (as TensorFlow lists
@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from looper.train import flops
-from looper.train import precision
+from looper.options import precision
 
 CACHE = "~/.cache/looper/peak_flops.json"
 CHAIN = 4  # matmuls per timed call of the probe

@@ -9,7 +9,7 @@ Synopsis::
 `distribution.strategy`:
   auto          tpu if `distribution.tpu` is set; multi_worker if TF_CONFIG
                 names more than one task (under `srun` with several tasks,
-                looper.train.slurm writes it from Slurm's environment);
+                looper.options.slurm writes it from Slurm's environment);
                 mirrored if there are several GPUs or `num_cpu_devices` > 1;
                 else default.
   default       tf.distribute's default (no-op) strategy.
@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from looper import compat
 from looper.errors import ConfigError
-from looper.train import slurm
+from looper.options import slurm
 
 
 def _cluster() -> dict:
