@@ -48,6 +48,7 @@ from ml_collections import config_dict
 from looper import compat
 from looper import fields
 from looper import names
+from looper import network
 from looper.train import distribute
 from looper.train import evaluation
 from looper.train import keras_objects
@@ -204,6 +205,11 @@ def default_config() -> ml_collections.ConfigDict:
   # auto (NCCL between GPUs, else ring) | nccl | ring. Workers sharing a GPU
   # need ring: NCCL refuses them (`looper launch` sets it when they share).
   c.distribution.all_reduce = "auto"
+  # multi_worker: who may reach this worker's server, which listens on every
+  # address of the machine: network.REACHES (loopback | private | public),
+  # checked before it starts. private fits TF_CONFIG's and Slurm's machines;
+  # `looper launch` makes it loopback (its workers: 127.0.0.1) unless given.
+  c.distribution.network = "private"
 
   c.data = ml_collections.ConfigDict()
   c.data.dir = ""  # where the experiment's dataset_fn reads its files
@@ -372,6 +378,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 ("auto", *distribute.STRATEGIES))
   _check_choice(c.distribution.all_reduce, "distribution.all_reduce",
                 distribute.ALL_REDUCES)
+  _check_choice(c.distribution.network, "distribution.network",
+                network.REACHES)
   if c.distribution.strategy == "tpu":
     _check(bool(c.distribution.tpu), "distribution.tpu", c.distribution.tpu,
            "strategy 'tpu' needs the TPU name or address (use 'local' on a"

@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 # In import order: each may import those before it (and its own group).
 GROUPS = (
     ("looper.errors", "looper.names", "looper.compat", "looper.conversion",
-     "looper.data.splits", "looper.fields"),
+     "looper.data.splits", "looper.fields", "looper.network"),
     ("looper.train.distribute", "looper.train.slurm",
      "looper.train.optimizers", "looper.train.precision",
      "looper.train.keras_objects", "looper.train.objectives",
