@@ -328,6 +328,22 @@ def test_a_worker_starts_its_server_only_within_its_declared_reach(
   strategy.assert_not_called()  # no server was started
 
 
+@pytest.mark.parametrize("task, named", [
+    (None, "type None, index None"),
+    ({"type": "worker", "index": 2}, "type 'worker', index 2"),
+])
+def test_a_tf_config_without_this_task_is_one_line(monkeypatch, task, named):
+  tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                          **({"task": task} if task else {})})
+  monkeypatch.setenv("TF_CONFIG", tf_config)
+  with pytest.raises(lc.ConfigError) as e:
+    distribute.check_reach("private")
+  assert str(e.value) == (
+      f"TF_CONFIG={tf_config!r}: its task ({named}) is not in its cluster;"
+      ' give it "task": {"type": "worker", "index": i}, i this worker\'s'
+      " place in the list")
+
+
 def test_a_public_worker_says_once_what_it_opens(monkeypatch, caplog):
   _cluster_of(monkeypatch, ["127.0.0.1", "34.1.2.3"], "34.1.2.3:2222",
               {"34.1.2.3": ["34.1.2.3"]})

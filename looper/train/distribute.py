@@ -161,13 +161,17 @@ def check_reach(reach: str) -> None:
   try:
     where = resolver.cluster_spec().task_address(resolver.task_type,
                                                  resolver.task_id)
-    named = (where, network.resolve(where.rpartition(":")[0]))
-  except ValueError:  # TF_CONFIG names no task of it: TensorFlow says so
-    named = None
+  except ValueError:
+    raise ConfigError(
+        f"TF_CONFIG={os.environ.get('TF_CONFIG')!r}: its task (type"
+        f" {resolver.task_type!r}, index {resolver.task_id!r}) is not in its"
+        " cluster; give it \"task\": {\"type\": \"worker\", \"index\": i},"
+        " i this worker's place in the list") from None
   declared = f"config.distribution.network={reach!r}"
-  refused = network.refusal(reach, network.addresses(), declared=declared,
-                            flag="--config.distribution.network",
-                            named=named)
+  refused = network.refusal(
+      reach, network.addresses(), declared=declared,
+      flag="--config.distribution.network",
+      named=(where, network.resolve(where.rpartition(":")[0])))
   if refused:
     raise ConfigError(refused)
   if reach == "public":
