@@ -47,11 +47,13 @@ from ml_collections import config_dict
 
 from looper import compat
 from looper import fields
+from looper import network
 from looper import references
 from looper.options import best
 from looper.options import distribute
 from looper.options import keras_objects
 from looper.options import losses
+from looper.options import metrics
 from looper.options import optimizers
 from looper.options import precision
 # Public names for experiments (see the module doc).
@@ -204,6 +206,11 @@ def default_config() -> ml_collections.ConfigDict:
   # auto (NCCL between GPUs, else ring) | nccl | ring. Workers sharing a GPU
   # need ring: NCCL refuses them (`looper launch` sets it when they share).
   c.distribution.all_reduce = "auto"
+  # multi_worker: who may reach this worker's server, which listens on every
+  # address of the machine: network.REACHES (loopback | private | public),
+  # checked before it starts. private fits TF_CONFIG's and Slurm's machines;
+  # `looper launch` makes it loopback (its workers: 127.0.0.1) unless given.
+  c.distribution.network = "private"
 
   c.data = ml_collections.ConfigDict()
   c.data.dir = ""  # where the experiment's dataset_fn reads its files
@@ -292,13 +299,13 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
          " is a dict by output, else a tuple" if outputs else
          "give a tuple of metric names, e.g. ('accuracy',): config.loss is"
          " not a dict by output")
-  for output, metrics in (c.metrics.items() if isinstance(c.metrics, dict)
+  for output, entries in (c.metrics.items() if isinstance(c.metrics, dict)
                           else [(None, c.metrics)]):
     name = "metrics" if output is None else f"metrics['{output}']"
-    _check(isinstance(metrics, (tuple, list)), name, metrics,
+    _check(isinstance(entries, (tuple, list)), name, entries,
            "give a tuple of metric names, e.g. ('accuracy',)")
-    for metric in metrics:
-      _check(callable(metric) or isinstance(metric, str), name, metrics,
+    for metric in entries:
+      _check(callable(metric) or isinstance(metric, str), name, entries,
              "give metric names, Keras metric objects or zero-argument"
              " factories of them")
       if isinstance(metric, str):
@@ -372,6 +379,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 ("auto", *distribute.STRATEGIES))
   _check_choice(c.distribution.all_reduce, "distribution.all_reduce",
                 distribute.ALL_REDUCES)
+  _check_choice(c.distribution.network, "distribution.network",
+                network.REACHES)
   if c.distribution.strategy == "tpu":
     _check(bool(c.distribution.tpu), "distribution.tpu", c.distribution.tpu,
            "strategy 'tpu' needs the TPU name or address (use 'local' on a"

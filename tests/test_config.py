@@ -39,6 +39,9 @@ from tests.conftest import configured
     ("distribution.all_reduce", "ncl", "config.distribution.all_reduce="
      "'ncl' is not one of auto, nccl, ring; did you mean 'nccl'? set"
      " --config.distribution.all_reduce"),
+    ("distribution.network", "privat", "config.distribution.network="
+     "'privat' is not one of loopback, private, public; did you mean"
+     " 'private'? set --config.distribution.network"),
     ("data.train_split", "train[:x]", "config.data.train_split='train[:x]' is"
      " not a split; write 'train', 'test[:8000]', 'test[8000:]' or"
      " 'train[:90%]'"),

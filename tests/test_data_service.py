@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper import errors
+from looper import network
 from looper.data import input as input_lib
 from looper.data import service
 from looper.data import shards
@@ -312,73 +313,16 @@ def test_a_misused_server_command_says_how_in_one_line(argv, line):
   assert str(e.value) == f"{data_service.USAGE}\nlooper: {line}"
 
 
-# What /proc says on a host with a LAN address and a public one (an alias),
-# and IPv6 loopback, link-local, a unique-local and a global address.
-FIB_TRIE = """Main:
-  +-- 0.0.0.0/0 3 0 5
-     |-- 0.0.0.0
-        /0 universe UNICAST
-     +-- 127.0.0.0/8 2 0 2
-        +-- 127.0.0.0/31 1 0 0
-           |-- 127.0.0.0
-              /8 host LOCAL
-           |-- 127.0.0.1
-              /32 host LOCAL
-        |-- 127.255.255.255
-           /32 link BROADCAST
-     +-- 10.1.0.0/16 2 0 2
-           |-- 10.1.0.0
-              /16 link UNICAST
-           |-- 10.1.2.3
-              /32 host LOCAL
-     |-- 8.8.4.4
-        /32 host LOCAL
-Local:
-     |-- 10.1.2.3
-        /32 host LOCAL
-"""
-IF_INET6 = """00000000000000000000000000000001 01 80 10 80       lo
-fe8000000000000000fc00fffe000001 04 40 20 80     eth0
-fd000000000000000000000000000002 04 40 00 82     eth0
-20014860000000000000000000008888 04 40 00 00     eth0
-"""
-
-
-def test_the_machines_addresses_are_read_from_proc(tmp_path):
+def test_the_servers_reach_is_looper_networks_under_its_flag(monkeypatch):
   from looper.cli import data_service  # pylint: disable=g-import-not-at-top
-  (tmp_path / "trie").write_text(FIB_TRIE)
-  (tmp_path / "six").write_text(IF_INET6)
-  assert data_service.addresses(str(tmp_path / "trie"),
-                                str(tmp_path / "six")) == [
-      "8.8.4.4", "10.1.2.3", "127.0.0.1", "::1", "2001:4860::8888",
-      "fd00::2", "fe80::fc:ff:fe00:1"]
-  assert data_service.addresses(str(tmp_path / "none"),
-                                str(tmp_path / "six")) is None
-
-
-@pytest.mark.parametrize("network, found, beyond", [
-    ("loopback", ["127.0.0.1", "::1"], None),
-    ("loopback", ["10.1.2.3", "127.0.0.1", "fe80::1"], "other addresses"
-     " (10.1.2.3, fe80::1)"),
-    ("private", ["10.1.2.3", "127.0.0.1", "fd00::2", "fe80::1"], None),
-    ("private", ["8.8.4.4", "10.1.2.3", "2001:4860::8888"], "global"
-     " addresses (8.8.4.4, 2001:4860::8888)"),
-    ("public", ["8.8.4.4"], None),
-    ("public", None, None),
-])
-def test_the_declared_network_is_checked_against_the_addresses(network, found,
-                                                               beyond):
-  from looper.cli import data_service  # pylint: disable=g-import-not-at-top
-  fix = {"loopback": "pass --network=private if only the run's machines"
-                     " share that network, or run it in a network namespace",
-         "private": "pass --network=public behind a firewall that admits only"
-                    " the run's machines, or run it on a private network"}
-  assert data_service.refusal(network, found) == (beyond and (
-      f"looper data_service: --network={network}, but this machine has"
-      f" {beyond} and TensorFlow's server listens on all of them without"
-      f" authentication; {fix[network]}"))
-  assert data_service.refusal("private", None).startswith(
-      "looper data_service: cannot list this machine's addresses")
+  monkeypatch.setattr(network, "addresses", lambda: ["10.1.2.3", "127.0.0.1"])
+  with pytest.raises(SystemExit) as e:  # the default: loopback
+    data_service.main(["--role=dispatcher", "--port=5050"])
+  assert str(e.value) == (
+      "looper data_service: --network=loopback, but this machine has other"
+      " addresses (10.1.2.3) and TensorFlow's server listens on all of them"
+      " without authentication; pass --network=private if only the run's"
+      " machines share that network, or run it in a network namespace")
 
 
 # --- Slow: the servers' command, real runs ------------------------------------
@@ -444,14 +388,15 @@ def test_by_default_a_server_starts_only_where_loopback_is_all():
   from looper.cli import data_service  # pylint: disable=g-import-not-at-top
   from looper.cli import launch  # pylint: disable=g-import-not-at-top
   port = launch.free_ports(1)[0]
-  found = data_service.addresses()
+  found = network.addresses()
   if found is None or os.geteuid() != 0 or not shutil.which("unshare"):
     pytest.skip("needs Linux's /proc addresses, root and unshare")
-  refused = data_service.refusal("loopback", found)
+  refused = network.refusal("loopback", found, declared="--network=loopback",
+                            flag="--network")
   if refused:  # this machine's other addresses: one line, nothing served
     with pytest.raises(SystemExit) as e:
       data_service.main(["--role=dispatcher", f"--port={port}"])
-    assert str(e.value) == refused
+    assert str(e.value) == f"looper data_service: {refused}"
   # A network namespace with loopback alone (a container without network).
   alone = subprocess.Popen(
       ["unshare", "-n", "sh", "-c", "ip link set lo up && exec \"$@\"", "sh",

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from looper import config as lc
+from looper import network
 from looper.options import distribute
 from looper.options import slurm
 from tests.conftest import LOST_WORKER_1
@@ -253,12 +254,107 @@ def test_the_all_reduce_is_nccl_between_gpus(all_reduce, gpus, want):
 
 def test_multi_worker_is_built_with_the_all_reduce(monkeypatch):
   monkeypatch.setenv("TF_CONFIG", TWO_WORKERS)
+  monkeypatch.setattr(network, "addresses", lambda: ["127.0.0.1", "10.1.2.3"])
   with mock.patch.object(distribute, "_bound_cluster_waits"), \
        mock.patch.object(tf.distribute,
                          "MultiWorkerMirroredStrategy") as strategy:
     distribute._multi_worker(dist(), FAKE_GPUS)  # pylint: disable=protected-access
   options = strategy.call_args.kwargs["communication_options"]
   assert options.implementation == KIND.NCCL
+
+
+# --- Who may reach a worker's server (distribution.network, looper.network):
+# the machine's addresses and the names given here, none read from the host.
+
+REACH_FIX = {
+    "loopback": "pass --config.distribution.network=private if only the"
+                " run's machines share that network, or run it in a network"
+                " namespace",
+    "private": "pass --config.distribution.network=public behind a firewall"
+               " that admits only the run's machines, or run it on a private"
+               " network"}
+
+
+def _cluster_of(monkeypatch, machine, task, names):
+  """TF_CONFIG naming `task` (and a peer), on a machine with the addresses
+  `machine`, where each cluster name resolves as `names` says."""
+  monkeypatch.setenv("TF_CONFIG", json.dumps(
+      {"cluster": {"worker": [task, "peer:2222"]},
+       "task": {"type": "worker", "index": 0}}))
+  monkeypatch.setattr(network, "addresses", lambda: machine)
+  monkeypatch.setattr(network, "resolve", lambda host: names[host])
+
+
+@pytest.mark.parametrize("reach, machine, task, names, refused", [
+    # `looper launch`'s workers (it declares loopback), on a LAN host:
+    ("loopback", ["127.0.0.1", "::1"], "127.0.0.1:7", {"127.0.0.1":
+                                                      ["127.0.0.1"]}, None),
+    ("loopback", ["127.0.0.1", "192.168.1.20", "fe80::1"], "127.0.0.1:7",
+     {"127.0.0.1": ["127.0.0.1"]}, "this machine has other addresses"
+     " (192.168.1.20, fe80::1) and TensorFlow's server listens on all of them"
+     " without authentication"),
+    # TF_CONFIG's or a Slurm step's machines (the default, private):
+    ("private", ["127.0.0.1", "198.18.1.1", "fe80::1"], "198.18.1.1:7470",
+     {"198.18.1.1": ["198.18.1.1"]}, None),  # tests/hosts.py's namespaces
+    ("private", ["127.0.0.1", "10.0.0.9"], "n9:18720", {"n9": ["10.0.0.9"]},
+     None),
+    ("private", ["127.0.0.1", "10.0.0.9"], "n9:18720", {"n9": []}, None),
+    ("private", ["127.0.0.1", "10.0.0.9", "2001:db8:1::9"], "n9:18720",
+     {"n9": ["10.0.0.9"]}, None),  # a documentation range: not global
+    ("private", ["127.0.0.1", "10.0.0.9", "2600:1f18::9"], "n9:18720",
+     {"n9": ["10.0.0.9"]}, "this machine has global addresses (2600:1f18::9)"
+     " and TensorFlow's server listens on all of them without"
+     " authentication"),
+    # A cloud VM named at its public address (NAT: not on its interfaces):
+    ("private", ["127.0.0.1", "10.128.0.2"], "vm-0:2222",
+     {"vm-0": ["34.1.2.3"]}, "the run names this server at vm-0:2222"
+     " (34.1.2.3: beyond private), where its peers reach it without"
+     " authentication"),
+])
+def test_a_worker_starts_its_server_only_within_its_declared_reach(
+    monkeypatch, reach, machine, task, names, refused):
+  _cluster_of(monkeypatch, machine, task, names)
+  with mock.patch.object(distribute, "_bound_cluster_waits"), \
+       mock.patch.object(tf.distribute,
+                         "MultiWorkerMirroredStrategy") as strategy:
+    if refused is None:
+      distribute._multi_worker(dist(network=reach), [])  # pylint: disable=protected-access
+      strategy.assert_called_once()
+      return
+    with pytest.raises(lc.ConfigError) as e:
+      distribute._multi_worker(dist(network=reach), [])  # pylint: disable=protected-access
+  assert str(e.value) == (f"config.distribution.network={reach!r}, but"
+                          f" {refused}; {REACH_FIX[reach]}")
+  strategy.assert_not_called()  # no server was started
+
+
+@pytest.mark.parametrize("task, named", [
+    (None, "type None, index None"),
+    ({"type": "worker", "index": 2}, "type 'worker', index 2"),
+])
+def test_a_tf_config_without_this_task_is_one_line(monkeypatch, task, named):
+  tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                          **({"task": task} if task else {})})
+  monkeypatch.setenv("TF_CONFIG", tf_config)
+  with pytest.raises(lc.ConfigError) as e:
+    distribute.check_reach("private")
+  assert str(e.value) == (
+      f"TF_CONFIG={tf_config!r}: its task ({named}) is not in its cluster;"
+      ' give it "task": {"type": "worker", "index": i}, i this worker\'s'
+      " place in the list")
+
+
+def test_a_public_worker_says_once_what_it_opens(monkeypatch, caplog):
+  _cluster_of(monkeypatch, ["127.0.0.1", "34.1.2.3"], "34.1.2.3:2222",
+              {"34.1.2.3": ["34.1.2.3"]})
+  with caplog.at_level("WARNING"):
+    distribute.check_reach("public")
+  assert [r.getMessage() for r in caplog.records] == [
+      "config.distribution.network='public': this worker's TensorFlow server"
+      " listens on every address of this machine without authentication:"
+      " whoever reaches it can run TensorFlow ops as this process (its files,"
+      " the run's collectives); keep a firewall that admits only the run's"
+      " machines"]
 
 
 # --- Slurm: a step's environment as one cluster (looper.options.slurm). A real
@@ -408,6 +504,8 @@ def test_each_task_gets_its_share_of_the_nodes_gpus(nodes, listed, per_task,
 
 def test_tasks_sharing_gpus_all_reduce_over_ring(monkeypatch, nodes, caplog):
   monkeypatch.setenv("TF_CONFIG", "")  # unset, and unset again after
+  monkeypatch.setattr(network, "addresses", lambda: ["127.0.0.1", "10.0.0.9"])
+  monkeypatch.setattr(network, "resolve", lambda host: ["10.0.0.9"])
   for name, value in step_env(1, 1, "vm", "vm", "2").items():
     monkeypatch.setenv(name, value)
   monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -3,6 +3,7 @@ their shares of the host's GPUs."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -12,18 +13,22 @@ import time
 import numpy as np
 import pytest
 
+from looper import network
 from looper.cli import launch as launch_lib
 from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok
 
 TINY = ("--config=tests/tiny.py", "--config.train.steps_per_loop=10")
 
 
-def launch(*args, workers=2, **env_vars):
+def launch(*args, workers=2, reach="private", **env_vars):
+  """`looper launch` ARGS; its workers' reach declared `reach` (the test
+  machines' networks are private; None: launch's own, loopback)."""
   env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV, **env_vars)
   env.pop("TF_CONFIG", None)
+  declared = [f"{launch_lib.REACH}={reach}"] if reach else []
   return subprocess.Popen(
       [sys.executable, "-m", "looper.cli.launch", f"--workers={workers}", "--",
-       *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+       *args, *declared], cwd=ROOT, env=env, stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True)
 
 
@@ -135,6 +140,39 @@ def test_looper_launch_console_script(tmp_path):
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
   assert "[worker 0] " in proc.stdout and "train step 10/10" in proc.stdout
   assert len(curve(tmp_path / "train")) == 10
+
+
+@pytest.mark.parametrize("args, added", [
+    (list(TINY), ["--config.distribution.network=loopback"]),
+    ([*TINY, "--config.distribution.network=private"], []),
+    ([*TINY, "--config.distribution.network", "public"], []),
+])
+def test_the_workers_are_declared_loopback_unless_the_flags_say(args, added):
+  assert launch_lib.reach_args(args) == added
+
+
+@pytest.mark.slow  # workers
+def test_by_default_the_workers_start_only_where_loopback_is_all(tmp_path):
+  # Launch's own reach, loopback, against this machine's real addresses;
+  # each address class has its unit test (tests/test_network.py).
+  refused = network.refusal(
+      "loopback", network.addresses(),
+      declared="config.distribution.network='loopback'",
+      flag="--config.distribution.network")
+  proc = launch(*TINY, "--config.train.steps=10", f"--workdir={tmp_path}",
+                reach=None)
+  out = proc.communicate(timeout=300)[0]
+  if refused is None:  # loopback alone (a namespace, the offline check)
+    assert proc.returncode == 0, out[-3000:]
+    return
+  # Other addresses (this machine's LAN): one line, before any server.
+  assert proc.returncode == 1, out[-3000:]
+  said = [l.split("] ", 1)[1] for l in out.splitlines()
+          if l.startswith("[worker ") and "] looper: " in l]
+  assert said and set(said) == {f"looper: {refused}"}, out[-3000:]
+  assert re.fullmatch(r"\[launch\] worker \d failed first \(exit 1\); the"
+                      r" others were ended", out.strip().splitlines()[-1])
+  assert not any(tmp_path.iterdir())  # nothing written
 
 
 GPUS = "CUDA_VISIBLE_DEVICES"

@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 # In import order: each may import those before it (and its own group).
 GROUPS = (
     ("looper.errors", "looper.references", "looper.compat", "looper.autograph",
-     "looper.data.splits", "looper.fields"),
+     "looper.data.splits", "looper.fields", "looper.network"),
     ("looper.options",),
     ("looper.config",),
     ("looper.data",),

@@ -14,22 +14,13 @@ exit 0. A worker may join while a run trains (the dispatcher hands it
 pieces of the running jobs); see looper.data.service for what the run
 guarantees.
 
-Who can connect: TensorFlow's servers listen on every interface of the host
-(0.0.0.0 and ::; no setting narrows it) and have no authentication: anyone
-who reaches the port can read the training data or feed a run. So the
-reach is declared, and checked against the machine's addresses (Linux:
-/proc/net/fib_trie and /proc/net/if_inet6) before the server starts:
-  --network=loopback  (default) the machine has no address but loopback (a
-                      network namespace, a container without a network);
-  --network=private   no globally routable address: a private network the
-                      run's machines alone should share (10/8, 192.168/16,
-                      fc00::/7, link-local, ...);
-  --network=public    anything (behind a firewall that admits only the
-                      run's machines).
-Else one line names the addresses and the flag. `--host` is the address the
-dispatcher hands to the trainers for this worker (default localhost:
-trainers on this machine only); give the worker's address on that private
-network when the trainers run elsewhere.
+Who can connect: `--network` declares it (looper.network: loopback, the
+default, private or public; TensorFlow's servers listen on every address
+of the machine without authentication), checked against this machine's
+addresses before the server starts (else one line names the addresses and
+the flag). `--host` is the address the dispatcher hands to the trainers for
+this worker (default localhost: trainers on this machine only); give the
+worker's address on that private network when the trainers run elsewhere.
 
 With `--work_dir` the dispatcher journals its state there
 (fault-tolerant mode): restarted with the same directory and port, it
@@ -37,13 +28,13 @@ resumes its jobs and the trainers go on. Without it a restart loses every
 job, and the runs reading them stop.
 """
 
-import ipaddress
 import signal
 import sys
 
 from absl import flags
 import tensorflow as tf
 
+from looper import network
 from looper.cli import parsing
 
 FLAGS = flags.FlagValues()  # the tool's own, apart from looper.main's
@@ -58,7 +49,7 @@ flags.DEFINE_string("dispatcher", "", "worker: the dispatcher's HOST:PORT",
 flags.DEFINE_string("host", "localhost", "the address trainers reach this"
                     " server at (a worker's is handed out by the dispatcher)",
                     flag_values=FLAGS)
-flags.DEFINE_enum("network", "loopback", ["loopback", "private", "public"],
+flags.DEFINE_enum("network", "loopback", list(network.REACHES),
                   "the addresses this machine may have, as TensorFlow's"
                   " server listens on all of them (module doc)",
                   flag_values=FLAGS)
@@ -70,54 +61,6 @@ USAGE = ("usage: looper data_service --role=dispatcher --port=P"
 EXPOSED = ("TensorFlow listens on every interface (0.0.0.0 and ::) without"
            " authentication: whoever reaches port {port} can read or feed the"
            " training data; keep it on a private network or behind a firewall")
-
-
-def addresses(fib_trie: str = "/proc/net/fib_trie",
-              if_inet6: str = "/proc/net/if_inet6") -> list[str] | None:
-  """This machine's own IPv4 and IPv6 addresses (Linux), sorted; None
-  where the kernel does not list them."""
-  try:
-    with open(fib_trie) as f:
-      trie = f.read().splitlines()
-    with open(if_inet6) as f:
-      six = f.read().splitlines()
-  except OSError:
-    return None
-  found = set()
-  for above, line in zip(trie, trie[1:]):
-    # "|-- 192.0.2.2" then "/32 host LOCAL": an address of this host.
-    if line.split() == ["/32", "host", "LOCAL"] and "|--" in above:
-      found.add(ipaddress.ip_address(above.split()[-1]))
-  for line in six:  # "fd000000000000000000000000000002 04 40 00 82 eth0"
-    if line.strip():
-      found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
-  return [str(a) for a in sorted(found, key=lambda a: (a.version, a))]
-
-
-def refusal(network: str, found: list[str] | None) -> str | None:
-  """Why `--network` does not fit the machine's addresses `found`, in
-  one line with the fix; None if it does."""
-  if network == "public":
-    return None
-  if found is None:
-    return ("looper data_service: cannot list this machine's addresses"
-            " (no /proc/net/fib_trie: not Linux), and TensorFlow's server"
-            " listens on all of them without authentication; pass"
-            " --network=public if only the run's machines can reach it")
-  if network == "loopback":
-    beyond = [a for a in found if not ipaddress.ip_address(a).is_loopback]
-    fix = ("pass --network=private if only the run's machines share that"
-           " network, or run it in a network namespace")
-  else:
-    beyond = [a for a in found if ipaddress.ip_address(a).is_global]
-    fix = ("pass --network=public behind a firewall that admits only the"
-           " run's machines, or run it on a private network")
-  if not beyond:
-    return None
-  return (f"looper data_service: --network={network}, but this machine has"
-          f" {'global' if network == 'private' else 'other'} addresses"
-          f" ({', '.join(beyond)}) and TensorFlow's server listens on all of"
-          f" them without authentication; {fix}")
 
 
 def serve(role: str, port: int, *, host: str = "localhost",
@@ -161,9 +104,11 @@ def main(argv=None) -> int:
              + ("--dispatcher=HOST:PORT and no --work_dir" if
                 role == "worker" else "no --dispatcher")
              + (f" and no arguments ({' '.join(extra)})" if extra else ""))
-  refused = refusal(FLAGS.network, addresses())
+  refused = network.refusal(FLAGS.network, network.addresses(),
+                            declared=f"--network={FLAGS.network}",
+                            flag="--network")
   if refused:
-    sys.exit(refused)
+    sys.exit(f"looper data_service: {refused}")
   server, line = serve(role, FLAGS.port, host=FLAGS.host,
                        work_dir=FLAGS.work_dir, dispatcher=FLAGS.dispatcher)
   for signum in (signal.SIGTERM, signal.SIGINT):

@@ -19,6 +19,12 @@ workers and G GPUs, W dividing G, worker i gets the i-th G/W of them as its
 CUDA_VISIBLE_DEVICES; otherwise every worker uses all of them (memory
 growth, ring all-reduce) and a `[launch]` line says so.
 
+Each worker's TensorFlow server listens on every address of the machine,
+so the launcher declares them `--config.distribution.network=loopback`
+(looper.network) unless the flags after -- set it: on a machine with any
+other address they refuse in one line (pass private there if only your own
+machines share its networks).
+
 For real clusters set TF_CONFIG per machine yourself (see BUILD.md): this
 launcher only ever uses loopback addresses.
 """
@@ -61,6 +67,17 @@ def tf_configs(num_workers: int) -> list[str]:
   return [json.dumps({"cluster": cluster,
                       "task": {"type": "worker", "index": i}})
           for i in range(num_workers)]
+
+
+REACH = "--config.distribution.network"
+
+
+def reach_args(args: list[str]) -> list[str]:
+  """The reach the workers get (module doc): loopback, unless the user's
+  flags `args` declare one."""
+  if any(a == REACH or a.startswith(f"{REACH}=") for a in args):
+    return []
+  return [f"{REACH}=loopback"]
 
 
 def visible_gpus() -> list[str]:
@@ -130,10 +147,11 @@ class Launcher:
     shares = gpu_shares(num_workers, visible_gpus())
     if shares.note:
       self._say(shares.note)
+    ours = [*shares.args, *reach_args(args)]
     for index, tf_config in enumerate(tf_configs(num_workers)):
       env = dict(os.environ, TF_CONFIG=tf_config, **shares.envs[index])
       proc = subprocess.Popen(
-          [sys.executable, "-m", "looper.main", *args, *shares.args], env=env,
+          [sys.executable, "-m", "looper.main", *args, *ours], env=env,
           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       self._procs.append(proc)
       gpus = shares.envs[index].get("CUDA_VISIBLE_DEVICES")

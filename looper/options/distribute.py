@@ -18,7 +18,8 @@ Synopsis::
                 logical CPUs (how multi-replica code runs on a laptop).
   multi_worker  MultiWorkerMirroredStrategy from TF_CONFIG; its all-reduce
                 is `distribution.all_reduce` (`communication`): auto is
-                NCCL when the workers have GPUs, else ring.
+                NCCL when the workers have GPUs, else ring. Its server
+                starts only within `distribution.network` (`check_reach`).
   tpu           TPUClusterResolver(tpu=...), connect, initialize, TPUStrategy.
 
 Every GPU's memory grows as needed (`grow_gpu_memory`) rather than being
@@ -38,6 +39,7 @@ import ml_collections
 import tensorflow as tf
 
 from looper import compat
+from looper import network
 from looper.errors import ConfigError
 from looper.options import slurm
 
@@ -142,10 +144,42 @@ def _multi_worker(dist: ml_collections.ConfigDict, gpus: list):
     raise ConfigError(
         "config.distribution.strategy='multi_worker' needs TF_CONFIG"
         " naming the cluster and this task; set it, or use 'mirrored'")
+  check_reach(dist.network)
   _bound_cluster_waits(dist.worker_timeout_secs)
   # On every local GPU; `gpus` only picks the all-reduce.
   return tf.distribute.MultiWorkerMirroredStrategy(
       communication_options=communication(dist.all_reduce, gpus))
+
+
+def check_reach(reach: str) -> None:
+  """Refuses in one line a worker whose server would be open beyond
+  `distribution.network` (looper.network): any address of this machine,
+  or the one TF_CONFIG names this task at, outside it. Before the server
+  starts, which MultiWorkerMirroredStrategy does; `public` says once what
+  it opens."""
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  try:
+    where = resolver.cluster_spec().task_address(resolver.task_type,
+                                                 resolver.task_id)
+  except ValueError:
+    raise ConfigError(
+        f"TF_CONFIG={os.environ.get('TF_CONFIG')!r}: its task (type"
+        f" {resolver.task_type!r}, index {resolver.task_id!r}) is not in its"
+        " cluster; give it \"task\": {\"type\": \"worker\", \"index\": i},"
+        " i this worker's place in the list") from None
+  declared = f"config.distribution.network={reach!r}"
+  refused = network.refusal(
+      reach, network.addresses(), declared=declared,
+      flag="--config.distribution.network",
+      named=(where, network.resolve(where.rpartition(":")[0])))
+  if refused:
+    raise ConfigError(refused)
+  if reach == "public":
+    logging.warning(
+        "%s: this worker's TensorFlow server listens on every address of"
+        " this machine without authentication: whoever reaches it can run"
+        " TensorFlow ops as this process (its files, the run's collectives);"
+        " keep a firewall that admits only the run's machines", declared)
 
 
 # `distribution.strategy` -> fn(config.distribution, physical GPUs).

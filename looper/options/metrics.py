@@ -7,9 +7,9 @@ Synopsis::
     # 'digit/accuracy', 'ink/mean_squared_error'.
     c.metrics = {"digit": ("accuracy",), "ink": ("mean_squared_error",)}
 
-    metrics = metrics.Metrics(config.metrics)    # in strategy scope
-    metrics.update(labels, logits, weights)      # in a replica step
-    metrics.results()                            # {'accuracy': ...}
+    train = metrics.Metrics(config.metrics)      # in strategy scope
+    train.update(labels, logits, weights)        # in a replica step
+    train.results()                              # {'accuracy': ...}
 
 Metrics are names (METRICS), zero-argument factories of Keras metrics, or
 Keras metric objects (rebuilt fresh per use from their class and

@@ -67,9 +67,9 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
         f" {split!r} (inputs {shapes}): {errors.first_line(e)}; make the"
         " model's Input match what config.dataset_fn yields") from None
   _check_outputs(config, logits, labels, split)
-  losses = (config.loss if isinstance(config.loss, dict)
-            else {None: config.loss})
-  for output, loss in losses.items():
+  by_output = (config.loss if isinstance(config.loss, dict)
+               else {None: config.loss})
+  for output, loss in by_output.items():
     if loss == "sparse_categorical_crossentropy" or isinstance(
         loss, keras.losses.SparseCategoricalCrossentropy):
       checks.check_class_labels(_pick(labels, output),
@@ -88,7 +88,7 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
         f" {errors.first_line(e)}; make the labels of split {split!r} fit"
         " the loss, or choose another config.loss") from None
   batch = len(tf.nest.flatten(inputs)[0])
-  for output in losses:
+  for output in by_output:
     per_example = _pick(values, output)
     name = loss if output is None else losses.display_name(
         config.loss[output])

@@ -281,7 +281,7 @@ class Trainer:
 
   @autograph.plain
   def update_metrics(self, metrics, labels, logits, sample_weight=None):
-    """Updates `metrics` (an metrics.Metrics) with a batch."""
+    """Updates `metrics` (a looper.options.metrics.Metrics) with a batch."""
     metrics.update(labels, logits, sample_weight)
 
   @autograph.plain

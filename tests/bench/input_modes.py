@@ -59,7 +59,9 @@ def run(mode: str, workers: int, records: str, workdir: str, args) -> dict:
            f"--config.train.steps={args.steps}",
            "--config.train.steps_per_loop=50",
            f"--config.model.width={args.width}",
-           "--config.checkpoint.every_steps=100000"]
+           "--config.checkpoint.every_steps=100000",
+           # launch's workers would be loopback: the bench hosts have a LAN.
+           "--config.distribution.network=private"]
   command = ([sys.executable, "-m", "looper.cli.launch", f"--workers={workers}",
               "--"] if workers > 1 else [sys.executable, "-m", "looper.main"])
   env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
