@@ -7,12 +7,14 @@ import subprocess
 
 import pytest
 
-from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_looper, scalars
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV, run_looper
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
-TINY = "--config=tests/tiny.py"
+TINY = "--config=tests/fixtures/tiny.py"
 
 
 def error_line(proc) -> str:

@@ -14,8 +14,10 @@ from looper import run
 from looper import workdir as workdir_lib
 from looper.cli import runs
 from looper.train import goodput
-from tests import tiny
-from tests.conftest import LOOPBACK_ENV, ROOT, configured, run_looper, run_ok
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV, run_looper, run_ok
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -27,7 +29,7 @@ TIME = r"\d\d:\d\d:\d\d"
 
 def test_first_screen_header_progress_and_summary(tmp_path):
   workdir = tmp_path / "run"
-  args = ("--config=tests/tiny.py", f"--workdir={workdir}",
+  args = ("--config=tests/fixtures/tiny.py", f"--workdir={workdir}",
           "--config.checkpoint.best_metric=accuracy",
           "--config.export.at_end=True")
   proc = run_ok(*args, "--config.train.steps=20")
@@ -83,7 +85,7 @@ def test_first_screen_header_progress_and_summary(tmp_path):
 
 
 def test_describe_a_mirrored_four_device_config_with_verbose_logs():
-  proc = run_ok("describe", "--config=tests/tiny.py",
+  proc = run_ok("describe", "--config=tests/fixtures/tiny.py",
                 "--config.distribution.num_cpu_devices=4", "--verbosity=1")
   out = proc.stdout
   assert out.startswith("looper describe: sequential (212 parameters)\n"
@@ -111,7 +113,7 @@ def test_help_lists_the_modes_and_experiments():
 _NOTEBOOK = """
 import json, sys
 from looper import run
-from tests import tiny
+from tests.fixtures import tiny
 config = tiny.get_config()
 config.train.steps = 20
 shown = run.run(config, sys.argv[1])

@@ -4,8 +4,8 @@ line)."""
 
 import pytest
 
-from tests.conftest import run_looper
-from tests.test_cli import stderr_lines
+from tests.e2e.commands.test_cli import stderr_lines
+from tests.fixtures.processes import run_looper
 
 # Subprocesses (the real command line): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 _ENV_CONFIG = """\
 import os
-from tests import tiny
+from tests.fixtures import tiny
 
 def get_config():
   c = tiny.get_config()
@@ -56,7 +56,8 @@ def test_attribute_error_at_config_module_level_is_not_an_override(tmp_path):
 
 
 def test_override_errors_are_still_one_line(tmp_path):
-  proc = run_looper("--config", "tests/tiny.py", f"--workdir={tmp_path}",
+  proc = run_looper("--config", "tests/fixtures/tiny.py",
+                    f"--workdir={tmp_path}",
                     "--config.train.step=5")
   assert "Traceback" not in proc.stderr
   assert proc.stderr.strip().splitlines()[-1] == (

@@ -18,7 +18,8 @@ from experiments import mnist
 from looper import run
 from looper.cli import tpu_check
 from looper.train import trainer as trainer_lib
-from tests.conftest import ROOT, configured
+from tests.fixtures.configs import configured
+from tests.fixtures.paths import ROOT
 
 FASHION = ROOT.parent / "shared" / "data" / "fashion_mnist"
 pytestmark = pytest.mark.skipif(not FASHION.is_dir(),

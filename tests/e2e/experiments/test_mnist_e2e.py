@@ -9,7 +9,9 @@ import json
 
 import pytest
 
-from tests.conftest import MNIST_DIR, curve, run_ok, scalars
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.paths import MNIST_DIR
+from tests.fixtures.processes import run_ok
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow

@@ -3,8 +3,8 @@
 On 127.0.0.1 a dead peer is a reset connection the moment its process
 dies; between hosts the common fault is a host that goes silent (a switch
 port, a preempted VM's NIC), and collectives hang rather than fail. Here
-each worker runs in its own namespace on a bridge (tests/hosts.py), and a
-link is cut by bringing its switch port down mid-loop:
+each worker runs in its own namespace on a bridge (tests/fixtures/hosts.py),
+and a link is cut by bringing its switch port down mid-loop:
 - 2 and 3 hosts give the per-step losses of one process, eval counting
   every example once, in element, array and file mode;
 - a cut worker or a cut chief ends every worker within
@@ -23,10 +23,12 @@ import numpy as np
 import pytest
 
 from looper.data import shards
-from tests import tiny
-from tests.conftest import checkpoint_tensors, curve, looper_lines, run_here
-from tests.conftest import scalars, wait_for
-from tests.hosts import Hosts
+from tests.fixtures import tiny
+from tests.fixtures.checkpoints import checkpoint_tensors
+from tests.fixtures.configs import run_here
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.hosts import Hosts
+from tests.fixtures.processes import looper_lines, wait_for
 
 # Subprocesses in namespaces: the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -38,7 +40,7 @@ MARGIN = 12  # the heartbeat check's period, the error's way out, exit
 # one line, as a cut does). An outage of an eighth of it is ridden out.
 BLIP = TIMEOUT / 8
 # 48 splits over 1, 2 and 3 replicas; 1009 examples is a prime.
-ARGS = ("--config=tests/tiny.py", "--config.train.batch_size=48",
+ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.batch_size=48",
         "--config.eval.batch_size=48", "--config.model.num_examples=1009",
         "--config.model.dropout=0.3",
         f"--config.distribution.worker_timeout_secs={TIMEOUT}")

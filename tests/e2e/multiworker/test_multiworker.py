@@ -5,20 +5,21 @@ data position is in global examples), its per-step losses those of one
 process (float tolerance: the all-reduce sums in another order). 3 workers
 against one process in element, array and file mode (eval counted once,
 written once by the chief) run each worker on its own host:
-tests/test_hosts.py.
+tests/e2e/multiworker/test_hosts.py.
 """
 
 import numpy as np
 import pytest
 
-from tests.conftest import curve, run_here
-from tests.test_launch import launch
+from tests.fixtures.configs import run_here
+from tests.fixtures.events import curve
+from tests.unit.cli.test_launch import launch
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
 # 48 splits over 1, 2, 3 and 4 replicas; 1009 examples is a prime.
-ARGS = ("--config=tests/tiny.py", "--config.train.batch_size=48",
+ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.batch_size=48",
         "--config.eval.batch_size=48", "--config.model.num_examples=1009",
         "--config.train.steps_per_loop=5", "--config.checkpoint.every_steps=10",
         "--config.eval.every_steps=10",

@@ -13,13 +13,13 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests.conftest import (LOST_WORKER_1, finish, looper_lines,
-                            start_workers, wait_for)
+from tests.fixtures.processes import LOST_WORKER_1, finish, looper_lines
+from tests.fixtures.processes import start_workers, wait_for
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
-ARGS = ("--config=tests/tiny.py", "--config.train.steps_per_loop=50",
+ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.steps_per_loop=50",
         "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0",
         "--config.distribution.worker_timeout_secs=15")
 

@@ -33,16 +33,18 @@ from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 
 from looper.cli import launch
 from looper.options import slurm as slurm_lib
-from tests.conftest import LOOPBACK_ENV, ROOT, checkpoint_tensors, curve
-from tests.conftest import LOST_WORKER_1, looper_lines, run_ok, scalars
-from tests.conftest import wait_for
+from tests.fixtures.checkpoints import checkpoint_tensors
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV, LOST_WORKER_1, looper_lines
+from tests.fixtures.processes import run_ok, wait_for
 
 pytestmark = pytest.mark.slow  # daemons, and looper in processes
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = ("srun", "sbatch", "scontrol", "sinfo", "squeue", "scancel")
 # 48 splits over 1, 2 and 3 replicas; 1009 examples is a prime.
-ARGS = ("--config=tests/tiny.py", "--config.train.batch_size=48",
+ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.batch_size=48",
         "--config.eval.batch_size=48", "--config.model.num_examples=1009",
         "--config.model.dropout=0.3")
 SHORT = ("--config.train.steps=20", "--config.train.steps_per_loop=5",

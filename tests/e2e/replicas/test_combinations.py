@@ -9,7 +9,7 @@ Embedding. Each row trains 6 steps and evaluates (the weight average, if
 on, is what eval sees) on 1 replica in this process and on 2 in another;
 the per-step losses and the eval loss must agree.
 
-    python -m tests.test_combinations 2    # prints the 2-replica results
+    python -m tests.e2e.replicas.test_combinations 2  # the 2-replica results
 """
 
 import json
@@ -20,7 +20,9 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import LOOPBACK_ENV, ROOT, configured
+from tests.fixtures.configs import configured
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 # precision, optimizer.clip_global_norm, train.grad_accum_steps,
 # optimizer.ema_decay, weighted (data.class_weights with
@@ -46,7 +48,7 @@ RTOL = {"float32": 1e-5, "mixed_bfloat16": 1e-3, "mixed_float16": 1e-3}
 
 
 def _config(row):
-  from tests import tiny  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
   precision, clip, accum, ema, weighted, embed = row
   return configured(
       tiny.get_config(), {
@@ -83,7 +85,8 @@ def test_every_combination_is_the_same_on_1_and_2_replicas():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # The 2-replica process runs while this one computes 1 replica's.
   proc = subprocess.Popen(
-      [sys.executable, "-m", "tests.test_combinations", "2"], cwd=ROOT,
+      [sys.executable, "-m", "tests.e2e.replicas.test_combinations", "2"],
+      cwd=ROOT,
       env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV},
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:

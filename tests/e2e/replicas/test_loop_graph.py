@@ -15,7 +15,7 @@ Under MultiWorkerMirroredStrategy (2 workers on 127.0.0.1) the body holds
 no collective outside the replica step either: tf.distribute's per-step
 "has every worker data?" all-reduce stays off (the streams are endless).
 
-    python -m tests.test_loop_graph      # prints what the test asserts on
+    python -m tests.e2e.replicas.test_loop_graph  # what the test asserts on
 """
 
 import json
@@ -25,7 +25,8 @@ import sys
 
 import pytest
 
-from tests.conftest import LOOPBACK_ENV, ROOT
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 # A process of its own (2 logical CPUs): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -60,8 +61,8 @@ def loop_facts(fields: dict) -> dict:
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
   from looper.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
   from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  from tests import tiny  # pylint: disable=g-import-not-at-top
-  from tests.conftest import configured  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
+  from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
   config = configured(tiny.get_config(), fields)
   trainer = trainer_lib.Trainer(config, distribute.strategy_for(config))
@@ -142,7 +143,8 @@ def loop_facts(fields: dict) -> dict:
 
 def _facts(*args, env=None):
   return subprocess.Popen(
-      [sys.executable, "-m", "tests.test_loop_graph", *args], cwd=ROOT,
+      [sys.executable, "-m", "tests.e2e.replicas.test_loop_graph", *args],
+      cwd=ROOT,
       env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV,
            **(env or {})},
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

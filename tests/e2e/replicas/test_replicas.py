@@ -10,13 +10,14 @@ CPU devices can only be set before TensorFlow starts.
 import numpy as np
 import pytest
 
-from tests.conftest import curve, run_ok, scalars
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.processes import run_ok
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
 REPLICAS = (1, 2, 4)
-NUMERICS = ("--config=tests/tiny.py", "--config.model.dropout=0.3",
+NUMERICS = ("--config=tests/fixtures/tiny.py", "--config.model.dropout=0.3",
             "--config.optimizer.clip_global_norm=0.3",
             "--config.train.grad_accum_steps=2",
             "--config.optimizer.ema_decay=0.9", "--config.train.steps=20",
@@ -31,7 +32,7 @@ def runs(tmp_path_factory):
     run_ok(*NUMERICS, f"--workdir={out[n]}",
            f"--config.distribution.num_cpu_devices={n}")
   out["plain"] = tmp_path_factory.mktemp("plain")
-  run_ok("--config=tests/tiny.py", "--config.train.steps=20",
+  run_ok("--config=tests/fixtures/tiny.py", "--config.train.steps=20",
          f"--workdir={out['plain']}")
   return out
 

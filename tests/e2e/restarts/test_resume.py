@@ -8,12 +8,14 @@ restart must jump to epoch 1 and skip within it, from the final save.
 import numpy as np
 import pytest
 
-from tests.conftest import curve, run_ok, scalars
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.processes import run_ok
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
-ARGS = ("--config=tests/tiny.py", "--config.distribution.num_cpu_devices=2")
+ARGS = ("--config=tests/fixtures/tiny.py",
+        "--config.distribution.num_cpu_devices=2")
 
 
 def test_resume_equals_uninterrupted(tmp_path):

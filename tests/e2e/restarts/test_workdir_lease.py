@@ -18,17 +18,19 @@ import pytest
 from looper import run
 from looper.errors import WorkdirError
 from looper.workdir import lease
-from tests import tiny
-from tests.conftest import checkpoint_tensors, configured, curve
-from tests.conftest import looper_lines, popen_looper, run_here, run_ok
-from tests.conftest import wait_for
-from tests.test_lease import lease_file, wd
+from tests.fixtures import tiny
+from tests.fixtures.checkpoints import checkpoint_tensors
+from tests.fixtures.configs import configured, run_here
+from tests.fixtures.events import curve
+from tests.fixtures.processes import looper_lines, popen_looper, run_ok
+from tests.fixtures.processes import wait_for
+from tests.unit.workdir.test_lease import lease_file, wd
 
 # Subprocesses: the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
 # About 10 s of tiny steps: long enough for the others to run beside it.
-ARGS = ("--config=tests/tiny.py", "--config.train.steps=10000",
+ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.steps=10000",
         "--config.train.steps_per_loop=50", "--config.checkpoint.every_steps=500",
         "--config.eval.every_steps=1000")
 

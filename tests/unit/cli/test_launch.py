@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from looper.cli import launch as launch_lib
-from tests.conftest import LOOPBACK_ENV, ROOT, curve, run_ok
+from tests.fixtures.events import curve
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV, run_ok
 
-TINY = ("--config=tests/tiny.py", "--config.train.steps_per_loop=10")
+TINY = ("--config=tests/fixtures/tiny.py", "--config.train.steps_per_loop=10")
 
 
 def launch(*args, workers=2, **env_vars):

@@ -12,13 +12,15 @@ import pytest
 import tensorflow as tf
 
 from looper.cli import tpu_check
-from tests import conftest
-from tests import tiny
+from tests.fixtures import configs
+from tests.fixtures import paths
+from tests.fixtures import processes
+from tests.fixtures import tiny
 
 
 def _config(**changes):
   # 64: 8 per core on 8 cores.
-  return conftest.configured(conftest.configured(
+  return configs.configured(configs.configured(
       tiny.get_config(), train__batch_size=64, eval__batch_size=64), changes)
 
 
@@ -167,12 +169,12 @@ def test_each_violation_gives_exactly_its_line(case):
 
 @pytest.mark.slow  # a subprocess
 def test_cli_exit_codes_and_lines():
-  ok = conftest.run_looper("check", "--config=tests/tiny.py",
+  ok = processes.run_looper("check", "--config=tests/fixtures/tiny.py",
                            "--config.train.batch_size=64",
                            "--config.eval.batch_size=64")
   assert ok.returncode == 0, ok.stderr[-2000:]
   assert ok.stdout.startswith("ready: ")
-  bad = conftest.run_looper("--mode=check", "--config=tests/tiny.py",
+  bad = processes.run_looper("--mode=check", "--config=tests/fixtures/tiny.py",
                             "--cores=32")
   assert bad.returncode == 1
   assert bad.stdout.splitlines() == [
@@ -185,7 +187,7 @@ def test_cli_exit_codes_and_lines():
 def test_mnist_is_ready():
   from experiments import mnist  # pylint: disable=g-import-not-at-top
   c = mnist.get_config()
-  c.data.dir = str(conftest.MNIST_DIR)
+  c.data.dir = str(paths.MNIST_DIR)
   c.data.train_split, c.data.eval_split = "test[:8000]", "test[8000:]"
   c.model.width = 8
   assert tpu_check.check(c, cores=8) == []

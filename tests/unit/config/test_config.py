@@ -11,8 +11,8 @@ import pytest
 
 from looper import config as lc
 from looper import references
-from tests import tiny
-from tests.conftest import configured
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -42,11 +42,13 @@ from tests.conftest import configured
     ("data.train_split", "train[:x]", "config.data.train_split='train[:x]' is"
      " not a split; write 'train', 'test[:8000]', 'test[8000:]' or"
      " 'train[:90%]'"),
-    ("model_fn", "tests.tiny", "config.model_fn='tests.tiny' is not"
+    ("model_fn", "tests.fixtures.tiny",
+     "config.model_fn='tests.fixtures.tiny' is not"
      " 'module:name'; write it like 'experiments.mnist:model_fn' or"
      " 'experiments/mnist.py:model_fn'"),
-    ("model_fn", "tests.tiny:nope", "config.model_fn='tests.tiny:nope':"
-     " 'tests.tiny' has no attribute 'nope'; check the name after ':'"),
+    ("model_fn", "tests.fixtures.tiny:nope",
+     "config.model_fn='tests.fixtures.tiny:nope': 'tests.fixtures.tiny' has"
+     " no attribute 'nope'; check the name after ':'"),
     ("dataset_fn", None, "config.dataset_fn is not set; assign a function in"
      " get_config() or a 'module:function' string"),
 ])
@@ -120,7 +122,7 @@ def test_declared_kinds_word_their_bounds():
 
 
 _DECLARING_FILE = """\
-from tests import test_config
+from tests.unit.config import test_config
 
 def get_config():
   return test_config._declaring()
@@ -193,11 +195,11 @@ def test_empty_split_is_an_error():
 
 def test_json_names_functions_so_resolve_loads_them_back():
   saved = json.loads(references.to_json(tiny.get_config()))
-  assert saved["model_fn"] == "tests.tiny:model_fn"
+  assert saved["model_fn"] == "tests.fixtures.tiny:model_fn"
   assert saved["trainer"] == "looper.train.trainer:Trainer"
   assert saved["metrics"] == ["accuracy"]
   assert references.resolve(saved["model_fn"], "model_fn") is tiny.model_fn
-  by_path = references.resolve("tests/tiny.py:make_data", "x")
+  by_path = references.resolve("tests/fixtures/tiny.py:make_data", "x")
   x, y = by_path(5, seed=0)
   assert (x == tiny.make_data(5, seed=0)[0]).all()
 
@@ -206,7 +208,7 @@ def test_a_misspelt_override_is_one_line_with_the_nearest_field(monkeypatch):
   """Through the parser users go through (looper.main's flags), in-process."""
   from looper.cli import parsing  # pylint: disable=g-import-not-at-top,unused-import
   from looper import main  # pylint: disable=g-import-not-at-top,unused-import
-  argv = ["looper", "--config=tests/tiny.py", "--config.train.stpes=5"]
+  argv = ["looper", "--config=tests/fixtures/tiny.py", "--config.train.stpes=5"]
   # config_flags registers the --config.* overrides it finds in sys.argv.
   monkeypatch.setattr(sys, "argv", argv)
   with pytest.raises(SystemExit) as e:
@@ -220,7 +222,7 @@ def test_tool_flags_parse_with_absl_and_fail_in_one_line(capsys):
   from looper.cli import launch  # pylint: disable=g-import-not-at-top
   from looper.cli import runs  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit) as e:
-    launch.main(["--workers=0", "--", "--config=tests/tiny.py"])
+    launch.main(["--workers=0", "--", "--config=tests/fixtures/tiny.py"])
   usage, line = str(e.value).splitlines()[-2:]
   assert usage.startswith("(also: python -m looper.cli.launch")
   assert line.startswith("looper: flag --workers=0: ")

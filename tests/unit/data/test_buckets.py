@@ -3,7 +3,7 @@ few lengths, still one global order on any topology, resumable, exact eval.
 
 Run::
 
-    cd /work/main && PYTHONPATH=. python -m pytest -q tests/test_buckets.py
+    cd /work/main && PYTHONPATH=. python -m pytest -q tests/unit/data/test_buckets.py
 
 Example i is i+1 repeated LENGTHS[i] times (0 to 39 tokens, so some are
 empty) with label i: any batch can be checked against the examples by hand.

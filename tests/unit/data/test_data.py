@@ -13,8 +13,8 @@ from looper.data import elements
 from looper.data import service
 from looper.data import sources
 from looper.data import windows
-from tests import tiny
-from tests.conftest import configured
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
 
 N = 101  # examples; not a multiple of any batch below
 

@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 from looper.data import input as input_lib
-from tests import tiny
-from tests.conftest import configured
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
 
 
 def _input(**fields):

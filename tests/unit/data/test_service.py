@@ -29,7 +29,9 @@ from looper.data import input as input_lib
 from looper.data import service
 from looper.data import shards
 from looper.errors import ConfigError
-from tests import conftest
+from tests.fixtures import configs
+from tests.fixtures import paths
+from tests.fixtures import processes
 
 N = 96  # examples with ids 0..N-1
 SERVICE = tf.data.experimental.service
@@ -52,7 +54,7 @@ def _config(address, dataset_fn=_ids, **fields):
   c.data.service_timeout_secs = 10.0
   c.data.shuffle_buffer = 32
   c.train.batch_size = 8
-  return conftest.configured(c, fields)
+  return configs.configured(c, fields)
 
 
 @contextlib.contextmanager
@@ -386,11 +388,11 @@ def test_the_declared_network_is_checked_against_the_addresses(network, found,
 
 def _serve(*flags):
   """`looper data_service FLAGS` in its own process; end it by PID!"""
-  env = dict(conftest.LOOPBACK_ENV, PATH="/usr/bin:/bin",
-             PYTHONPATH=str(conftest.ROOT))
+  env = dict(processes.LOOPBACK_ENV, PATH="/usr/bin:/bin",
+             PYTHONPATH=str(paths.ROOT))
   return subprocess.Popen(
       [sys.executable, "-m", "looper.main", "data_service", *flags],
-      cwd=conftest.ROOT, env=env, stdout=subprocess.PIPE,
+      cwd=paths.ROOT, env=env, stdout=subprocess.PIPE,
       stderr=subprocess.DEVNULL, text=True)
 
 
@@ -457,8 +459,8 @@ def test_by_default_a_server_starts_only_where_loopback_is_all():
       ["unshare", "-n", "sh", "-c", "ip link set lo up && exec \"$@\"", "sh",
        sys.executable, "-m", "looper.main", "data_service",
        "--role=dispatcher", f"--port={port}"],
-      cwd=conftest.ROOT, env=dict(conftest.LOOPBACK_ENV, PATH="/usr/bin:/bin",
-                                  PYTHONPATH=str(conftest.ROOT)),
+      cwd=paths.ROOT, env=dict(processes.LOOPBACK_ENV, PATH="/usr/bin:/bin",
+                                  PYTHONPATH=str(paths.ROOT)),
       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
   try:
     # It serves (its stop on a signal: the start-and-stop test above).
@@ -500,7 +502,7 @@ def test_mnist_through_two_workers_learns_as_a_local_run_and_resumes(
 
   def here(workdir, mode="train_and_eval"):  # a local run, in this process
     from looper import run  # pylint: disable=g-import-not-at-top
-    return run.run(conftest.configured(mnist.get_config("bundled"), fields),
+    return run.run(configs.configured(mnist.get_config("bundled"), fields),
                    str(workdir), mode)
 
   here(tmp_path / "local")
@@ -508,7 +510,7 @@ def test_mnist_through_two_workers_learns_as_a_local_run_and_resumes(
   with _cluster(workers=2) as (address, _, _):
     remote = (*args, f"--config.data.service={address}",
               f"--workdir={tmp_path / 'remote'}")
-    proc = conftest.popen_looper(*remote, log=tmp_path / "remote.log")
+    proc = processes.popen_looper(*remote, log=tmp_path / "remote.log")
     try:  # killed once a checkpoint is written
       deadline = time.monotonic() + 120
       while not (tmp_path / "remote/checkpoints/ckpt-100.index").exists():
@@ -520,7 +522,7 @@ def test_mnist_through_two_workers_learns_as_a_local_run_and_resumes(
     finally:
       proc.kill()
       proc.wait()
-    resumed = conftest.run_ok(*remote, timeout=180).stderr
+    resumed = processes.run_ok(*remote, timeout=180).stderr
   assert f"data.service={address}: the train split comes from" in resumed
   through = _accuracy(tmp_path / "remote")
   print(f"accuracy after 300 steps: local {local:.4f}, service {through:.4f}")
@@ -533,11 +535,11 @@ def test_mnist_through_two_workers_learns_as_a_local_run_and_resumes(
 @pytest.mark.slow
 def test_the_workers_of_a_multi_worker_run_read_one_job(tmp_path):
   with _cluster(workers=1) as (address, _, _):
-    procs = conftest.start_workers(
-        ("--config=tests/tiny.py", "--config.train.steps=20",
+    procs = processes.start_workers(
+        ("--config=tests/fixtures/tiny.py", "--config.train.steps=20",
          "--config.eval.every_steps=0", f"--config.data.service={address}",
          f"--workdir={tmp_path / 'run'}"), 2, tmp_path)
-    logs = conftest.finish(procs, timeout=150)
+    logs = processes.finish(procs, timeout=150)
   assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:]
   jobs = [re.findall(r"\(job (looper-[0-9a-f]{16})\)", log) for log in logs]
   assert len(jobs[0]) == 1 and jobs[0] == jobs[1], jobs

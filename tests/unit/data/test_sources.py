@@ -14,7 +14,7 @@ from looper.cli import shards as shards_cli
 from looper.data import arrays
 from looper.data import shards
 from looper.data import sources
-from tests import tiny
+from tests.fixtures import tiny
 
 N, B = 1001, 32  # N: a prime-ish size, never a multiple of the batch
 
@@ -174,7 +174,8 @@ def test_what_dataset_fn_returns_selects_the_mode(shard_dir):
 def test_the_writer_command_writes_both_splits(tmp_path):
   out = tmp_path / "out"
   proc = subprocess.run(
-      [sys.executable, "-m", "looper.cli.shards", "write", "--config=tests/tiny.py",
+      [sys.executable, "-m", "looper.cli.shards", "write",
+       "--config=tests/fixtures/tiny.py",
        f"--out={out}", "--min_shards=8", "--config.model.num_examples=100"],
       capture_output=True, text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -2,13 +2,14 @@
 
 Run::
 
-    cd /work/main && PYTHONPATH=. python -m pytest -q tests/test_tfds_adapter.py
+    cd /work/main && PYTHONPATH=. python -m pytest -q tests/unit/data/test_tfds_adapter.py
 
 Two sources, neither touching the network: `tfds.testing.mock_data` stands
 in for the catalog's 'mnist' (random examples of the real feature specs),
 and a small builder defined here is prepared into a temp data dir, so
-tfds.load reads real TFDS files (with real split slicing) of tests/tiny.py's
-learnable data. Needs the extra: pip install -e ".[test,tfds]".
+tfds.load reads real TFDS files (with real split slicing) of
+tests/fixtures/tiny.py's learnable data. Needs the extra: pip install -e
+".[test,tfds]".
 """
 
 import sys
@@ -21,8 +22,8 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from looper.data import tfds_adapter
-from tests import tiny
-from tests.conftest import configured
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
 
 NUM_TRAIN, NUM_TEST = 600, 200
 
@@ -36,7 +37,8 @@ def tfds():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tfds, tmp_path_factory):
-  """A TFDS data dir holding 'looper_tiny': tests/tiny.py's 4-class points
+  """A TFDS data dir holding 'looper_tiny': tests/fixtures/tiny.py's 4-class
+  points
   as features 'x' (float32 [8]), 'x2' (int64 [2]) and 'label' (ClassLabel)."""
 
   class LooperTiny(tfds.core.GeneratorBasedBuilder):

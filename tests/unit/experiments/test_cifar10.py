@@ -2,7 +2,7 @@
 
 Run::
 
-    cd /work/main && PYTHONPATH=. python -m pytest -q tests/test_cifar10.py
+    cd /work/main && PYTHONPATH=. python -m pytest -q tests/unit/experiments/test_cifar10.py
 
 The data is written here in CIFAR-10's real on-disk layout
 (`cifar-10-batches-py/data_batch_1..5`, `test_batch`: pickled dicts of
@@ -22,8 +22,9 @@ import pytest
 from experiments import cifar10
 from looper import config as lc
 from looper import run
-from tests.conftest import configured, loopback_server
-from tests.test_mnist_data import keras_download
+from tests.fixtures.configs import configured
+from tests.fixtures.servers import loopback_server
+from tests.unit.experiments.test_mnist import keras_download
 
 # Port 9 (discard) on loopback: nothing listens, the connection is refused.
 DEAD_URL = "http://127.0.0.1:9/cifar-10-python.tar.gz"

@@ -3,7 +3,7 @@ conventions, the model, and training end to end under XLA.
 
 Run::
 
-    cd /work/main && PYTHONPATH=. python -m pytest -q tests/test_imdb_lstm.py
+    cd /work/main && PYTHONPATH=. python -m pytest -q tests/unit/experiments/test_imdb_lstm.py
 
 The data is generated here in Keras' imdb.npz format (object arrays of word
 rank lists, written by np.savez); a review is positive iff it holds words of
@@ -20,9 +20,10 @@ import pytest
 from experiments import imdb_lstm
 from looper import config as lc
 from looper import run
-from tests.conftest import configured, restored_trainer, \
-    serve_in_fresh_process
-from tests.test_mnist_data import keras_download
+from tests.fixtures.checkpoints import restored_trainer
+from tests.fixtures.configs import configured
+from tests.fixtures.processes import serve_in_fresh_process
+from tests.unit.experiments.test_mnist import keras_download
 
 POSITIVE, NEGATIVE = (11, 12, 13, 14, 15), (16, 17, 18, 19, 20)
 NUM_TRAIN, NUM_TEST = 800, 200

@@ -2,8 +2,8 @@
 corpus and its windows, the causal model, its XLA compile, the
 bits-per-byte metric, sampling, 40 steps with looper whose eval loss
 and metrics are recomputed here over every eval byte, and a kill -9 at 2
-replicas resumed bit for bit. tests/test_lm_math.py trains it against a
-plain TensorFlow loop.
+replicas resumed bit for bit. tests/unit/experiments/test_lm_math.py trains
+it against a plain TensorFlow loop.
 
 The windows are checked against a reference built here with plain bytes
 slicing over a folder of small text files written by the test; the real
@@ -37,8 +37,12 @@ from looper.data import windows
 from looper.train import goodput
 from looper.options import losses
 from looper.options import precision
-from tests.conftest import ROOT, configured, curve, loopback_server, \
-    popen_looper, restored_trainer, run_ok, scalars
+from tests.fixtures.checkpoints import restored_trainer
+from tests.fixtures.configs import configured
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import popen_looper, run_ok
+from tests.fixtures.servers import loopback_server
 
 PYDOCS = ROOT.parent / "shared" / "data" / "text" / "pydocs"
 T = 8  # the tests' context

@@ -29,7 +29,9 @@ import pytest
 import tensorflow as tf
 
 from experiments import lm
-from tests.conftest import configured, curve, run_here, run_ok
+from tests.fixtures.configs import configured, run_here
+from tests.fixtures.events import curve
+from tests.fixtures.processes import run_ok
 
 STEPS, BATCH, WARMUP = 30, 8, 5
 # Train text of 229 bytes: 213 windows of 17 at stride 1 (30 steps of 8 is

@@ -13,7 +13,7 @@ by ~1 ulp).
 Keras' RematScope is not used: inside a tf.function it fails on every
 layer called with `training` (keras-team/keras#21207) and would redraw
 the dropout masks. Peak memory is TensorFlow's CPU allocator's count, in a
-process whose allocator keeps one (conftest.MEMORY_STATS_ENV).
+process whose allocator keeps one (processes.MEMORY_STATS_ENV).
 """
 
 import json
@@ -30,7 +30,9 @@ from experiments import lm
 from experiments.text import model
 from looper import config as lc
 from looper.train import trainer as trainer_lib
-from tests.conftest import LOOPBACK_ENV, MEMORY_STATS_ENV, ROOT, configured
+from tests.fixtures.configs import configured
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV, MEMORY_STATS_ENV
 
 # Small: a 2-block model of width 16 over windows of 16 random bytes.
 FIELDS = {"model.layers": 2, "model.heads": 2, "model.width": 16,
@@ -84,7 +86,7 @@ def test_under_xla_the_curve_with_remat_is_within_1e_6():
 _TWO_REPLICAS = """
 import json, tensorflow as tf
 from looper.options import distribute
-from tests import test_lm_remat as t
+from tests.unit.experiments import test_lm_remat as t
 strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(2))
 print(json.dumps([t._curve(strategy, **fields).tolist() for fields in (
     {}, {"model.remat": True})]))
@@ -145,7 +147,7 @@ def _peak_bytes_of_a_gradient(remat: bool) -> tuple[int, list]:
 _PEAKS = """
 import json, sys
 import numpy as np
-from tests import test_lm_remat as t
+from tests.unit.experiments import test_lm_remat as t
 peaks = []
 for remat in (False, True):
   peak, grads = t._peak_bytes_of_a_gradient(remat)

@@ -22,7 +22,7 @@ from experiments.text import model as model_lib
 from experiments.text import sample
 from looper.options import precision
 from looper.workdir import export
-from tests.conftest import configured
+from tests.fixtures.configs import configured
 
 T = 8  # the tests' context
 SMALL = {"model.layers": 2, "model.heads": 2, "model.width": 16,

@@ -2,7 +2,7 @@
 
 Run::
 
-    cd /work/main && PYTHONPATH=. python -m pytest -q tests/test_mnist_data.py
+    cd /work/main && PYTHONPATH=. python -m pytest -q tests/unit/experiments/test_mnist.py
 
 The data is the real MNIST test set in experiments/data/mnist; the reference
 values are parsed here with gzip + struct, independently of the loader.
@@ -21,7 +21,8 @@ import pytest
 
 from experiments import mnist
 from looper import config as lc
-from tests.conftest import configured, loopback_server
+from tests.fixtures.configs import configured
+from tests.fixtures.servers import loopback_server
 
 BUNDLED = mnist.BUNDLED_DIR  # the real test set the repository carries
 IMAGES_GZ = BUNDLED / "t10k-images-idx3-ubyte.gz"

@@ -5,12 +5,12 @@ and training end to end on one and two replicas.
 Run::
 
     cd /work/main && PYTHONPATH=. python -m pytest -q \
-        tests/test_text_classifier.py
+        tests/unit/experiments/test_text_classifier.py
 
 The data is generated here in Keras' imdb.npz format: reviews of 3-89 word
 ranks (4-90 tokens with the start id, cut to max_len=64, so all four
 buckets of 16 occur); positive iff they hold ranks 11-15. The pipeline
-itself (order, resume, topologies) is tested in tests/test_buckets.py.
+itself (order, resume, topologies) is tested in tests/unit/data/test_buckets.py.
 """
 
 import numpy as np
@@ -22,7 +22,9 @@ from looper import config as lc
 from looper import run
 from looper.options import distribute
 from looper.train import trainer as trainer_lib
-from tests.conftest import configured, curve, run_ok, scalars
+from tests.fixtures.configs import configured
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.processes import run_ok
 
 POSITIVE, NEGATIVE = (11, 12, 13, 14, 15), (16, 17, 18, 19, 20)
 NUM_TRAIN, NUM_TEST, BATCH, MAX_LEN, BUCKET = 1000, 300, 32, 64, 16

@@ -2,7 +2,7 @@
 
 Run::
 
-    PYTHONPATH=. python -m pytest -q tests/test_tfrecord_images.py
+    PYTHONPATH=. python -m pytest -q tests/unit/experiments/test_tfrecord_images.py
 
 The shards are written here in the codelab's format (TFRecord files of
 tf.train.Examples with 'image' JPEG bytes and int64 'class', named like
@@ -21,7 +21,7 @@ from experiments import tfrecord_images
 from looper import config as lc
 from looper import run
 from looper.data import shards
-from tests.conftest import configured
+from tests.fixtures.configs import configured
 
 FILES, PER_FILE, SIZE = 10, 40, 32
 # Class = 2 * direction + colour: red or blue stripes, across or down.

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from looper import compat
-from tests.conftest import loopback_server
+from tests.fixtures.servers import loopback_server
 
 
 def _parameters(fn) -> list[str]:

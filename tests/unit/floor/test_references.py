@@ -9,8 +9,8 @@ import pytest
 
 from looper import config as lc
 from looper import references
-from tests import tiny
-from tests.conftest import ROOT
+from tests.fixtures import tiny
+from tests.fixtures.paths import ROOT
 
 
 # --- Losses that are not plain functions are written to config.json --------
@@ -30,14 +30,14 @@ def _saved_loss(loss):
 
 def test_json_marks_unloadable_losses_and_never_crashes():
   assert _saved_loss(lambda y, p: y) == (
-      "<unloadable: function tests.test_names:"
+      "<unloadable: function tests.unit.floor.test_references:"
       "test_json_marks_unloadable_losses_and_never_crashes.<locals>.<lambda>>")
 
   def nested(labels, logits):
     return labels
 
   assert _saved_loss(nested) == (
-      "<unloadable: function tests.test_names:"
+      "<unloadable: function tests.unit.floor.test_references:"
       "test_json_marks_unloadable_losses_and_never_crashes.<locals>.nested>")
   assert _saved_loss(functools.partial(
       keras.losses.sparse_categorical_crossentropy, from_logits=True)) == (
@@ -52,7 +52,7 @@ def test_json_marks_unloadable_losses_and_never_crashes():
 
 def test_json_names_loadable_callables_for_resolve():
   saved = _saved_loss(_module_level_loss)
-  assert saved == "tests.test_names:_module_level_loss"
+  assert saved == "tests.unit.floor.test_references:_module_level_loss"
   assert references.resolve(saved, "loss") is _module_level_loss
   saved = _saved_loss(keras.losses.SparseCategoricalCrossentropy)  # a class
   assert references.resolve(saved, "loss") is keras.losses.SparseCategoricalCrossentropy
@@ -90,4 +90,5 @@ def test_config_file_by_path_is_executed_once(tmp_path, monkeypatch):
   assert json.loads(references.to_json(c))["model_fn"] == (
       "counted_experiment.py:model_fn")
   # A file Python already imported as a module is not run a second time.
-  assert references.resolve(f"{ROOT}/tests/tiny.py:model_fn", "x") is tiny.model_fn
+  assert references.resolve(f"{ROOT}/tests/fixtures/tiny.py:model_fn",
+                            "x") is tiny.model_fn

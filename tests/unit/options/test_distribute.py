@@ -13,7 +13,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper.options import distribute
 from looper.options import slurm
-from tests.conftest import LOST_WORKER_1
+from tests.fixtures.processes import LOST_WORKER_1
 
 
 def dist(**fields):
@@ -135,7 +135,7 @@ def test_tpu_cores_come_from_the_strategy_or_the_dry_run_field():
 
 def test_a_dry_run_warns_about_the_batch_per_core(tmp_path, caplog):
   from looper import run  # pylint: disable=g-import-not-at-top
-  from tests import tiny  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
   c = tiny.get_config()
   c.train.steps, c.distribution.tpu_cores = 1, 8
   with caplog.at_level("WARNING"):
@@ -160,7 +160,8 @@ def test_the_coordination_leader_is_the_chief(monkeypatch, cluster, leader):
 
 
 def test_a_worker_that_lost_the_chief_names_it():
-  """The text a worker got when the chief's host was cut (tests/test_hosts.py
+  """The text a worker got when the chief's host was cut
+  (tests/e2e/multiworker/test_hosts.py
   records it live): its heartbeats to the chief's service timed out."""
   from looper import errors  # pylint: disable=g-import-not-at-top
   e = tf.errors.DeadlineExceededError(None, None, (
@@ -181,7 +182,7 @@ def test_a_worker_that_lost_the_chief_names_it():
 def test_a_worker_refused_by_a_killed_one_names_it():
   """A survivor whose next RecvBuf dialled the killed worker's closed port
   (gRPC's text for it): the lost worker, the line the test of a killed
-  worker accepts (tests/test_multiworker_faults.py)."""
+  worker accepts (tests/e2e/multiworker/test_multiworker_faults.py)."""
   from looper import errors  # pylint: disable=g-import-not-at-top
   e = tf.errors.UnavailableError(None, None, (
       "Graph execution error:\n\nDetected at node while/CollectiveReduceV2"
@@ -262,7 +263,8 @@ def test_multi_worker_is_built_with_the_all_reduce(monkeypatch):
 
 
 # --- Slurm: a step's environment as one cluster (looper.options.slurm). A real
-# Slurm runs looper in tests/test_slurm.py; here each variable's reading.
+# Slurm runs looper in tests/e2e/multiworker/test_slurm.py; here each
+# variable's reading.
 
 NODES = {"n[9-10]": ("n9", "n10"), "vm": ("vm",)}  # as scontrol expands them
 

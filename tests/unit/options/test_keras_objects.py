@@ -24,9 +24,11 @@ from looper.train import dry_run
 from looper.options import losses
 from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
-from tests import tiny
-from tests import tiny_keras
-from tests.conftest import LOOPBACK_ENV, ROOT, configured
+from tests.fixtures import tiny
+from tests.fixtures import tiny_keras
+from tests.fixtures.configs import configured
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 BATCH = 32
 CLASS_WEIGHTS = (1.0, 2.0, 0.5, 1.5)
@@ -109,7 +111,7 @@ def test_a_metric_object_in_a_config_file_leaves_the_devices_free():
   # looper splits the CPU into 2 devices for 2 replicas.
   proc = subprocess.run(
       [sys.executable, "-m", "looper.main", "--mode=describe",
-       "--config=tests/tiny_keras.py",
+       "--config=tests/fixtures/tiny_keras.py",
        "--config.distribution.num_cpu_devices=2"],
       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV},
       capture_output=True, text=True, timeout=300, check=False)

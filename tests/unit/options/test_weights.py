@@ -21,8 +21,11 @@ from looper import run
 from looper.data import shards
 from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
-from tests import weighted
-from tests.conftest import ROOT, configured, restored_trainer, scalars
+from tests.fixtures import weighted
+from tests.fixtures.checkpoints import restored_trainer
+from tests.fixtures.configs import configured
+from tests.fixtures.events import scalars
+from tests.fixtures.paths import ROOT
 
 STEPS = 10
 CLASS_WEIGHTS = (1.0, 3.0, 0.5, 2.0)
@@ -45,8 +48,8 @@ import json, os, sys
 import tensorflow as tf
 from looper.options import distribute
 from looper.train import trainer as trainer_lib
-from tests import weighted
-from tests.conftest import configured
+from tests.fixtures import weighted
+from tests.fixtures.configs import configured
 n = int(sys.argv[2])
 strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(n))
 out, kept = {}, []

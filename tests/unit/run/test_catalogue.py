@@ -25,11 +25,12 @@ from looper import config as lc
 from looper import errors
 from looper import run
 from looper.workdir import checkpoint
-from tests import tiny
-from tests.conftest import configured, run_looper
-from tests.test_cli import error_line
+from tests.e2e.commands.test_cli import error_line
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.processes import run_looper
 
-TINY = "--config=tests/tiny.py"
+TINY = "--config=tests/fixtures/tiny.py"
 
 
 # --- The run every case is thrown at ------------------------------------------
@@ -325,7 +326,7 @@ def test_class_weights_missing_a_class(workdir):
 
 def _heads(fields):
   """tiny's data (labels: class ids) under weighted's two-head model."""
-  from tests import weighted  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import weighted  # pylint: disable=g-import-not-at-top
   c = config({"model_fn": weighted.model_fn, "metrics": ()})
   c.model.kind = "heads"
   return configured(c, fields)

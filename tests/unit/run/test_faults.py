@@ -17,11 +17,13 @@ import tensorflow as tf
 
 from looper import run
 from looper.workdir import contents
-from tests import tiny
-from tests.conftest import curve, popen_looper, scalars, stop_and_resume
+from tests.fixtures import tiny
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.processes import popen_looper
+from tests.fixtures.stopping import stop_and_resume
 from tests.stress import kill9
 
-TINY = "--config=tests/tiny.py"
+TINY = "--config=tests/fixtures/tiny.py"
 
 
 def model_tensors(prefix) -> dict[str, np.ndarray]:

@@ -31,8 +31,10 @@ from looper.train import trainer as trainer_lib
 from looper.workdir import hparams
 from looper.workdir import jsonl
 from looper.workdir import summaries
-from tests import tiny
-from tests.conftest import configured, fetch, scalars, tensorboard_server
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.events import scalars
+from tests.fixtures.servers import fetch, tensorboard_server
 
 
 class RecordingTrainer(trainer_lib.Trainer):
@@ -102,11 +104,12 @@ def test_hparams_are_the_set_fields_and_the_compared_ones_written_once(
   # First what runs always differ by, at their defaults too...
   assert list(settings)[:4] == ["optimizer.name", "optimizer.schedule",
                                 "train.precision", "seed"]
-  # ...then what tests/tiny.py and this test set: not looper's defaults.
+  # ...then what tests/fixtures/tiny.py and this test set: not looper's
+  # defaults.
   assert {k: settings[k] for k in ("optimizer.name", "profile.start_step",
                                    "model.width", "model_fn")} == {
       "optimizer.name": "sgd", "profile.start_step": "10",
-      "model.width": "16", "model_fn": "tests.tiny:model_fn"}
+      "model.width": "16", "model_fn": "tests.fixtures.tiny:model_fn"}
   for field in ("checkpoint.keep", "checkpoint.async_save",
                 "eval.timeout_secs", "data.bucket"):
     assert field not in settings, field

@@ -7,7 +7,7 @@ A TPU compiles each replica's whole step with XLA; here the same step
 write) is compiled with jit_compile on the CPU and must give the plain
 step's losses and weights. The loop graph's own TPU/GPU facts (whole
 variable writes, no per-variable merge call, no collective outside the
-step under several workers) are in tests/test_loop_graph.py.
+step under several workers) are in tests/e2e/replicas/test_loop_graph.py.
 """
 
 import json
@@ -21,8 +21,10 @@ from looper import config as lc
 from looper.train import layers
 from looper.options import precision
 from looper.train import trainer as trainer_lib
-from tests import tiny
-from tests.conftest import configured, curve, run_ok
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.events import curve
+from tests.fixtures.processes import run_ok
 
 # Every option a replica step carries: the weight average, a clip,
 # accumulation, class weights with per-weight normalization, an Embedding.
@@ -115,7 +117,8 @@ def test_an_op_xla_cannot_compile_is_one_line_naming_it(where, message,
 
 @pytest.mark.slow  # two looper processes (op determinism is process-wide)
 def test_a_deterministic_run_repeats_itself_bit_for_bit(tmp_path):
-  args = ("--config=tests/tiny.py", "--config.train.deterministic=True",
+  args = ("--config=tests/fixtures/tiny.py",
+          "--config.train.deterministic=True",
           "--config.model.dropout=0.3", "--config.train.steps=20")
   for run in ("a", "b"):
     run_ok(*args, f"--workdir={tmp_path / run}")

@@ -6,7 +6,7 @@ returns.
 """
 
 from looper.train import actions
-from tests.test_controller import make
+from tests.unit.train.test_controller import make
 
 
 def seen(log, name, *fields):

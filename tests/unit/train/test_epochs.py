@@ -23,8 +23,10 @@ from looper.data import input as input_lib
 from looper.train import epochs
 from looper.train import trainer as trainer_lib
 from looper.workdir import jsonl
-from tests import tiny
-from tests.conftest import configured, curve, run_ok
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.events import curve
+from tests.fixtures.processes import run_ok
 
 
 def _updates(epochs_asked: float, examples: int, per_update: int) -> int:
@@ -209,7 +211,8 @@ def test_two_replicas_resolve_the_same_steps(one_replica, tmp_path):
   args = [f"--config.{k}={v}" for k, v in {**RUN, "train.steps": 0,
                                            "eval.every_steps": 0,
                                            "checkpoint.every_steps": 0}.items()]
-  proc = run_ok("--config=tests/tiny.py", f"--workdir={tmp_path}", *args,
+  proc = run_ok("--config=tests/fixtures/tiny.py", f"--workdir={tmp_path}",
+                *args,
                 "--config.distribution.num_cpu_devices=2")
   header = proc.stderr.splitlines()
   assert "  strategy   Mirrored, 2 replicas (2 CPU)" in header, header[:6]

@@ -6,7 +6,7 @@ import tensorflow as tf
 from looper import errors
 from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
-from tests import tiny
+from tests.fixtures import tiny
 
 
 def test_each_evaluation_takes_one_whole_pass_and_a_shrunk_split_is_named():

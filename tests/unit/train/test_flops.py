@@ -30,9 +30,10 @@ from looper.train import flops
 from looper.train import peak_flops
 from looper.train import trainer as trainer_lib
 from looper.workdir import jsonl
-from tests import test_controller
-from tests import tiny
-from tests.conftest import configured, scalars
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.events import scalars
+from tests.unit.train import test_controller
 
 # The small LM: V bytes, L blocks of width W, context T, batch B.
 V, L, W, T, B = 256, 2, 32, 16, 4

@@ -3,8 +3,8 @@
 The ledger's arithmetic against hand-computed splits (a fake clock); a real
 run killed with SIGKILL and resumed, whose second attempt must count the
 steps the first trained past its last checkpoint as recomputed; the
-preemption (SIGTERM) case is in test_faults and test_notices
-(conftest.stop_and_resume).
+preemption (SIGTERM) case is in test_faults and test_vm_notices
+(stopping.stop_and_resume).
 """
 
 import signal
@@ -18,7 +18,10 @@ import tensorflow as tf
 from looper import workdir as workdir_lib
 from looper.cli import runs
 from looper.train import goodput
-from tests.conftest import ROOT, popen_looper, run_here, scalars
+from tests.fixtures.configs import run_here
+from tests.fixtures.events import scalars
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import popen_looper
 
 
 class Clock:
@@ -131,7 +134,7 @@ def test_process_started_counts_from_the_process_start():
   assert 1.0 <= float(age.stdout) < 60
 
 
-TINY = "--config=tests/tiny.py"
+TINY = "--config=tests/fixtures/tiny.py"
 
 
 @pytest.mark.slow  # a subprocess

@@ -18,8 +18,10 @@ from looper.data import sources
 from looper.train import trainer as trainer_lib
 from looper.workdir import summaries
 from looper.options import distribute
-from tests import tiny
-from tests.conftest import LOOPBACK_ENV, ROOT, configured
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 
 def _slow_dataset_fn(config, split):

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from looper import run
-from tests import tiny
-from tests.conftest import curve, scalars
+from tests.fixtures import tiny
+from tests.fixtures.events import curve, scalars
 
 L2 = 1e-2
 LR = 0.1
@@ -117,5 +117,5 @@ def test_summaries_read_back(reference_run):
   [text] = acc.Tensors("config")
   assert "linear_model_fn" in text.tensor_proto.string_val[0].decode()
   config = json.loads((workdir / "config.json").read_text())
-  assert config["model_fn"] == "tests.test_math:linear_model_fn"
+  assert config["model_fn"] == "tests.unit.train.test_math:linear_model_fn"
   assert config["train"]["steps"] == 40

@@ -1,6 +1,6 @@
 """Numerics: dropout masks, mixed precision (and its all-replica finiteness
 vote), XLA per step, accumulation, the weight average, train.deterministic.
-(The same numerics on 1/2/4 replicas: tests/test_replicas.py.)"""
+(The same numerics on 1/2/4 replicas: tests/e2e/replicas/test_replicas.py.)"""
 
 import json
 import subprocess
@@ -18,8 +18,10 @@ from looper.train import evaluator as evaluator_lib
 from looper.train import layers
 from looper.options import precision
 from looper.train import trainer as trainer_lib
-from tests import tiny
-from tests.conftest import LOOPBACK_ENV, ROOT, curve
+from tests.fixtures import tiny
+from tests.fixtures.events import curve
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 
 def test_dropout_masks_differ_between_examples_and_steps():
@@ -80,7 +82,7 @@ _INF_ON_REPLICA_ONE = """
 import json, numpy as np, tensorflow as tf
 from looper.options import distribute
 from looper.train import trainer as trainer_lib
-from tests import tiny
+from tests.fixtures import tiny
 devices = distribute.split_cpu(2)
 strategy = tf.distribute.MirroredStrategy(devices)
 

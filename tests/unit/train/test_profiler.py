@@ -8,8 +8,8 @@ from looper import config as lc
 from looper import workdir
 from looper.train import actions
 from looper.train import profiler
-from tests import tiny
-from tests.test_controller import make
+from tests.fixtures import tiny
+from tests.unit.train.test_controller import make
 
 
 def window(log, trainer_of, logdir="/logs", start_step=10, num_steps=5):

@@ -1,8 +1,9 @@
 """Keras' own random layers keep looper's contracts (looper.train.randomness).
 
-- Resume: a model of every adopted layer (tests/tiny.py keras_random_model)
-  stopped and restored draws what the uninterrupted run drew, bit for bit;
-  restored without its random state it does not (so the check can fail).
+- Resume: a model of every adopted layer (tests/fixtures/tiny.py
+  keras_random_model) stopped and restored draws what the uninterrupted run
+  drew, bit for bit; restored without its random state it does not (so the check
+  can fail).
 - Replica invariance: each layer's output on 2 replicas is, row for row,
   its output on the whole batch on one device; the model's loss curve is
   the same on 1 and 2 replicas (a process with 2 logical CPUs).
@@ -28,8 +29,10 @@ from looper.cli import tpu_check
 from looper.train import randomness
 from looper.train import trainer as trainer_lib
 from looper.workdir import checkpoint
-from tests import tiny
-from tests.conftest import LOOPBACK_ENV, ROOT, configured
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 # Every adopted layer of keras_random_model and the Dropout inside its
 # MultiHeadAttention: 8 random states.
@@ -148,7 +151,7 @@ def test_draws_looper_cannot_reach_are_named_by_describe_and_check(
 @pytest.mark.slow  # a process with 2 logical CPUs
 def test_one_and_two_replicas_draw_the_same():
   proc = subprocess.run(
-      [sys.executable, "-m", "tests.test_randomness"], cwd=ROOT,
+      [sys.executable, "-m", "tests.unit.train.test_randomness"], cwd=ROOT,
       env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV},
       capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,8 +10,8 @@ import tensorflow as tf
 from looper import run
 from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
-from tests import tiny
-from tests.conftest import curve, scalars
+from tests.fixtures import tiny
+from tests.fixtures.events import curve, scalars
 
 
 class RecordingTrainer(trainer_lib.Trainer):

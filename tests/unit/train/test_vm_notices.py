@@ -4,8 +4,8 @@ A fake metadata server on 127.0.0.1 (an ephemeral port) stands in for
 GCE's: it answers only requests with `Metadata-Flavor: Google` (403
 without, as GCE does) and holds long polls as GCE does. The test
 environment points GCE_METADATA_IP/HOST at a dead loopback port
-(tests/conftest.py); these tests point them at the fake: nothing reaches a
-real metadata address.
+(tests/fixtures/processes.py); these tests point them at the fake: nothing
+reaches a real metadata address.
 """
 
 import hashlib
@@ -19,8 +19,9 @@ import pytest
 import tensorflow as tf
 
 from looper.train import vm_notices
-from tests import conftest
-from tests.conftest import finish, start_workers, stop_and_resume, wait_for
+from tests.fixtures import processes
+from tests.fixtures.processes import finish, start_workers, wait_for
+from tests.fixtures.stopping import stop_and_resume
 
 PREEMPTED = "a preemption notice (instance/preempted=TRUE)"
 MAINTENANCE = ("a maintenance notice"
@@ -125,7 +126,7 @@ def fake_metadata(monkeypatch):
   threading.Thread(target=server.serve_forever, daemon=True).start()
   for name in ("GCE_METADATA_IP", "GCE_METADATA_HOST"):
     monkeypatch.setenv(name, server.address)
-    monkeypatch.setitem(conftest.LOOPBACK_ENV, name, server.address)
+    monkeypatch.setitem(processes.LOOPBACK_ENV, name, server.address)
   try:
     yield server
   finally:
@@ -244,7 +245,7 @@ def test_requests_never_go_through_a_proxy(fake_metadata, monkeypatch):
 
 # --- Whole runs: one process, two workers ------------------------------------
 
-TINY = "--config=tests/tiny.py"
+TINY = "--config=tests/fixtures/tiny.py"
 
 
 @pytest.mark.slow  # a subprocess

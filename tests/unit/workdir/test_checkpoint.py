@@ -11,8 +11,8 @@ import tensorflow as tf
 from looper import run
 from looper import workdir
 from looper.workdir import checkpoint
-from tests import tiny
-from tests.conftest import checkpoint_tensors
+from tests.fixtures import tiny
+from tests.fixtures.checkpoints import checkpoint_tensors
 
 
 def test_async_saves_equal_sync_saves_and_resume(tmp_path):

@@ -23,13 +23,15 @@ from looper import workdir
 from looper.workdir import checkpoint
 from looper.workdir import jsonl
 from looper.workdir import summaries
-from tests.conftest import checkpoint_tensors, curve, looper_lines
-from tests.conftest import run_here, run_looper
+from tests.fixtures.checkpoints import checkpoint_tensors
+from tests.fixtures.configs import run_here
+from tests.fixtures.events import curve
+from tests.fixtures.processes import looper_lines, run_looper
 
 # Wide enough that checkpoints, not events, fill the disk (SGD with
 # momentum: ~420 KiB a checkpoint); the third save (step 60) is the first
 # to need room for three while keep=2.
-ARGS = ("--config=tests/tiny.py", "--config.train.steps=120",
+ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.steps=120",
         "--config.checkpoint.every_steps=20", "--config.checkpoint.keep=2",
         "--config.eval.every_steps=60", "--config.model.width=4096")
 PAGE = 4096  # tmpfs allocates whole pages

@@ -17,11 +17,12 @@ from looper import run
 from looper import workdir as workdir_lib
 from looper.train import evaluator as evaluator_lib
 from looper.workdir import checkpoint
-from tests import conftest
-from tests import tiny
+from tests.fixtures import checkpoints
+from tests.fixtures import processes
+from tests.fixtures import tiny
 
 STEPS = 20
-ARGS = ("--config=tests/tiny.py", f"--config.train.steps={STEPS}",
+ARGS = ("--config=tests/fixtures/tiny.py", f"--config.train.steps={STEPS}",
         "--config.checkpoint.every_steps=10", "--config.optimizer.ema_decay=0.9",
         "--config.distribution.num_cpu_devices=2", "--config.export.at_end=True",
         "--mode=train")
@@ -29,14 +30,14 @@ ARGS = ("--config=tests/tiny.py", f"--config.train.steps={STEPS}",
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("export")
-  conftest.run_ok(f"--workdir={workdir}", *ARGS)
+  processes.run_ok(f"--workdir={workdir}", *ARGS)
   return workdir
 
 
 def _restored_trainer(workdir, prefix):
   config = tiny.get_config()
   config.optimizer.ema_decay = 0.9
-  return conftest.restored_trainer(config, prefix)
+  return checkpoints.restored_trainer(config, prefix)
 
 
 @pytest.mark.slow  # a subprocess
@@ -45,7 +46,7 @@ def test_export_serves_any_batch_from_tf_alone(trained, tmp_path):
   # Renamed into place: no partial folder left beside the version.
   assert sorted(os.listdir(exports)) == [str(STEPS)]
   x, _ = tiny.make_data(64, seed=5)
-  served = conftest.serve_in_fresh_process(exports / str(STEPS), x, tmp_path)
+  served = processes.serve_in_fresh_process(exports / str(STEPS), x, tmp_path)
   assert served["input"] == [[None, tiny.FEATURES], "float32"]
   assert not served["looper_imported"]
 
@@ -70,7 +71,7 @@ def test_mode_export_of_an_older_checkpoint(trained, tmp_path):
   assert result["export"] == str(trained / "export" / "10")
   assert sorted(os.listdir(trained / "export")) == ["10", str(STEPS)]
   x, _ = tiny.make_data(7, seed=6)
-  served_10 = conftest.serve_in_fresh_process(result["export"], x, tmp_path)
+  served_10 = processes.serve_in_fresh_process(result["export"], x, tmp_path)
   trainer = _restored_trainer(trained, older)
   with evaluator_lib.Evaluator(trainer).averaged_weights():
     np.testing.assert_allclose(served_10["7"], trainer.model(x).numpy(),

@@ -1,7 +1,8 @@
 """looper.workdir.lease in-process: who may write a workdir, and when a holder is gone.
 
 The processes' side (two runs on one workdir, a kill -9, readers beside a
-writer, a lapsed lease at the next save) is tests/test_workdir_lease.py.
+writer, a lapsed lease at the next save) is
+tests/e2e/restarts/test_workdir_lease.py.
 """
 
 import json

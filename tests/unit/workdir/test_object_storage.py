@@ -35,10 +35,12 @@ from looper.errors import ConfigError
 from looper.errors import WorkdirError
 from looper.workdir import jsonl
 from looper.workdir import lease
-from tests import conftest
-from tests import tiny
+from tests.fixtures import configs
+from tests.fixtures import events
+from tests.fixtures import paths
+from tests.fixtures import tiny
 
-LOOPER = os.path.join(str(conftest.ROOT), "looper") + os.sep
+LOOPER = os.path.join(str(paths.ROOT), "looper") + os.sep
 STDLIB = sysconfig.get_paths()["stdlib"]
 # Every call that reaches a file by its path without tf.io.gfile (os.path,
 # pathlib, glob and the rest of shutil reach it through these os calls).
@@ -116,7 +118,7 @@ def test_the_guard_catches_a_raw_call_in_looper(raw_calls):
 
 
 def _config(steps: int):
-  return conftest.configured(tiny.get_config(), FIELDS, train__steps=steps)
+  return configs.configured(tiny.get_config(), FIELDS, train__steps=steps)
 
 
 def _cycle(root: str) -> dict:
@@ -152,7 +154,7 @@ def _steady(lines: list[dict]) -> list[dict]:
 
 
 def _tensors(prefix: str) -> dict[str, np.ndarray]:
-  """The values conftest.checkpoint_tensors compares, read another way:
+  """The values checkpoints.checkpoint_tensors compares, read another way:
   tf.train.load_checkpoint takes a ram:// prefix for a folder (ram:// calls
   any prefix of a name one)."""
   reader = tf.compat.v1.train.NewCheckpointReader(prefix)
@@ -196,8 +198,8 @@ def test_a_whole_cycle_on_an_object_store_equals_the_local_disk(
   assert _steady(lines) == _steady(jsonl.read(ref.metrics))
   assert [l["step"] for l in lines if l["kind"] == "train"] == list(
       range(5, 2 * STEPS + 1, 5))
-  np.testing.assert_array_equal(conftest.curve(wd.train_events),
-                                conftest.curve(ref.train_events))
+  np.testing.assert_array_equal(events.curve(wd.train_events),
+                                events.curve(ref.train_events))
   prefixes = [n[:-len(".index")] for n in local_files if n.endswith(".index")
               and n.startswith("checkpoints/")]
   assert len(prefixes) >= 4  # the rolling ones and the best

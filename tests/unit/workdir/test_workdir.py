@@ -9,7 +9,7 @@ import os
 
 from looper import run
 from looper import workdir
-from tests import tiny
+from tests.fixtures import tiny
 
 
 def test_the_names_are_those_runs_always_wrote():
