@@ -25,9 +25,9 @@ Synopsis::
 Each function reaches into a name TensorFlow or Keras may move or reshape in
 any release, because no public API does what looper needs. Its docstring
 says what it touches, why looper needs it, and the versions it was checked
-on (CHECKED_ON). tests/test_compat.py fails when one of them moves: the
-name, its signature, and the behaviour looper relies on where that is cheap
-to check. After upgrading TensorFlow or Keras, run it first, then update
+on (CHECKED_ON). tests/unit/floor/test_compat.py fails when one of them
+moves: the name, its signature, and the behaviour looper relies on where that is
+cheap to check. After upgrading TensorFlow or Keras, run it first, then update
 CHECKED_ON and the docstrings.
 
 Private modules are imported inside the function that needs them, so a

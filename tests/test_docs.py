@@ -22,8 +22,10 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper import run
-from tests import tiny
-from tests.conftest import MNIST_DIR, ROOT, run_ok, scalars
+from tests.fixtures import tiny
+from tests.fixtures.events import scalars
+from tests.fixtures.paths import MNIST_DIR, ROOT
+from tests.fixtures.processes import run_ok
 
 DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "BUILD.md")}
 # common.py holds what the experiments share; it is not one.

@@ -1,13 +1,16 @@
-"""The tree: imports flow one way between the groups BUILD.md's Layout names.
+"""The tree: imports flow one way between the groups BUILD.md's Layout names,
+and the tests mirror those groups.
 
 Read from the source (ast), not by importing: a module imports looper's
-modules only from its own group or the groups before it in `GROUPS`.
+modules only from its own group or the groups before it in `GROUPS`; a
+group's in-process tests are in tests/unit/<its folder>/, named after the
+module they test, and tests/e2e/ holds only tests of the slow lane.
 """
 
 import ast
 import pathlib
 
-from tests.conftest import ROOT
+from tests.fixtures.paths import ROOT
 
 # In import order: each may import those before it (and its own group).
 GROUPS = (
@@ -21,6 +24,9 @@ GROUPS = (
     ("looper.run", "looper.console"),
     ("looper.main", "looper.cli"),
 )
+# Each group's folder of unit tests (tests/unit/NAME), in GROUPS' order.
+GROUP_FOLDERS = ("floor", "options", "config", "data", "workdir", "train",
+                 "run", "cli")
 
 
 def _module(path: pathlib.Path) -> str:
@@ -48,6 +54,112 @@ def _imports(path: pathlib.Path):
         yield name if name in modules else node.module
     elif isinstance(node, ast.Import):
       yield from (a.name for a in node.names if a.name.startswith("looper"))
+
+
+# What tests/ holds: the suite's two sides, their helpers, and commands run
+# by hand (bench/, stress/, tools/). BUILD.md "Install and test" says why.
+TESTS_TOP = {"__init__.py", "conftest.py", "test_docs.py", "test_layout.py",
+             "fixtures", "unit", "e2e", "bench", "stress", "tools"}
+# Modules with no test file named after them: where they are tested.
+TESTED_IN = {
+    "looper": "unit/floor/test_public.py",
+    "looper.errors": "unit/run/test_catalogue.py",
+    "looper.autograph": "unit/train/test_trainer.py",
+    "looper.fields": "unit/config/test_config.py",
+    "looper.data.splits": "unit/train/test_epochs.py",
+    "looper.options.ema": "unit/train/test_numerics.py",
+    "looper.options.losses": "unit/options/test_weights.py",
+    "looper.options.precision": "unit/train/test_numerics.py",
+    "looper.data.arrays": "unit/data/test_data.py",
+    "looper.data.checks": "unit/data/test_data.py",
+    "looper.data.datasets": "unit/experiments/test_mnist.py",
+    "looper.data.elements": "unit/data/test_data.py",
+    "looper.data.shards": "unit/data/test_sources.py",
+    "looper.data.windows": "unit/data/test_data.py",
+    "looper.workdir.contents": "unit/run/test_faults.py",
+    "looper.workdir.formats": "unit/run/test_tensorboard.py",
+    "looper.workdir.hparams": "unit/run/test_tensorboard.py",
+    "looper.workdir.jsonl": "unit/run/test_tensorboard.py",
+    "looper.workdir.summaries": "unit/run/test_tensorboard.py",
+    "looper.train.dry_run": "unit/options/test_keras_objects.py",
+    "looper.train.eval_action": "unit/options/test_best.py",
+    "looper.train.layers": "unit/train/test_numerics.py",
+    "looper.train.loop": "e2e/replicas/test_loop_graph.py",
+    "looper.train.peak_flops": "unit/train/test_flops.py",
+    "looper.train.stopping": "unit/train/test_signals.py",
+    "looper.run": "unit/run/test_catalogue.py",
+    "looper.main": "e2e/commands/test_cli.py",
+    "looper.cli.data_service": "unit/data/test_service.py",
+    "looper.cli.describe": "e2e/commands/test_console.py",
+    "looper.cli.runs": "unit/run/test_tensorboard.py",
+    "looper.cli.shards": "unit/data/test_sources.py",
+}
+
+
+def _folders(path: pathlib.Path) -> set[str]:
+  return {p.name for p in path.iterdir() if p.is_dir()} - {"__pycache__"}
+
+
+def test_the_tests_mirror_the_groups():
+  tests = ROOT / "tests"
+  stray = {p.name for p in tests.iterdir()} - TESTS_TOP - {"__pycache__"}
+  assert not stray, (f"{sorted(stray)} in tests/: a test goes in tests/unit/"
+                     "<group>/ (in process) or tests/e2e/ (processes), a"
+                     " helper in tests/fixtures/")
+  assert _folders(tests / "unit") == set(GROUP_FOLDERS) | {"experiments"}
+  experiments = [p.stem for p in (ROOT / "experiments").glob("*.py")]
+  modules = {_module(p) for p in (ROOT / "looper").rglob("*.py")}
+  misplaced = []
+  for path in sorted((tests / "unit").glob("*/test_*.py")):
+    name, folder = path.stem[len("test_"):], path.parent.name
+    if folder == "experiments":  # experiments/NAME.py, or a part of it
+      ok = any(name == e or name.startswith(e + "_") for e in experiments)
+    else:  # named after a module: in that module's group
+      groups = {GROUP_FOLDERS[_group(m)] for m in modules
+                if m.rsplit(".", 1)[-1] == name}
+      ok = not groups or folder in groups
+    if not ok:
+      misplaced.append(str(path.relative_to(tests)))
+  assert not misplaced
+  assert not list((tests / "unit").glob("test_*.py"))
+  # Packages, so that two folders may hold files of one name.
+  for folder in [tests, *tests.rglob("*/")]:
+    if folder.name != "__pycache__" and list(folder.glob("*.py")):
+      assert (folder / "__init__.py").exists(), folder
+
+
+def test_end_to_end_tests_are_all_in_the_slow_lane():
+  fast = []
+  for path in sorted((ROOT / "tests" / "e2e").rglob("test_*.py")):
+    tree = ast.parse(path.read_text())
+    marked = any(isinstance(node, ast.Assign) and "slow" in ast.unparse(node)
+                 and any(getattr(t, "id", "") == "pytestmark"
+                         for t in node.targets) for node in tree.body)
+    fast += [f"{path.name}::{node.name}" for node in tree.body
+             if isinstance(node, ast.FunctionDef)
+             and node.name.startswith("test_") and not marked
+             and not any("mark.slow" in ast.unparse(d)
+                         for d in node.decorator_list)]
+  assert not fast  # mark it slow, or move it to tests/unit/
+
+
+def test_every_module_has_its_tests():
+  """Each module's tests are tests/unit/<group>/test_<name>.py (or, all in
+  processes, tests/e2e/*/test_<name>.py), or in the file TESTED_IN names."""
+  tests, untested = ROOT / "tests", []
+  for path in sorted((ROOT / "looper").rglob("*.py")):
+    module = _module(path)
+    if len(ast.parse(path.read_text()).body) == 1:  # a docstring alone
+      continue
+    name = module.rsplit(".", 1)[-1]
+    own = [] if module == "looper" else [
+        *tests.glob(f"unit/{GROUP_FOLDERS[_group(module)]}/test_{name}.py"),
+        *tests.glob(f"e2e/*/test_{name}.py")]
+    if own:
+      assert module not in TESTED_IN, f"{module} has {own[0].name}"
+    elif not (tests / TESTED_IN.get(module, "-")).is_file():
+      untested.append(module)
+  assert not untested  # write its test file, or name it in TESTED_IN
 
 
 def test_imports_flow_one_way():

@@ -2,9 +2,10 @@
 
 Synopsis::
 
-    python -m looper.cli.launch --workers=2 -- --config=tests/tiny.py \
+    python -m looper.cli.launch --workers=2 -- --config=tests/fixtures/tiny.py \
         --workdir=/tmp/tiny2
-    looper launch --workers=2 -- --config=tests/tiny.py --workdir=/tmp/tiny2
+    looper launch --workers=2 -- --config=tests/fixtures/tiny.py \
+        --workdir=/tmp/tiny2
 
 Each worker is `python -m looper.main <the flags after -->` with a TF_CONFIG
 naming all of them on free 127.0.0.1 ports (worker 0 is the chief). Their

@@ -224,7 +224,8 @@ def two_op_threads() -> None:
   one CPU. A train call's get_next then waits in line behind the step's
   ops, and the input wait timed around it counts the step: measured 95% on
   a compute-bound run from resident arrays pinned to one CPU, 2% with two
-  threads (tests/test_input_wait.py). Must run before TensorFlow starts.
+  threads (tests/unit/train/test_input_wait.py). Must run before TensorFlow
+  starts.
   """
   cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
           else os.cpu_count())

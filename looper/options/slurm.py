@@ -34,7 +34,7 @@ node without GPUs it runs nvidia-smi (FileNotFoundError) or, told
 gpus_per_node=0, fails in range() (step 0); every step's first task on a
 node takes port 8888, so two jobs on a node collide; and it lists nodes
 by sorted() name while Slurm ranks them in node-list order, so nodes n9
-and n10 get task 0 at n10 (tests/test_distribute.py shows each).
+and n10 get task 0 at n10 (tests/unit/options/test_distribute.py shows each).
 
 No TensorFlow here: `looper launch` uses `gpu_share` and stays light.
 """

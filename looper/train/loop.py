@@ -24,8 +24,8 @@ counted once from the first call's traced graph (looper.train.flops).
 
 The loop body is `next(iterator)` and the replica step, as in the TPU
 guide's loop: nothing in it reads model or optimizer state or reduces
-across replicas (tests/test_loop_graph.py checks the graph). This module
-owns only the mechanics; what a step computes is the Trainer's.
+across replicas (tests/e2e/replicas/test_loop_graph.py checks the graph).
+This module owns only the mechanics; what a step computes is the Trainer's.
 """
 
 import contextlib

@@ -61,9 +61,10 @@ from looper.workdir import formats
 # says the run is input-bound...
 INPUT_BOUND = 0.1
 # ...if the wait per step is also above this: a resident batch's get_next
-# alone costs ~0.1 ms per step on this project's CPUs (measured: tests/tiny.py
-# in array mode, ~4000 steps/s, 35-48% "waiting"), which no faster
-# dataset_fn removes; for tiny models that is a large share of nothing.
+# alone costs ~0.1 ms per step on this project's CPUs (measured:
+# tests/fixtures/tiny.py in array mode, ~4000 steps/s, 35-48% "waiting"), which
+# no faster dataset_fn removes; for tiny models that is a large share of
+# nothing.
 INPUT_BOUND_SECS_PER_STEP = 0.0005
 
 

@@ -12,7 +12,9 @@ import sys
 
 import numpy as np
 
-from tests.conftest import LOOPBACK_ENV, ROOT, scalars
+from tests.fixtures.events import scalars
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 
 def steady(train_dir: str) -> dict[str, float]:

@@ -35,7 +35,8 @@ import tensorflow as tf
 
 from looper.data import shards
 from tests import bench
-from tests.conftest import LOOPBACK_ENV, ROOT
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 FILES, PER_FILE, SIZE = 16, 64, 192
 # The trainer's host: CPU 0; the service's machines: the other CPUs.

@@ -22,7 +22,8 @@ import sys
 import tempfile
 
 from tests import bench
-from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR
+from tests.fixtures.paths import MNIST_DIR, ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 
 def get_config():

@@ -12,7 +12,7 @@ bytes in array mode, --batch windows per step, K steps per train call.
 Reports, per configuration:
   tf peak  TensorFlow's peak allocated bytes on CPU:0 over the timed calls
            (its allocator's own count, reset after the first call; a BFC
-           allocator on every CPU: conftest.MEMORY_STATS_ENV): the
+           allocator on every CPU: processes.MEMORY_STATS_ENV): the
            tensors a step holds at once, the activations kept for the
            backward pass among them;
   rss      the process' peak resident memory (ru_maxrss: with TensorFlow,
@@ -28,7 +28,7 @@ import os
 import time
 
 from tests import bench
-from tests.conftest import MEMORY_STATS_ENV
+from tests.fixtures.processes import MEMORY_STATS_ENV
 
 K = 3  # steps per train call
 

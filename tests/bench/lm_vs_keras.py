@@ -39,7 +39,8 @@ import time
 import numpy as np
 
 from tests import bench
-from tests.conftest import LOOPBACK_ENV, ROOT
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 DATA = ROOT.parent / "shared" / "data" / "text" / "pydocs"
 # nanoGPT's baby GPT (README: "a baby GPT on CPU") and its train.py defaults.

@@ -33,7 +33,7 @@ import json
 import time
 
 from tests import bench
-from tests.conftest import MNIST_DIR
+from tests.fixtures.paths import MNIST_DIR
 
 BATCH, K = 128, 50
 

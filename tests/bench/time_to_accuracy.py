@@ -41,7 +41,8 @@ import time
 
 import numpy as np
 
-from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR
+from tests.fixtures.paths import MNIST_DIR, ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
 
 BATCH = 128
 TASKS = {

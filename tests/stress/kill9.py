@@ -31,12 +31,14 @@ import time
 
 import numpy as np
 
-from tests.conftest import checkpoint_tensors, curve, popen_looper
-from tests.conftest import run_looper, scalars
+from tests.fixtures.checkpoints import checkpoint_tensors
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.processes import popen_looper, run_looper
 
 # Keras' own random layers (Dropout, noise, flips, attention dropout) on 2
 # replicas: their draws must continue, not restart, after a kill.
-ARGS = ("--config=tests/tiny.py", "--config.distribution.num_cpu_devices=2",
+ARGS = ("--config=tests/fixtures/tiny.py",
+        "--config.distribution.num_cpu_devices=2",
         "--config.model.keras_random=True",
         "--config.train.steps=120", "--config.train.steps_per_loop=5",
         "--config.checkpoint.every_steps=10", "--config.eval.every_steps=20",

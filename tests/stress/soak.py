@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from tests.conftest import popen_looper
+from tests.fixtures.processes import popen_looper
 
 ARGS = ("--config=experiments/mnist.py:bundled", "--config.model.width=8",
         "--config.train.steps=1000000000", "--config.train.steps_per_loop=100",

@@ -24,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 
-from tests.conftest import LOOPBACK_ENV, ROOT, MNIST_DIR, fetch, \
-    tensorboard_server
+from tests.fixtures.paths import MNIST_DIR, ROOT
+from tests.fixtures.processes import LOOPBACK_ENV
+from tests.fixtures.servers import fetch, tensorboard_server
 
 TABS = ("scalars", "hparams", "text", "profile")
 RATES = ("0.001", "0.003")

@@ -1,0 +1,179 @@
+"""What a user sees: the first screen, the closing summary, describe, help;
+the same lines from plain Python (a notebook), or none if asked."""
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from looper import run
+from looper import workdir as workdir_lib
+from looper.cli import runs
+from looper.train import goodput
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.paths import ROOT
+from tests.fixtures.processes import LOOPBACK_ENV, run_looper, run_ok
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
+
+CHATTER = ("InitializeLog", "oneDNN", "cuInit", "cuda", "cpu_feature_guard",
+           "I0000", "E0000", "Sharding callback")
+TIME = r"\d\d:\d\d:\d\d"
+
+
+def test_first_screen_header_progress_and_summary(tmp_path):
+  workdir = tmp_path / "run"
+  args = ("--config=tests/fixtures/tiny.py", f"--workdir={workdir}",
+          "--config.checkpoint.best_metric=accuracy",
+          "--config.export.at_end=True")
+  proc = run_ok(*args, "--config.train.steps=20")
+  assert not proc.stdout  # absl's handler shows the lines: on stderr, once
+  lines = proc.stderr.splitlines()
+  assert not [l for l in lines if any(c in l for c in CHATTER)], lines[:5]
+  assert re.fullmatch(
+      rf"{TIME} looper train_and_eval: sequential \(212 parameters\) in"
+      rf" {workdir} \(fresh start\)", lines[0]), lines[0]
+  assert lines[1:5] == [
+      "  strategy   default, 1 replica (default device)",
+      "  batch      32 global = 32 per replica x 1; eval 64",
+      "  steps      20, 10 per loop; eval every 20, checkpoint every 20",
+      "  precision  float32"]
+  # The peak MFU is of: the probe's figure, measured or cached (test_flops).
+  assert re.fullmatch(r"  MFU        of [\d.]+ \w?FLOP/s: the float32 matmul"
+                      r" speed measured on this CPU \(cached in \S+\)",
+                      lines[5]), lines[5]
+  # 8 -> 16 -> 4, batch 32: 192 multiply-adds forward, 192 for the weights'
+  # gradients, 64 for the hidden layer's (none for the inputs'), x 2.
+  assert re.fullmatch(rf"{TIME} FLOPs per train step: 2.867e\+04 \(counted"
+                      r" once from its graph: .*\)", lines[6]), lines[6]
+  assert re.fullmatch(rf"{TIME} train step 10/20: loss=\S+ accuracy=\S+"
+                      r" learning_rate=\S+ \| [\d.]+k? steps/s, [\d.]+k?"
+                      r" examples/s, [\d.]+ \w?FLOP/s = [\d.e+-]+% MFU \|"
+                      r" ETA \S+( \| input-bound: .*)?", lines[7]), lines[7]
+  done = next(i for i, l in enumerate(lines) if " looper done: " in l)
+  took = re.fullmatch(rf"{TIME} looper done: step 20 in (0:00:\d\d) \(this"
+                      r" attempt's wall time\)", lines[done])
+  assert took, lines[done]
+  # `looper runs` shows the same time: the one attempt's record.
+  assert runs.summarize(str(workdir))[runs.WALL] == took.group(1)
+  last = re.fullmatch(r"  last eval   loss=\S+ examples=1001 accuracy=(\S+)",
+                      lines[done + 1])
+  assert last and lines[done + 2] == (
+      f"  best eval   accuracy={last.group(1)} at step 20")
+  # The goodput line is the one attempt's record, read back.
+  totals = goodput.Totals.of(goodput.read(workdir_lib.Workdir(str(workdir))))
+  assert totals.attempts == 1
+  assert lines[done + 3:] == [
+      f"  checkpoint  {workdir}/checkpoints/ckpt-20",
+      f"  events      {workdir}/train, {workdir}/eval",
+      f"  export      {workdir}/export/20",
+      f"  goodput     {totals.line()}",
+      f"  tensorboard --logdir={workdir}"]
+
+  resumed = run_ok(*args, "--config.train.steps=30").stderr.splitlines()
+  assert resumed[0].endswith(
+      f"in {workdir} (resumed from {workdir}/checkpoints/ckpt-20)")
+  # Two attempts: the goodput line's total, which the table shows.
+  [both] = [l for l in resumed if l.startswith("  goodput     ")]
+  assert f" of {runs.summarize(str(workdir))[runs.WALL]} in 2 attempts " in both
+
+
+def test_describe_a_mirrored_four_device_config_with_verbose_logs():
+  proc = run_ok("describe", "--config=tests/fixtures/tiny.py",
+                "--config.distribution.num_cpu_devices=4", "--verbosity=1")
+  out = proc.stdout
+  assert out.startswith("looper describe: sequential (212 parameters)\n"
+                        "  strategy   Mirrored, 4 replicas (4 CPU)\n"
+                        "  batch      32 global = 8 per replica x 4; eval 64\n")
+  for expected in (
+      "  data.train_split='train': 1,001 examples, element mode; inputs"
+      " float32[8], labels int32[]",
+      "dense_1 (Dense)", "Total params: 212", '"num_cpu_devices": 4'):
+    assert expected in out, expected
+  # --verbosity=1 keeps absl's own long log lines (TensorFlow's too).
+  assert re.search(r"^[IWE]\d{4} \d\d:\d\d:\d\d", proc.stderr, re.M)
+
+
+def test_help_lists_the_modes_and_experiments():
+  proc = run_looper("--help")
+  assert proc.returncode == 0
+  for mode in ("train_and_eval", "eval", "export", "check", "describe",
+               "launch", "runs"):
+    assert re.search(rf"^  {mode} ", proc.stdout, re.M), mode
+  assert "experiments/*.py" in proc.stdout
+
+
+# What a notebook cell runs: no absl app, no logging set up.
+_NOTEBOOK = """
+import json, sys
+from looper import run
+from tests.fixtures import tiny
+config = tiny.get_config()
+config.train.steps = 20
+shown = run.run(config, sys.argv[1])
+print("-- quiet --")
+run.run(config, sys.argv[2], verbose=False)
+print(json.dumps(shown["eval"]))
+"""
+
+
+def test_plain_python_prints_the_run_unless_asked_not_to(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-c", _NOTEBOOK, str(tmp_path / "a"),
+       str(tmp_path / "b")], cwd=ROOT,
+      env=dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  shown, quiet = proc.stdout.split("-- quiet --\n")
+  lines = shown.splitlines()
+  assert re.fullmatch(
+      rf"{TIME} looper train_and_eval: sequential \(212 parameters\) in"
+      rf" {tmp_path / 'a'} \(fresh start\)", lines[0]), lines[0]
+  assert lines[1] == "  strategy   default, 1 replica (default device)"
+  progress = [l for l in lines if re.match(rf"{TIME} train step ", l)]
+  assert [l[9:].split(":")[0] for l in progress] == [
+      "train step 10/20", "train step 20/20"]
+  # The eval line and the summary hold the numbers the call returned.
+  logs = json.loads(quiet.splitlines()[-1])
+  numbers = " ".join(f"{k}={v:.4g}" for k, v in logs.items())
+  assert [l[9:] for l in lines if " eval at step " in l] == [
+      f"eval at step 20: {numbers}"]
+  done = next(i for i, l in enumerate(lines) if " looper done: " in l)
+  assert lines[done + 1] == f"  last eval   {numbers}"
+  assert lines[-1] == f"  tensorboard --logdir={tmp_path / 'a'}"
+  # Quiet: nothing but the result; and no line went to stderr either.
+  assert quiet.splitlines() == [quiet.splitlines()[-1]]
+  assert not [l for l in proc.stderr.splitlines()
+              if re.match(rf"{TIME} ", l) or "looper" in l], proc.stderr
+
+
+def test_eval_and_export_describe_the_run_they_read(tmp_path, caplog):
+  """In-process: a run of 10 steps, read with the command line's config
+  (tiny's 40 steps, a checkpoint every 20)."""
+  run.run(configured(tiny.get_config(), train__steps=10,
+                     checkpoint__every_steps=5), str(tmp_path), "train")
+  differs = ("  differs    on the command line: checkpoint.every_steps=20"
+             " (config.json: 5), train.steps=40 (config.json: 10)")
+  for mode, path, reads in [
+      ("eval", str(tmp_path / "checkpoints" / "ckpt-5"),
+       f"evaluates {tmp_path}/checkpoints/ckpt-5"),
+      ("export", None, "exports the latest checkpoint")]:
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      run.run(tiny.get_config(), str(tmp_path), mode, path)
+    [header] = [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith(f"looper {mode}: ")]
+    # Keras numbers the models of one process: sequential_1, ...
+    assert re.sub(r"sequential_\d+", "sequential", header).splitlines() == [
+        f"looper {mode}: sequential (212 parameters) in {tmp_path} ({reads})",
+        "  strategy   default, 1 replica (default device)",
+        "  batch      32 global = 32 per replica x 1; eval 64",
+        "  steps      10, 10 per loop; eval every 20, checkpoint every 5",
+        "  precision  float32",
+        differs]

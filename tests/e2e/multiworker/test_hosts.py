@@ -1,0 +1,179 @@
+"""Workers on separate hosts (network namespaces): exactness and a cut link.
+
+On 127.0.0.1 a dead peer is a reset connection the moment its process
+dies; between hosts the common fault is a host that goes silent (a switch
+port, a preempted VM's NIC), and collectives hang rather than fail. Here
+each worker runs in its own namespace on a bridge (tests/fixtures/hosts.py),
+and a link is cut by bringing its switch port down mid-loop:
+- 2 and 3 hosts give the per-step losses of one process, eval counting
+  every example once, in element, array and file mode;
+- a cut worker or a cut chief ends every worker within
+  distribution.worker_timeout_secs plus a margin, each with one line naming
+  the task it lost, non-zero; every checkpoint stays readable, and the
+  rerun on all hosts ends bit-exactly where an uninterrupted run does;
+- a blip (the link back within an eighth of the timeout) is ridden out:
+  the run ends normally, one set of checkpoints, by the chief.
+Skipped with one line where namespaces cannot be made (not root, no `ip`).
+"""
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+from looper.data import shards
+from tests.fixtures import tiny
+from tests.fixtures.checkpoints import checkpoint_tensors
+from tests.fixtures.configs import run_here
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.hosts import Hosts
+from tests.fixtures.processes import looper_lines, wait_for
+
+# Subprocesses in namespaces: the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 8  # distribution.worker_timeout_secs: registration and heartbeats
+MARGIN = 12  # the heartbeat check's period, the error's way out, exit
+# Heartbeats time out after TIMEOUT / 2 (looper.options.distribute); a cut that
+# long, with TCP's retransmission back-off after it, may end the run (in
+# one line, as a cut does). An outage of an eighth of it is ridden out.
+BLIP = TIMEOUT / 8
+# 48 splits over 1, 2 and 3 replicas; 1009 examples is a prime.
+ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.batch_size=48",
+        "--config.eval.batch_size=48", "--config.model.num_examples=1009",
+        "--config.model.dropout=0.3",
+        f"--config.distribution.worker_timeout_secs={TIMEOUT}")
+SHORT = ("--config.train.steps=20", "--config.train.steps_per_loop=5",
+         "--config.checkpoint.every_steps=10", "--config.eval.every_steps=10")
+# Long enough (several seconds on 2 hosts) to cut a link in the middle.
+LONG = ("--config.train.steps=600", "--config.train.steps_per_loop=20",
+        "--config.checkpoint.every_steps=100", "--config.eval.every_steps=300")
+
+
+@pytest.fixture(scope="module")
+def modes(tmp_path_factory):
+  """Flags of element, array and file mode (48 groups: 1, 2 or 3 replicas)."""
+  root = tmp_path_factory.mktemp("shards")
+  c = tiny.get_config()
+  c.model.num_examples = 1009
+  for split in ("train", "test"):
+    shards.write(tiny.dataset_fn(c, split), str(root / split), min_shards=48)
+  return {"elements": (),
+          "arrays": ("--config.data.as_arrays=True",),
+          "files": (f"--config.data.shards_dir={root}",
+                    "--config.data.virtual_shards=48")}
+
+
+def run_hosts(net: Hosts, *args, timeout: float = 300) -> list[str]:
+  net.procs = []
+  net.start_workers((*ARGS, *args))
+  logs = net.finish(timeout)
+  assert [p.returncode for p in net.procs] == [0] * net.n, logs[0][-3000:]
+  return logs
+
+
+def test_three_hosts_equal_one_process_in_every_mode(tmp_path, modes):
+  with Hosts(3, tmp_path) as net:
+    for mode, flags in modes.items():
+      run_hosts(net, *flags, *SHORT, f"--workdir={tmp_path}/{mode}-hosts")
+  for mode, flags in modes.items():
+    run_here(*ARGS, *flags, *SHORT, f"--workdir={tmp_path}/{mode}-one")
+    np.testing.assert_allclose(
+        curve(tmp_path / f"{mode}-hosts" / "train"),
+        curve(tmp_path / f"{mode}-one" / "train"), rtol=1e-5, err_msg=mode)
+    assert scalars(tmp_path / f"{mode}-hosts" / "eval", "examples") == {
+        10: 1009, 20: 1009}, mode
+    # Written once, by the chief: no worker scratch, one HParams row.
+    assert sorted(p.name for p in (tmp_path / f"{mode}-hosts").iterdir()) == [
+        "checkpoints", "config.json", "eval", "goodput", "hparams",
+        "metrics.jsonl", "train"], mode
+    assert len(list((tmp_path / f"{mode}-hosts" / "hparams").glob(
+        "*tfevents*"))) == 1
+
+
+def assert_as_uninterrupted(net: Hosts, workdir, flags) -> None:
+  """`workdir`'s run equals the same run on the same hosts uninterrupted,
+  bit for bit (per-step losses, final state); eval counted once. (Hosts
+  equal one process: test_three_hosts_equal_one_process_in_every_mode.)"""
+  run_hosts(net, *flags, *LONG, f"--workdir={workdir}-uninterrupted")
+  np.testing.assert_array_equal(curve(workdir / "train"),
+                                curve(f"{workdir}-uninterrupted/train"))
+  state, want = (checkpoint_tensors(f"{w}/checkpoints/ckpt-600")
+                 for w in (workdir, f"{workdir}-uninterrupted"))
+  assert sorted(state) == sorted(want)
+  for key in want:
+    np.testing.assert_array_equal(state[key], want[key], err_msg=key)
+  assert scalars(workdir / "eval", "examples") == {300: 1009, 600: 1009}
+
+
+# Who is cut, who must name whom: the chief names the lost worker; a
+# worker that loses the chief (the coordination service) names it.
+LOST_WORKER = (r"looper: lost worker /job:worker/replica:0/task:1 \(it stopped"
+               r" sending heartbeats\)")
+LOST_CHIEF = (r"looper: lost the chief /job:worker/replica:0/task:0 \(no"
+              rf" answer to heartbeats within"
+              rf" distribution.worker_timeout_secs={TIMEOUT}: its host is"
+              r" unreachable or gone\)")
+
+
+@pytest.mark.parametrize("cut,mode", [(1, "elements"), (0, "files")],
+                         ids=["worker", "chief"])
+def test_a_cut_link_ends_every_worker_in_one_line_and_the_rerun_is_exact(
+    tmp_path, modes, cut, mode):
+  workdir = tmp_path / "run"
+  args = (*modes[mode], *LONG, f"--workdir={workdir}")
+  with Hosts(2, tmp_path) as net:
+    net.start_workers((*ARGS, *args))
+    wait_for(net.procs[0].log, "Saved ")
+    net.cut(cut)
+    cut_at = time.monotonic()
+    ended = {}
+    while len(ended) < 2 and time.monotonic() - cut_at < 120:
+      for i, proc in enumerate(net.procs):
+        if i not in ended and proc.poll() is not None:
+          ended[i] = time.monotonic() - cut_at
+      time.sleep(0.1)
+    logs = net.finish(timeout=1)
+    codes = [p.returncode for p in net.procs]
+    assert codes == [1, 1], (codes, logs[1 - cut][-3000:])
+    # The survivor in time, both in one line naming whom they lost.
+    assert ended[1 - cut] < TIMEOUT + MARGIN, ended
+    assert ended[cut] < TIMEOUT + MARGIN, ended
+    for i, log in enumerate(logs):
+      lines = looper_lines(log)
+      want = LOST_WORKER if i == 0 else LOST_CHIEF
+      assert len(lines) == 1 and re.match(want + "; this worker stopped too."
+                                          " Restart all workers", lines[0]), (
+                                              i, log[-3000:])
+    # Every checkpoint kept is readable; no worker left scratch behind.
+    kept = sorted((workdir / "checkpoints").glob("ckpt-*.index"))
+    assert kept
+    for index in kept:
+      assert checkpoint_tensors(str(index)[:-len(".index")])
+    assert not list(workdir.glob(".worker*"))
+    assert max(scalars(workdir / "train", "loss")) < 600  # cut mid-run
+    # The link back, the same command on both hosts: resumed, exact.
+    net.restore(cut)
+    run_hosts(net, *args)
+    assert_as_uninterrupted(net, workdir, modes[mode])
+
+
+def test_a_blip_shorter_than_the_timeout_is_ridden_out(tmp_path, modes):
+  workdir = tmp_path / "run"
+  args = (*modes["arrays"], *LONG, f"--workdir={workdir}")
+  with Hosts(2, tmp_path) as net:
+    net.start_workers((*ARGS, *args))
+    wait_for(net.procs[0].log, "Saved ")
+    net.cut(1)
+    time.sleep(BLIP)
+    net.restore(1)
+    logs = net.finish(timeout=300)
+    assert [p.returncode for p in net.procs] == [0, 0], logs[0][-3000:]
+    assert not looper_lines(logs[0]) and not looper_lines(logs[1])
+    # One writer: the chief's checkpoints only, each step saved once.
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [
+        "checkpoint", *sorted(f"ckpt-{s}.{ext}" for s in (400, 500, 600)
+                              for ext in ("data-00000-of-00001", "index"))]
+    assert not list(workdir.glob(".worker*"))
+    assert_as_uninterrupted(net, workdir, modes["arrays"])

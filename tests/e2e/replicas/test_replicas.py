@@ -1,0 +1,70 @@
+"""The same run on 1, 2 and 4 replicas: the same curve, the same eval.
+
+One set of runs with every numerics option a replica step carries on: the
+dropout masks, an active clip (the tiny run's gradient norms are ~0.5-2),
+two micro-batches per update and the weight average (which eval uses).
+Each run is its own process: one MirroredStrategy per process, and logical
+CPU devices can only be set before TensorFlow starts.
+"""
+
+import numpy as np
+import pytest
+
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.processes import run_ok
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
+
+REPLICAS = (1, 2, 4)
+NUMERICS = ("--config=tests/fixtures/tiny.py", "--config.model.dropout=0.3",
+            "--config.optimizer.clip_global_norm=0.3",
+            "--config.train.grad_accum_steps=2",
+            "--config.optimizer.ema_decay=0.9", "--config.train.steps=20",
+            "--config.eval.every_steps=10")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  out = {}
+  for n in REPLICAS:
+    out[n] = tmp_path_factory.mktemp(f"replicas{n}")
+    run_ok(*NUMERICS, f"--workdir={out[n]}",
+           f"--config.distribution.num_cpu_devices={n}")
+  out["plain"] = tmp_path_factory.mktemp("plain")
+  run_ok("--config=tests/fixtures/tiny.py", "--config.train.steps=20",
+         f"--workdir={out['plain']}")
+  return out
+
+
+def test_dropout_clipping_accumulation_ema_are_the_same_on_1_2_4_replicas(
+    runs):
+  reference = curve(runs[1] / "train")
+  assert len(reference) == 20
+  for n in REPLICAS[1:]:
+    np.testing.assert_allclose(curve(runs[n] / "train"), reference,
+                               rtol=1e-5, err_msg=f"{n} replicas")
+  # And they did something: the curve is not the plain run's.
+  assert np.abs(reference - curve(runs["plain"] / "train")).max() > 1e-3
+
+
+def test_eval_counts_1001_examples_on_every_replica_count(runs):
+  # 1001 eval examples, eval batch 64 (16 per replica on 4): 16 steps, the
+  # last one padded with 23 masked examples.
+  for n in REPLICAS:
+    assert scalars(runs[n] / "eval", "examples") == {10: 1001, 20: 1001}
+  for tag in ("loss", "accuracy"):
+    want = scalars(runs[1] / "eval", tag)
+    for n in REPLICAS[1:]:
+      got = scalars(runs[n] / "eval", tag)
+      assert got.keys() == want.keys()
+      np.testing.assert_allclose(list(got.values()), list(want.values()),
+                                 rtol=1e-5, atol=1e-6, err_msg=f"{tag} on {n}")
+
+
+def test_train_metrics_agree_across_replicas(runs):
+  want = scalars(runs[1] / "train", "accuracy")
+  for n in REPLICAS[1:]:
+    got = scalars(runs[n] / "train", "accuracy")
+    np.testing.assert_allclose(list(got.values()), list(want.values()),
+                               atol=1e-6)

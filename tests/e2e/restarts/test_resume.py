@@ -1,0 +1,46 @@
+"""Stop, restart with more steps: the curve equals one uninterrupted run.
+
+The stop (35 steps of 32 = 1120 examples) lies inside the second epoch of
+the 1001-example train split and off the checkpoint interval (20), so the
+restart must jump to epoch 1 and skip within it, from the final save.
+"""
+
+import numpy as np
+import pytest
+
+from tests.fixtures.events import curve, scalars
+from tests.fixtures.processes import run_ok
+
+# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+pytestmark = pytest.mark.slow
+
+ARGS = ("--config=tests/fixtures/tiny.py",
+        "--config.distribution.num_cpu_devices=2")
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+  whole, split = tmp_path / "whole", tmp_path / "split"
+  run_ok(*ARGS, f"--workdir={whole}", "--config.train.steps=50")
+  run_ok(*ARGS, f"--workdir={split}", "--config.train.steps=35")
+  assert sorted(p.name for p in (split / "checkpoints").glob("*.index")) == [
+      "ckpt-20.index", "ckpt-35.index"]
+  proc = run_ok(*ARGS, f"--workdir={split}", "--config.train.steps=50")
+  assert f"(resumed from {split}/checkpoints/ckpt-35)" in proc.stderr
+
+  resumed = curve(split / "train")  # every step 1..50 exactly once
+  np.testing.assert_array_equal(resumed, curve(whole / "train"))
+  # The first part also evaluated at its own end, step 35.
+  split_eval = scalars(split / "eval", "accuracy")
+  assert sorted(split_eval) == [20, 35, 40, 50]
+  del split_eval[35]
+  assert split_eval == scalars(whole / "eval", "accuracy")
+  # keep=3: the oldest of 20, 35, 40, 50 is gone.
+  assert sorted(p.name for p in (split / "checkpoints").glob("*.index")) == [
+      "ckpt-35.index", "ckpt-40.index", "ckpt-50.index"]
+
+
+def test_rerun_at_the_end_trains_nothing(tmp_path):
+  run_ok(*ARGS, f"--workdir={tmp_path}", "--config.train.steps=10")
+  proc = run_ok(*ARGS, f"--workdir={tmp_path}", "--config.train.steps=10")
+  assert "nothing to train" in proc.stderr
+  assert len(curve(tmp_path / "train")) == 10

@@ -1,0 +1,67 @@
+"""The Input: the only reader of dataset_fn; the data position it resumes from.
+
+Against references computed here: the examples straight from tiny's
+dataset_fn, and the stream of an Input that was never moved.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from looper.data import input as input_lib
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+
+
+def _input(**fields):
+  return input_lib.Input(configured(tiny.get_config(), **fields),
+                         tf.distribute.get_strategy())
+
+
+def _batches(data, n):
+  return [next(data.train_iterator())[0].numpy() for _ in range(n)]
+
+
+@pytest.mark.parametrize("as_arrays", [False, True])
+def test_a_seek_resumes_the_stream_where_the_position_says(as_arrays):
+  straight = _batches(_input(data__as_arrays=as_arrays), 7)
+  moved = _input(data__as_arrays=as_arrays)
+  _batches(moved, 3)
+  moved.advance(3)
+  assert moved.data_position == 3 * 32
+  # A new process restoring that position: what a checkpoint gives.
+  resumed = _input(data__as_arrays=as_arrays)
+  resumed.seek(moved.data_position)
+  np.testing.assert_array_equal(np.stack(_batches(resumed, 4)),
+                                np.stack(straight[3:]))
+  np.testing.assert_array_equal(np.stack(_batches(moved, 4)),
+                                np.stack(straight[3:]))
+  assert set(resumed.checkpoint_items()) == {"position"}
+
+
+def test_advance_in_a_tf_function_counts_batches_of_train_batch_size():
+  data = _input(train__batch_size=16)
+  tf.function(lambda: data.advance(tf.constant(5)))()
+  assert data.data_position == 5 * 16
+
+
+def test_one_eval_pass_holds_every_example_once_then_repeats():
+  data = _input()
+  count, steps, dataset = data.eval_data()
+  x, y = tiny.make_data(1001, seed=1)
+  assert (count, steps) == (1001, 16)  # 15 full batches of 64 + 41
+  iterator = iter(dataset)
+  for _ in range(2):  # the second pass is the first again
+    seen, seen_labels, masks = [], [], []
+    for _ in range(steps):
+      inputs, labels, mask = next(iterator)
+      seen.append(inputs.numpy())
+      seen_labels.append(labels.numpy())
+      masks.append(mask.numpy())
+    mask = np.concatenate(masks).astype(bool)
+    assert mask.sum() == count and mask.size == steps * 64
+    np.testing.assert_array_equal(np.concatenate(seen)[mask], x)
+    np.testing.assert_array_equal(np.concatenate(seen_labels)[mask], y)
+  spec = data.element_spec
+  assert (spec[0].shape.as_list(), spec[1].dtype) == ([tiny.FEATURES],
+                                                      tf.int32)

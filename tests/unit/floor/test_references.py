@@ -1,0 +1,94 @@
+"""looper.references: functions in a config written to config.json and loaded
+back; a config file named by path runs once per process."""
+
+import functools
+import json
+
+import keras
+import pytest
+
+from looper import config as lc
+from looper import references
+from tests.fixtures import tiny
+from tests.fixtures.paths import ROOT
+
+
+# --- Losses that are not plain functions are written to config.json --------
+
+
+def _module_level_loss(labels, logits):
+  return keras.losses.sparse_categorical_crossentropy(labels, logits,
+                                                      from_logits=True)
+
+
+def _saved_loss(loss):
+  c = tiny.get_config()
+  c.loss = loss
+  lc.validate(c)
+  return json.loads(references.to_json(c))["loss"]
+
+
+def test_json_marks_unloadable_losses_and_never_crashes():
+  assert _saved_loss(lambda y, p: y) == (
+      "<unloadable: function tests.unit.floor.test_references:"
+      "test_json_marks_unloadable_losses_and_never_crashes.<locals>.<lambda>>")
+
+  def nested(labels, logits):
+    return labels
+
+  assert _saved_loss(nested) == (
+      "<unloadable: function tests.unit.floor.test_references:"
+      "test_json_marks_unloadable_losses_and_never_crashes.<locals>.nested>")
+  assert _saved_loss(functools.partial(
+      keras.losses.sparse_categorical_crossentropy, from_logits=True)) == (
+          "<unloadable: functools.partial(keras.src.losses.losses:"
+          "sparse_categorical_crossentropy, from_logits=True)>")
+  assert _saved_loss(keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True)) == (
+          "<unloadable: keras.src.losses.losses:SparseCategoricalCrossentropy("
+          "name='sparse_categorical_crossentropy', reduction="
+          "'sum_over_batch_size', from_logits=True, ignore_class=None)>")
+
+
+def test_json_names_loadable_callables_for_resolve():
+  saved = _saved_loss(_module_level_loss)
+  assert saved == "tests.unit.floor.test_references:_module_level_loss"
+  assert references.resolve(saved, "loss") is _module_level_loss
+  saved = _saved_loss(keras.losses.SparseCategoricalCrossentropy)  # a class
+  assert references.resolve(saved, "loss") is keras.losses.SparseCategoricalCrossentropy
+
+
+def test_resolve_rejects_an_unloadable_marker():
+  with pytest.raises(lc.ConfigError) as e:
+    references.resolve("<unloadable: function m:f.<locals>.<lambda>>", "loss")
+  assert str(e.value) == (
+      "config.loss='<unloadable: function m:f.<locals>.<lambda>>' was saved"
+      " from an object that cannot be loaded back; set config.loss in"
+      " get_config() to a module-level function or a 'module:name' string")
+
+
+# --- A config file named by path is executed once per process --------------
+
+
+def test_config_file_by_path_is_executed_once(tmp_path, monkeypatch):
+  log = tmp_path / "executions.txt"
+  experiment = tmp_path / "counted_experiment.py"
+  experiment.write_text(
+      f"with open({str(log)!r}, 'a') as f:\n  f.write('x')\n"
+      "def model_fn(config):\n  return 'model'\n"
+      "def dataset_fn(config, split):\n  return 'data'\n")
+  monkeypatch.chdir(tmp_path)
+  model_fn = references.resolve(f"{experiment}:model_fn", "model_fn")
+  dataset_fn = references.resolve("counted_experiment.py:dataset_fn", "dataset_fn")
+  again = references.resolve(f"{tmp_path}/./counted_experiment.py:model_fn", "x")
+  assert log.read_text() == "x"
+  assert again is model_fn and model_fn(None) == "model"
+  assert dataset_fn(None, "train") == "data"
+  # Saved to JSON, a function of the file is named by the file's path.
+  c = lc.default_config()
+  c.model_fn = model_fn
+  assert json.loads(references.to_json(c))["model_fn"] == (
+      "counted_experiment.py:model_fn")
+  # A file Python already imported as a module is not run a second time.
+  assert references.resolve(f"{ROOT}/tests/fixtures/tiny.py:model_fn",
+                            "x") is tiny.model_fn

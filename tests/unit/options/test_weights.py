@@ -1,0 +1,229 @@
+"""Sample and class weights, token losses and several outputs: the math.
+
+Training is compared with plain single-device SGD on the same global
+batches (`weighted.reference_losses`: the loss written out from BUILD.md
+"Losses", not looper's code) on 1, 2 and 4 replicas and under
+accumulation; evaluation with NumPy over the whole split, in the element,
+array and file input modes.
+"""
+
+import json
+import subprocess
+import sys
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from looper import run
+from looper.data import shards
+from looper.train import evaluator as evaluator_lib
+from looper.train import trainer as trainer_lib
+from tests.fixtures import weighted
+from tests.fixtures.checkpoints import restored_trainer
+from tests.fixtures.configs import configured
+from tests.fixtures.events import scalars
+from tests.fixtures.paths import ROOT
+
+STEPS = 10
+CLASS_WEIGHTS = (1.0, 3.0, 0.5, 2.0)
+
+# (name, kind, fields, replica counts)
+CASES = [
+    ("examples", "examples", {}, (1, 2, 4)),
+    ("examples-by-weights-accum", "examples",
+     {"loss_normalization": "weights", "train.grad_accum_steps": 2,
+      "data.mode": "arrays"}, (1, 2, 4)),
+    ("class-weights", "examples",
+     {"data.class_weights": CLASS_WEIGHTS, "data.mode": "arrays"}, (1, 2)),
+    ("tokens", "tokens", {}, (1, 2, 4)),
+    ("tokens-accum", "tokens", {"train.grad_accum_steps": 2}, (2,)),
+    ("heads", "heads", {}, (1, 2)),
+]
+
+_SCRIPT = """
+import json, os, sys
+import tensorflow as tf
+from looper.options import distribute
+from looper.train import trainer as trainer_lib
+from tests.fixtures import weighted
+from tests.fixtures.configs import configured
+n = int(sys.argv[2])
+strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(n))
+out, kept = {}, []
+for name, kind, fields, replicas in json.loads(sys.argv[1]):
+  if n in replicas:
+    c = configured(weighted.get_config(kind), fields)
+    if "data.shards_dir" in fields:
+      c.data.virtual_shards = 8
+    t = trainer_lib.Trainer(c, strategy)
+    losses, _ = t.train(%d)
+    out[f"{name}/{n}"] = dict(
+        losses=losses.tolist(),
+        weights=[v.numpy().tolist() for v in t.model.trainable_variables])
+    kept.append(t)  # a Mirrored iterator freed while others run stalls
+print(json.dumps(out), flush=True)
+os._exit(0)  # pylint: disable=protected-access  (the same at exit)
+""" % STEPS
+
+
+def _fields(fields):
+  return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Every case on its replica counts: a process per count (one
+  MirroredStrategy per process: collectives of two would clash)."""
+  files = tmp_path_factory.mktemp("shards")
+  x, y, w = weighted.make_data("examples", 1000, 0)
+  shards.write(tf.data.Dataset.from_tensor_slices((x, y, w)),
+               str(files / "train"), min_shards=8)
+  shards.write(tf.data.Dataset.from_tensor_slices(
+      weighted.make_data("examples", 1000, 1)), str(files / "test"),
+               min_shards=8)
+  cases = CASES + [("files", "examples", {"data.shards_dir": str(files)},
+                    (1, 2, 4))]
+  out = {}
+  for n in (1, 2, 4):
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT,
+         json.dumps([(n, k, _fields(f), r) for n, k, f, r in cases]), str(n)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+  return out
+
+
+@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
+@pytest.mark.parametrize("name,kind,fields,replicas", CASES,
+                         ids=[c[0] for c in CASES])
+def test_training_equals_single_device_sgd(runs, name, kind, fields,
+                                           replicas):
+  c = configured(weighted.get_config(kind), fields)
+  want, weights = weighted.reference_losses(
+      c, STEPS, CLASS_WEIGHTS if fields.get("data.class_weights") else None)
+  for n in replicas:
+    got = runs[f"{name}/{n}"]
+    np.testing.assert_allclose(got["losses"], want, rtol=2e-5, atol=1e-6,
+                               err_msg=f"{name} on {n} replicas")
+    for a, b in zip(got["weights"], weights):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
+def test_the_weights_and_the_normalization_matter(runs):
+  """Controls: the cases above would fail if looper ignored the weights or
+  divided by the wrong count."""
+  unweighted, _ = weighted.reference_losses(weighted.get_config("examples"),
+                                            STEPS, unweighted=True)
+  assert not np.allclose(runs["examples/2"]["losses"], unweighted, rtol=1e-3)
+  # Skewed token counts: dividing by every token slot, not the global count
+  # of real tokens, gives another curve.
+  tokens = weighted.get_config("tokens")
+  tokens.loss_normalization = "batch_size"
+  per_slot, _ = weighted.reference_losses(tokens, STEPS)
+  assert not np.allclose(runs["tokens/2"]["losses"], per_slot, rtol=1e-3)
+
+
+@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
+def test_file_mode_is_the_same_on_1_2_4_replicas(runs):
+  for n in (2, 4):
+    np.testing.assert_allclose(runs[f"files/{n}"]["losses"],
+                               runs["files/1"]["losses"], rtol=1e-5)
+
+
+def _softmax_ce(logits, labels):
+  shifted = logits - logits.max(-1, keepdims=True)
+  log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  return -np.take_along_axis(log_p, labels[..., None], -1)[..., 0]
+
+
+def numpy_eval(kind: str, outputs, y, w) -> dict:
+  """The eval logs BUILD.md "Losses" defines, over the whole split."""
+  if kind == "heads":
+    ce = _softmax_ce(outputs["class"], y["class"])
+    se = ((y["value"] - outputs["value"]) ** 2).mean(-1)
+    n = len(w)
+    logs = {"class/loss": (w * ce).sum() / n, "value/loss": (w * se).sum() / n,
+            "class/accuracy": (w * (outputs["class"].argmax(-1) ==
+                                    y["class"])).sum() / w.sum(),
+            "value/mean_squared_error": (w * se).sum() / w.sum()}
+    logs["loss"] = logs["class/loss"] + 0.5 * logs["value/loss"]
+    return logs
+  ce = _softmax_ce(outputs, y)
+  # tokens: loss_normalization='weights' (the real tokens); examples: Keras'
+  # rule (every example).
+  denominator = w.sum() if kind == "tokens" else w.size
+  return {"loss": (w * ce).sum() / denominator,
+          "accuracy": (w * (outputs.argmax(-1) == y)).sum() / w.sum()}
+
+
+@pytest.mark.parametrize("mode", ["elements", "arrays", "files"])
+@pytest.mark.parametrize("kind", ["examples", "tokens", "heads"])
+def test_eval_is_weighted_over_the_whole_split(tmp_path, kind, mode):
+  """1000 examples in batches of 64: the last one padded, masked."""
+  c = weighted.get_config(kind)
+  c.eval.batch_size = 64
+  x, y, w = weighted.make_data(kind, 1000, 1)
+  if mode == "files":
+    for split, seed in (("train", 0), ("test", 1)):
+      shards.write(tf.data.Dataset.from_tensor_slices(
+          weighted.make_data(kind, 1000, seed)), str(tmp_path / split),
+                   min_shards=4)
+    c.data.shards_dir = str(tmp_path)
+  else:
+    c.data.mode = mode
+  t = trainer_lib.Trainer(c, tf.distribute.get_strategy())
+  got = evaluator_lib.Evaluator(t).evaluate()
+  outputs = tf.nest.map_structure(lambda o: o.numpy(), t.model(x))
+  want = numpy_eval(kind, outputs, y, w)
+  assert got["examples"] == 1000
+  assert set(got) == {"examples", *want}
+  for name, value in want.items():
+    assert got[name] == pytest.approx(value, rel=1e-5), name
+
+
+def test_class_weights_and_sample_weights_multiply():
+  """Step 1's loss (before any update) against NumPy, dict class weights."""
+  c = weighted.get_config("examples")
+  c.data.class_weights = {1: 3.0, 3: 2.0}  # classes 0 and 2 weigh 1
+  t = trainer_lib.Trainer(c, tf.distribute.get_strategy())
+  x, y, w = weighted.make_data("examples", 1000, 0)
+  ce = _softmax_ce(t.model(x[:32]).numpy(), y[:32])
+  by_class = np.array([1.0, 3.0, 1.0, 2.0])[y[:32]]
+  losses, _ = t.train(1)
+  assert losses[0] == pytest.approx((w[:32] * by_class * ce).sum() / 32,
+                                    rel=1e-5)
+
+
+def test_two_heads_end_to_end(tmp_path, caplog):
+  """Per-output metrics in the logs, TensorBoard and the progress line;
+  the export serves both outputs."""
+  c = configured(weighted.get_config("heads"), {
+      "train.steps": 20, "eval.every_steps": 0, "export.at_end": True,
+      "optimizer.momentum": 0.9})
+  with caplog.at_level(logging.INFO, logger="absl"):
+    result = run.run(c, str(tmp_path), "train_and_eval")
+  names = {"loss", "class/loss", "value/loss", "class/accuracy",
+           "value/mean_squared_error", "examples"}
+  assert set(result["eval"]) == names
+  assert result["eval"]["loss"] == pytest.approx(
+      result["eval"]["class/loss"] + 0.5 * result["eval"]["value/loss"])
+  for tag in ("class/accuracy", "value/mean_squared_error"):
+    assert list(scalars(tmp_path / "train", tag)) == [10, 20]
+    assert list(scalars(tmp_path / "eval", tag)) == [20]
+  lines = [r.getMessage() for r in caplog.records
+           if r.getMessage().startswith("train step 20/20")]
+  assert "class/accuracy=" in lines[0] and "value/mean_squared_error=" in (
+      lines[0])
+  serve = tf.saved_model.load(str(tmp_path / "export" / "20")).signatures[
+      "serving_default"]
+  x, _, _ = weighted.make_data("heads", 5, 3)
+  served = serve(inputs=tf.constant(x))
+  assert set(served) == {"class", "value"}
+  model = restored_trainer(c, tmp_path / "checkpoints" / "ckpt-20").model
+  for name, value in model(x).items():
+    np.testing.assert_allclose(served[name], value, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,101 @@
+"""Actions get what they need as arguments (a Moment) and return results.
+
+Against the fake trainer of test_controller.py: no TensorFlow. Each test
+states by hand what an action must see at each step and what the mode
+returns.
+"""
+
+from looper.train import actions
+from tests.unit.train.test_controller import make
+
+
+def seen(log, name, *fields):
+  """An action fn that records (name, step, *fields of the Moment)."""
+  return lambda now: log.append(
+      (name, now.step, *(getattr(now, f) for f in fields)))
+
+
+def test_a_save_action_is_told_when_it_saves_for_a_stop():
+  log = []
+  save = actions.Action(seen(log, "save", "stopping", "stopped", "end"),
+                        every_steps=10, at_end=True, on_stop=True)
+  ctl, trainer, _ = make(total=40, steps_per_loop=10, save_actions=[save])
+  original = trainer.train
+
+  def train(steps):
+    if trainer.global_step == 20:  # SIGTERM 4 steps into the third loop
+      trainer.stop.request("SIGTERM")
+      trainer.stop_after(4)
+    return original(steps)
+
+  trainer.train = train
+  result = ctl.train()
+  assert log == [("save", 10, False, None, False),
+                 ("save", 20, False, None, False),
+                 ("save", 24, True, "SIGTERM", False)]
+  assert result["stopped"] == "SIGTERM" and result["step"] == 24
+
+
+def test_what_an_action_returns_is_the_result_under_its_name():
+  # An export at the end returns its path; a save returns nothing.
+  export = actions.Action(lambda now: f"/w/export/{now.step}", at_end=True,
+                          name="export")
+  evaluate = actions.Action(lambda now: {"loss": 1 / now.step},
+                            every_steps=15, at_end=True, name="eval")
+  save = actions.Action(lambda now: None, every_steps=10, name="checkpoint")
+  ctl, _, _ = make(total=40, steps_per_loop=10, eval_actions=[evaluate],
+                   save_actions=[save, export])
+  result = ctl.train_and_eval()
+  assert result["export"] == "/w/export/40"
+  assert result["eval"] == {"loss": 1 / 40}  # the last evaluation's
+  assert "checkpoint" not in result
+  assert ctl.train_and_eval() == {"step": 40}  # nothing left to run
+
+
+def test_an_early_end_is_seen_by_the_actions_after_it_in_that_loop():
+  log = []
+
+  def evaluate(now):
+    log.append(("eval", now.step, now.end))
+    if now.step == 20:
+      now.end_training("early stop at step 20")
+
+  save = actions.Action(seen(log, "save", "end", "ended"), at_end=True)
+  ctl, trainer, _ = make(total=40, steps_per_loop=10,
+                         eval_actions=[actions.Action(evaluate,
+                                                      every_steps=10)],
+                         save_actions=[save])
+  result = ctl.train_and_eval()
+  assert log == [("eval", 10, False), ("eval", 20, False),
+                 ("save", 20, True, "early stop at step 20")]
+  assert result["ended"] == "early stop at step 20"
+  assert trainer.global_step == 20
+
+
+def test_on_start_gets_the_moment_and_may_end_training_before_a_step():
+  started = []
+
+  def resume(now):  # patience already ran out in the run resumed
+    started.append((now.step, now.loop, now.end))
+    now.end_training("early stop at step 30")
+
+  save = actions.Action(lambda now: None, at_end=True, on_start=resume)
+  ctl, trainer, _ = make(total=40, save_actions=[save])
+  trainer.global_step = 30
+  result = ctl.train()
+  assert started == [(30, None, False)]
+  assert trainer.loops == [] and result == {"step": 30,
+                                            "ended": "early stop at step 30"}
+
+
+def test_each_action_gets_the_loop_it_follows():
+  loops = []
+  report = actions.Action(
+      lambda now: loops.append((now.loop.first_step, now.loop.last_step,
+                                now.loop.logs["loss"])), every_loop=True)
+  ctl, _, _ = make(total=12, steps_per_loop=5, report_actions=[report])
+  ctl.train()
+  # The fake's loss of step s is 1/s: a loop's loss is their mean.
+  assert loops == [(1, 5, sum(1 / s for s in range(1, 6)) / 5),
+                   (6, 10, sum(1 / s for s in range(6, 11)) / 5),
+                   (11, 12, (1 / 11 + 1 / 12) / 2)]

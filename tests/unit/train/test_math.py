@@ -1,0 +1,121 @@
+"""Loss, metrics and eval of a real run against an independent NumPy model.
+
+The model is softmax regression with an L2 kernel regularizer trained by SGD
+with momentum; NumPy computes the same steps by hand (forward, gradients,
+momentum update), so every per-step loss read back from the event files, the
+train accuracy of the last loop and the eval metrics over all 1001 eval
+examples must match it.
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from looper import run
+from tests.fixtures import tiny
+from tests.fixtures.events import curve, scalars
+
+L2 = 1e-2
+LR = 0.1
+MOMENTUM = 0.9
+RNG = np.random.default_rng(7)
+W0 = RNG.normal(scale=0.1, size=(tiny.FEATURES, tiny.NUM_CLASSES))
+B0 = RNG.normal(scale=0.1, size=(tiny.NUM_CLASSES,))
+
+
+def linear_model_fn(config):
+  return keras.Sequential([
+      keras.Input((tiny.FEATURES,)),
+      keras.layers.Dense(
+          tiny.NUM_CLASSES, kernel_regularizer=keras.regularizers.L2(L2),
+          kernel_initializer=keras.initializers.Constant(W0),
+          bias_initializer=keras.initializers.Constant(B0)),
+  ])
+
+
+def _softmax_ce(x, y, w, b):
+  logits = x @ w + b
+  logits -= logits.max(axis=1, keepdims=True)
+  p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+  ce = -np.log(p[np.arange(len(y)), y])
+  return ce, p, logits.argmax(axis=1) == y
+
+
+def numpy_reference(steps, batch, steps_per_loop):
+  """Per-step total losses, last loop's train accuracy, final eval metrics."""
+  x, y = tiny.make_data(1001, seed=0)
+  w, b = W0.copy(), B0.copy()
+  vw, vb = np.zeros_like(w), np.zeros_like(b)
+  losses, correct = [], []
+  for step in range(steps):
+    # No shuffling: global example i of the stream is example i % 1001.
+    idx = np.arange(step * batch, (step + 1) * batch) % len(x)
+    ce, p, hit = _softmax_ce(x[idx], y[idx], w, b)
+    losses.append(ce.mean() + L2 * np.sum(w * w))
+    correct.append(hit)
+    d = p.copy()
+    d[np.arange(batch), y[idx]] -= 1
+    d /= batch
+    gw, gb = x[idx].T @ d + 2 * L2 * w, d.sum(axis=0)
+    vw, vb = MOMENTUM * vw - LR * gw, MOMENTUM * vb - LR * gb
+    w, b = w + vw, b + vb
+  ex, ey = tiny.make_data(1001, seed=1)
+  ce, _, hit = _softmax_ce(ex, ey, w, b)
+  last_loop = np.concatenate(correct[-steps_per_loop:])
+  return (np.array(losses), last_loop.mean(),
+          {"loss": ce.mean(), "accuracy": hit.mean(), "examples": 1001})
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("math")
+  c = tiny.get_config()
+  c.model_fn = linear_model_fn
+  c.data.shuffle_buffer = 0
+  c.optimizer.momentum = MOMENTUM
+  c.optimizer.learning_rate = LR
+  c.train.steps, c.train.steps_per_loop = 40, 10
+  result = run.run(c, str(workdir))
+  return workdir, result
+
+
+def test_per_step_loss_matches_numpy(reference_run):
+  workdir, _ = reference_run
+  want, _, _ = numpy_reference(40, 32, 10)
+  np.testing.assert_allclose(curve(workdir / "train"), want, rtol=2e-5)
+
+
+def test_train_and_eval_metrics_match_numpy(reference_run):
+  _, result = reference_run
+  _, train_accuracy, want_eval = numpy_reference(40, 32, 10)
+  assert result["train"]["accuracy"] == pytest.approx(train_accuracy, abs=1e-6)
+  assert result["eval"]["examples"] == 1001
+  assert result["eval"]["accuracy"] == pytest.approx(want_eval["accuracy"],
+                                                     abs=1e-6)
+  assert result["eval"]["loss"] == pytest.approx(want_eval["loss"], rel=1e-5)
+
+
+def test_summaries_read_back(reference_run):
+  workdir, result = reference_run
+  train_tags = ("accuracy", "learning_rate", "steps_per_sec",
+                "examples_per_sec")
+  for tag in train_tags:  # written once per loop, at the loop's last step
+    assert sorted(scalars(workdir / "train", tag)) == [10, 20, 30, 40], tag
+  assert scalars(workdir / "train", "learning_rate")[40] == pytest.approx(LR)
+  assert scalars(workdir / "train", "accuracy")[40] == pytest.approx(
+      result["train"]["accuracy"])
+  # eval.every_steps=20 in the tiny config.
+  assert scalars(workdir / "eval", "examples") == {20: 1001, 40: 1001}
+  assert scalars(workdir / "eval", "accuracy")[40] == pytest.approx(
+      result["eval"]["accuracy"])
+  from tensorboard.backend.event_processing import event_accumulator
+  acc = event_accumulator.EventAccumulator(
+      str(workdir / "train"), size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  [text] = acc.Tensors("config")
+  assert "linear_model_fn" in text.tensor_proto.string_val[0].decode()
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["model_fn"] == "tests.unit.train.test_math:linear_model_fn"
+  assert config["train"]["steps"] == 40
