@@ -178,3 +178,13 @@ def test_every_module_is_one_concept_of_at_most_400_lines():
   assert not long
   for path in (ROOT / "looper").rglob("*.py"):
     assert ast.get_docstring(ast.parse(path.read_text())), path
+
+
+def test_every_package_is_installed():
+  """pyproject.toml's packages list every package under looper/: a plain
+  (non-editable) install would leave out one it misses."""
+  import tomllib  # pylint: disable=import-outside-toplevel
+  listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
+      "setuptools"]["packages"]
+  packages = sorted(_module(p) for p in (ROOT / "looper").rglob("__init__.py"))
+  assert sorted(listed) == packages
