@@ -8,8 +8,6 @@ Synopsis::
     errors.xla_op(e)                      # 'AsString' from XLA's error text
     errors.compile_error(e, jit_compile=False)  # XLA's, or None (data)
     errors.cluster_error(e, timeout)      # one line: a lost worker or job
-    errors.storage_refused(e)             # a full disk? (words, fix)
-    errors.disk_full(dir, e, writing="metrics.jsonl", kept=ckpt)  # its line
 
 looper's promise 4: a bad config, a bad dataset or a lost worker ends with
 ONE line that names the field (or the worker) and the fix. The types here
@@ -18,8 +16,6 @@ This module imports nothing of looper (and TensorFlow only when a
 TensorFlow error is parsed), so everything may import it.
 """
 
-import errno
-import os
 import re
 
 
@@ -115,79 +111,8 @@ def unwritable_workdir(workdir: str, e: Exception) -> ConfigError:
 class DiskFull(WorkdirError):
   """A write to the workdir failed for want of space, quota or write
   access: one line naming the directory, what was being written, the size
-  it needs if known, the checkpoint kept and the fix (`disk_full`)."""
-
-
-# What the storage says when it refuses a write (errno: the C library's
-# words for it, which TensorFlow's messages end in: "<file>; <strerror>"),
-# and what to do about it.
-_REFUSED = {
-    errno.ENOSPC: ("no space left on device",
-                   "free space there or move --workdir to a larger disk"),
-    errno.EDQUOT: ("the disk quota is exceeded",
-                   "free space or raise the quota"),
-    errno.EROFS: ("the file system is read-only",
-                  "make it writable or choose another --workdir"),
-    errno.EACCES: ("permission denied",
-                   "let this user write there or choose another --workdir"),
-    errno.EPERM: ("the write is not permitted",
-                  "let this user write there or choose another --workdir"),
-}
-
-
-def storage_refused(e: BaseException) -> tuple[str, str] | None:
-  """(what the storage said, the fix) if `e` is a write the storage
-  refused (full, over quota, read-only, no permission), else None.
-
-  Local disks: an OSError's errno, or its words in TensorFlow's message;
-  object stores: TensorFlow's ResourceExhaustedError (quota) and
-  PermissionDeniedError, whose words vary by store.
-  """
-  if getattr(e, "errno", None) in _REFUSED:
-    return _REFUSED[e.errno]
-  text = str(e)
-  for code, refused in _REFUSED.items():
-    if os.strerror(code) in text:
-      return refused
-  if isinstance(e, OSError):  # not TensorFlow's
-    return _REFUSED[errno.EACCES] if isinstance(e, PermissionError) else None
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if isinstance(e, tf.errors.PermissionDeniedError):
-    return f"permission denied ({first_line(e)})", _REFUSED[errno.EACCES][1]
-  if isinstance(e, tf.errors.ResourceExhaustedError) and "OOM" not in text:
-    return (f"out of space or quota ({first_line(e)})",
-            _REFUSED[errno.EDQUOT][1])
-  return None
-
-
-def _size(num_bytes: int) -> str:
-  """`num_bytes` as people read it: '1.5 MiB' (df -h's units)."""
-  power = 0
-  while num_bytes >= 1024 ** (power + 1) and power < 3:
-    power += 1
-  return (f"{num_bytes} bytes" if power == 0 else
-          f"{num_bytes / 1024 ** power:.1f} {('KiB', 'MiB', 'GiB')[power - 1]}")
-
-
-def disk_full(directory: str, e: BaseException, *, writing: str,
-              kept: str | None, needed: tuple[int, str] | None = None
-              ) -> DiskFull:
-  """The one line for a write to `directory` the storage refused.
-
-  Args:
-    directory: where the write went.
-    e: the write's error, one `storage_refused` recognizes.
-    writing: what was written ("checkpoint ckpt-100", "metrics.jsonl").
-    kept: the newest checkpoint, which a rerun resumes from; None: none.
-    needed: (bytes, what they are the size of) when the size is known.
-  """
-  said, fix = storage_refused(e)
-  need = (f", which needs about {_size(needed[0])} ({needed[1]})"
-          if needed else "")
-  keeps = (f"{kept} is kept, and a rerun resumes from it" if kept else
-           "no checkpoint was written yet, so a rerun starts over")
-  return DiskFull(f"{directory}: {said} writing {writing}{need}; {keeps};"
-                  f" {fix}, then rerun the same command")
+  it needs if known, the checkpoint kept and the fix
+  (looper.workdir.files.full_disk)."""
 
 
 def xla_op(e: Exception) -> str | None:

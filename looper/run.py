@@ -58,6 +58,7 @@ from looper.train import profiler
 from looper.workdir import checkpoint
 from looper.workdir import contents
 from looper.workdir import export
+from looper.workdir import files
 from looper.workdir import hparams
 from looper.workdir import lease
 from looper.workdir import summaries
@@ -200,7 +201,7 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
       config, strategy, wd.root, mode,
       _start(mode, restored, checkpoint_path), trainer.model, peak=machine,
       epoch=epoch, note=trainer.random.note(),
-      trained=None if training else workdir_lib.read_json(wd.config)))
+      trained=None if training else files.read_json(wd.config)))
   if mode == "export":
     return _export_checkpoint(trainer, evaluator, ckpt, wd, checkpoint_path,
                               chief=chief, on_tpu=on_tpu)
@@ -330,9 +331,9 @@ def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
                            ["loss", *eval_names])
   try:
     if chief and mode.trains:
-      with checkpoint.on_full_disk(wd.root, "config.json", wd.checkpoints):
-        tf.io.gfile.makedirs(wd.root)
-        workdir_lib.write_file(wd.config, references.to_json(config))
+      with files.on_full_disk(wd.root, "config.json", wd.checkpoints):
+        files.makedirs(wd.root)
+        files.write_text(wd.config, references.to_json(config))
     return summaries.Summaries(
         wd, chief=chief, total_steps=config.train.steps, trains=mode.trains,
         eval_dir=mode.eval_events(wd) if mode.eval_events else None,
@@ -353,7 +354,8 @@ def _add_actions(ctl: controller_lib.Controller, config, trainer, evaluator,
   """
   c = config.checkpoint
   evaluations = eval_action.EvalAction(
-      evaluator, out, checkpointer=ckpt, history=wd.best_history,
+      evaluator, out, checkpointer=ckpt,
+      history=files.JsonFile(wd.best_history, wd.checkpoints),
       best=(best.Best(c.best_metric, c.best_mode)
             if training and c.best_metric else None),
       patience=config.train.early_stop_patience if training else 0,

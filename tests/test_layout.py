@@ -188,3 +188,74 @@ def test_every_package_is_installed():
       "setuptools"]["packages"]
   packages = sorted(_module(p) for p in (ROOT / "looper").rglob("__init__.py"))
   assert sorted(listed) == packages
+
+
+# Modules outside looper/workdir/ that write files, each a file of no run.
+NOT_RUN_FILES = {
+    "looper.data.shards": "the shard writer (`python -m looper.cli.shards"
+                          " write`): a dataset's shards in a folder the user"
+                          " names, read by runs",
+    "looper.data.datasets": "the download cache (config.data.cache_dir):"
+                            " the folder Keras downloads into; a failed"
+                            " download removed",
+    "looper.train.peak_flops": "the cache of this machine's measured peak FLOP/s"
+                         " (~/.cache/looper), shared by runs",
+}
+# Calls that make, replace, move or remove a file, by their dotted name's end.
+CHANGES = ("gfile.makedirs", "gfile.mkdir", "gfile.rename", "gfile.copy",
+           "gfile.remove", "gfile.rmtree", "os.makedirs", "os.mkdir",
+           "os.rename", "os.replace", "os.link", "os.symlink", "os.remove",
+           "os.unlink", "os.rmdir", "os.open", "shutil.copy",
+           "shutil.copyfile", "shutil.copytree", "shutil.move",
+           "shutil.rmtree", "io.write_file", "io.TFRecordWriter",
+           "summary.create_file_writer")
+OPENS = ("open", "io.open", "builtins.open", "gfile.GFile", "gfile.Open")
+
+
+def _dotted(node: ast.AST) -> str:
+  """`tf.io.gfile.GFile` for the call's function; '' for a computed one."""
+  if isinstance(node, ast.Name):
+    return node.id
+  if isinstance(node, ast.Attribute):
+    base = _dotted(node.value)
+    return base and f"{base}.{node.attr}"
+  return ""
+
+
+def _is(name: str, patterns) -> bool:
+  return any(name == p or name.endswith("." + p) for p in patterns)
+
+
+def _writes(path: pathlib.Path):
+  """(line, call) of each call in the module that writes a file: one of
+  CHANGES, or an open whose mode writes (a mode not spelled out counts)."""
+  for node in ast.walk(ast.parse(path.read_text())):
+    if not isinstance(node, ast.Call):
+      continue
+    name = _dotted(node.func)
+    if _is(name, OPENS):
+      mode = (node.args[1:2] or [k.value for k in node.keywords
+                                 if k.arg == "mode"] or [None])[0]
+      reads = mode is None or (isinstance(mode, ast.Constant) and
+                               not set(str(mode.value)) & set("wax+"))
+      if not reads:
+        yield node.lineno, name
+    elif _is(name, CHANGES):
+      yield node.lineno, name
+
+
+def test_the_workdir_package_writes_every_file_of_a_run():
+  """looper/workdir/ writes a run's files, and within it `files` alone
+  opens one for writing or makes a folder (atomic replace, append,
+  exclusive create: one way per store); outside it only NOT_RUN_FILES."""
+  found = {}
+  for path in sorted((ROOT / "looper").rglob("*.py")):
+    module = _module(path)
+    calls = list(_writes(path))
+    if module.startswith("looper.workdir."):
+      calls = [(line, name) for line, name in calls if module !=
+               "looper.workdir.files" and (_is(name, OPENS) or "mkdir" in name)]
+    if calls:
+      found[module] = calls
+  assert set(found) == set(NOT_RUN_FILES), {
+      m: c for m, c in found.items() if m not in NOT_RUN_FILES}

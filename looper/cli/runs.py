@@ -39,6 +39,7 @@ from looper import workdir as workdir_lib
 from looper.cli import parsing
 from looper.options import best
 from looper.train import goodput
+from looper.workdir import files
 from looper.workdir import jsonl
 from looper.workdir import formats
 
@@ -83,7 +84,7 @@ def summarize(workdir: str) -> dict[str, str] | None:
   for name in sorted(names):
     row[name] = formats.number(evals[-1][name])
   # No config.json, or unreadable: the defaults.
-  saved = workdir_lib.read_json(wd.config) or {}
+  saved = files.read_json(wd.config) or {}
   rule = best.Best.of(saved.get("checkpoint", {}), names)
   top = rule.first_best((l["step"], l[rule.metric]) for l in evals
                         if rule.metric in l)

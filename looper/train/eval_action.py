@@ -3,7 +3,8 @@
 Synopsis::
 
     evaluate = eval_action.EvalAction(
-        evaluator, out, checkpointer=ckpt, history=workdir.best_history,
+        evaluator, out, checkpointer=ckpt,
+        history=files.JsonFile(wd.best_history, wd.checkpoints),
         best=best.Best("accuracy", "max"), patience=3)
     logs = evaluate.evaluate(step)  # evaluate, write eval/ events, track best
     # As a train_and_eval action: evaluate(moment), and on (re)start
@@ -18,19 +19,16 @@ improvement, the action ends training at that step (`Moment.end_training`;
 saved like a last step).
 
 The history of evaluated values lives in `checkpoints/best/history.json`
-(written atomically, chief only) so both survive a restart. A run killed
+(replaced whole, chief only) so both survive a restart. A run killed
 after an evaluation but before the next checkpoint replays that evaluation;
 `resume` drops history entries past the restored step first, so a replay
 is not counted twice.
 """
 
-import json
-import os
-
 from absl import logging
-import tensorflow as tf
 
 from looper.options.best import Best
+from looper.workdir import files
 
 
 class EvalAction:
@@ -40,31 +38,30 @@ class EvalAction:
     evaluator: a `looper.train.evaluator.Evaluator`.
     out: the run's `looper.workdir.summaries.Summaries` (eval events).
     checkpointer: its `looper.workdir.checkpoint.Checkpointer` (the best one).
-    history: the history file's path (`Workdir.best_history`).
+    history: the history file (`Workdir.best_history`).
     best: what is tracked (its metric must be an eval metric, see
       `check_best_metric`); None: no best checkpoint, no early stop.
     patience: evaluations without improvement that end training (0: never).
     chief: whether this process writes the history file.
   """
 
-  def __init__(self, evaluator, out, *, checkpointer, history: str,
+  def __init__(self, evaluator, out, *, checkpointer, history: files.JsonFile,
                best: Best | None = None, patience: int = 0,
                chief: bool = True):
     self._evaluator, self._out = evaluator, out
     self._checkpointer = checkpointer
     self._best_rule, self._patience = best, patience
-    self._path = history
+    self._file = history
     self._chief = chief
     self.last, self.last_step = None, None
     self._history = []  # [(step, value)] of best.metric, in step order
-    if best and tf.io.gfile.exists(self._path):
-      with tf.io.gfile.GFile(self._path) as f:
-        saved = json.load(f)
+    saved = history.read() if best else None
+    if saved is not None:
       if Best(saved["metric"], saved["mode"]) == best:
         self._history = [tuple(e) for e in saved["history"]]
       else:  # another criterion: its best is not this one's
         logging.warning("%s tracked %s (%s); starting over for %s (%s)",
-                        self._path, saved["metric"], saved["mode"],
+                        history.path, saved["metric"], saved["mode"],
                         best.metric, best.mode)
 
   def evaluate(self, step: int) -> dict[str, float]:
@@ -128,12 +125,8 @@ class EvalAction:
     now.end_training(reason)
 
   def _write(self) -> None:
-    """Replaces history.json atomically (a crash leaves the old one)."""
-    if not self._chief:
-      return
-    tf.io.gfile.makedirs(os.path.dirname(self._path))
-    tmp = self._path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-      json.dump({"metric": self._best_rule.metric,
-                 "mode": self._best_rule.mode, "history": self._history}, f)
-    tf.io.gfile.rename(tmp, self._path, overwrite=True)
+    """Replaces history.json whole (a crash leaves the old one)."""
+    if self._chief:
+      self._file.write({"metric": self._best_rule.metric,
+                        "mode": self._best_rule.mode,
+                        "history": self._history})

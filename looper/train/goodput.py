@@ -42,14 +42,13 @@ CATEGORIES, which sum to it:
 
 import dataclasses
 import datetime
-import json
 import os
 import time
 
 import tensorflow as tf
 
 from looper import workdir as workdir_lib
-from looper.workdir import checkpoint
+from looper.workdir import files
 
 CATEGORIES = ("productive", "startup", "compile", "recomputed", "input_wait",
               "eval", "checkpoint", "other")
@@ -79,14 +78,11 @@ def process_started() -> float:
 
 def read(wd: workdir_lib.Workdir) -> list[dict]:
   """Every attempt's record in `wd`, in order; [] if none."""
-  records = []
-  for path in tf.io.gfile.glob(wd.goodput_attempt("*")):
-    try:
-      with tf.io.gfile.GFile(path) as f:
-        records.append(json.load(f))
-    except (tf.errors.OpError, ValueError):  # replaced whole: not expected
-      continue
-  return sorted(records, key=lambda r: r["attempt"])
+  # Each is replaced whole: one that does not read is not expected.
+  records = [files.read_json(path)
+             for path in tf.io.gfile.glob(wd.goodput_attempt("*"))]
+  return sorted((r for r in records if r is not None),
+                key=lambda r: r["attempt"])
 
 
 @dataclasses.dataclass
@@ -211,11 +207,8 @@ class Ledger:
     self._written = now
     self.wall = now - self._started
     record = dict(self._record, wall=self.wall, seconds=self._split(self.wall))
-    path = self._wd.goodput_attempt(record["attempt"])
-    with checkpoint.on_full_disk(self._wd.root, "goodput",
-                                 self._wd.checkpoints):
-      tf.io.gfile.makedirs(self._wd.goodput)
-      workdir_lib.write_file(path, json.dumps(record, indent=1))
+    files.JsonFile(self._wd.goodput_attempt(record["attempt"]),
+                   self._wd.checkpoints).write(record, indent=1)
     return Totals.of([*self._earlier, record])
 
   def close(self, ended: str) -> Totals:

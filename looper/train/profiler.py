@@ -23,8 +23,10 @@ nothing of what ran at `start_step`. A run that ends or stops on a
 signal inside the window stops the trace there; a run resumed inside the
 window traces the rest of it.
 
-TensorFlow writes the trace itself (`tf.profiler.experimental`); only the
-TensorBoard plugin that shows it is an optional extra.
+TensorFlow writes the trace itself (`tf.profiler.experimental`), as the
+trace stops; a disk that refuses it ends the run in the one line of every
+refused write (looper.workdir.files). Only the TensorBoard plugin that
+shows it is an optional extra.
 """
 
 from typing import Callable
@@ -34,6 +36,7 @@ import tensorflow as tf
 
 from looper import workdir as workdir_lib
 from looper.train import actions
+from looper.workdir import files
 
 
 class Window(actions.Action):
@@ -94,8 +97,10 @@ class Window(actions.Action):
       logging.info("Profiling train steps %d-%d into %s", now.step + 1, last,
                    self._workdir.profile)
     elif self.tracing and not wanted:
-      self._stop()
-      self.tracing = False
+      self.tracing = False  # over even if its trace is refused (TensorFlow's)
+      with files.on_full_disk(self._workdir.profile, "the profile",
+                              self._workdir.checkpoints):
+        self._stop()
       logging.info("Wrote the profile up to step %d to %s; TensorBoard's"
                    " Profile tab shows it (pip install"
                    " tensorboard-plugin-profile)", now.step,

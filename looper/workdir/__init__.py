@@ -1,11 +1,12 @@
 """The workdir: one object naming every path a run reads or writes.
 
-This package holds what is written there, a module each: `checkpoint`
-(saves, restores, the best one) with `contents` (what a checkpoint holds;
-warm starts from another run's), `lease` (one writer per workdir),
-`summaries` (TensorBoard events, the progress line) with `jsonl`
-(metrics.jsonl), `formats` (how a value prints) and `hparams` (the HParams row), `export` (a SavedModel
-for serving). They, and the profiler window (looper.train.profiler), take
+This package holds what is written there, a module each: `files` (how
+any file is written; the one line for a full disk), `checkpoint` (saves,
+restores, the best one) with `contents` (what a checkpoint holds; warm
+starts from another run's), `lease` (one writer per workdir), `summaries`
+(TensorBoard events, the progress line) with `jsonl` (metrics.jsonl),
+`formats` (how a value prints) and `hparams` (the HParams row), `export`
+(a SavedModel for serving). They, and the profiler window (looper.train.profiler), take
 their paths from the `Workdir` defined here.
 
 Synopsis::
@@ -37,20 +38,16 @@ Layout (every name is spelled here and nowhere else)::
     .worker<N>_checkpoints/  scratch: task N's copy of a save under
                            multi-worker (only the chief's is kept)
 
-Paths are strings joined with os.path.join: every read and write goes
-through tf.io.gfile, the same on a local disk and on object stores (gs://,
-s3://; ram:// in the tests). An object store writes an object whole and
-replaces one whole by a rename (a copy, then a delete), but it renames a
-folder object by object, appends by rewriting the object, and has no
-exclusive create: `posix` tells them apart, and `write_file` replaces a
-file the one way that holds on both (BUILD.md "Object storage": what holds
-where).
+Paths are strings joined with os.path.join, read and written through
+tf.io.gfile: the same on a local disk and on object stores (gs://, s3://;
+ram:// in the tests). Every file looper itself writes goes through
+`files` (TensorFlow writes checkpoints, events, SavedModels and traces),
+the way that holds on each store (`posix` tells them apart); a write the
+storage refuses ends in its one line.
 """
 
 import dataclasses
-import json
 import os
-import uuid
 
 
 def posix(path: str) -> bool:
@@ -59,36 +56,6 @@ def posix(path: str) -> bool:
   exclusively; a path with a scheme (gs://, s3://, ram://) is taken for an
   object store."""
   return "://" not in path
-
-
-def write_file(path: str, text: str) -> None:
-  """Replaces the file at `path` by `text`, whole, on any store: a
-  temporary file of this writer's renamed over it. A local rename is
-  atomic; an object store's copies the file whole, then deletes the
-  temporary; and TensorFlow's ram:// would append to a file opened anew."""
-  # Imported here: this package is read before TensorFlow starts (the
-  # console quiets its start-up lines first: looper.console).
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-  try:
-    with tf.io.gfile.GFile(tmp, "w") as f:
-      f.write(text)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
-  except (tf.errors.OpError, OSError):
-    if tf.io.gfile.exists(tmp):  # e.g. a full disk: nothing left behind
-      tf.io.gfile.remove(tmp)
-    raise
-
-
-def read_json(path: str) -> dict | None:
-  """The JSON object in the file at `path`; None where there is none (a
-  run's config.json before its first start) or it does not parse."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  try:
-    with tf.io.gfile.GFile(path) as f:
-      return json.load(f)
-  except (tf.errors.OpError, ValueError):
-    return None
 
 
 @dataclasses.dataclass(frozen=True)

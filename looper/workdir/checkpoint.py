@@ -26,8 +26,9 @@ the files are complete. A newest checkpoint that cannot be read (a disk
 fault) is skipped with a warning for the one before it.
 
 A save the storage refuses (full, over quota, read-only) leaves nothing
-and ends in one line (errors.DiskFull), an async one at the next save or
-`wait()`; the run's other writers get the same from `on_full_disk`.
+and ends in the one line every writer's refusal ends in
+(looper.workdir.files.full_disk), with the size the save needs; an async
+one at the next save or `wait()`.
 
 Under multi-worker every task must call `save` (it is a collective), but
 only the chief's copy is kept: the others write to a scratch directory
@@ -43,9 +44,9 @@ from absl import logging
 import tensorflow as tf
 
 from looper import compat
-from looper import errors
 from looper import workdir as workdir_lib
 from looper.workdir import contents
+from looper.workdir import files
 from looper.errors import CheckpointError
 from looper.errors import CheckpointMissing
 from looper.errors import first_line
@@ -230,17 +231,19 @@ class Checkpointer:
     """Removes what the failed save of `prefix` wrote; raises the one line
     (errors.DiskFull) if the storage refused it, else returns."""
     _discard(prefix)
-    if errors.storage_refused(e) is None:
-      return
     directory = os.path.dirname(prefix)
-    # The same state saves to about the size of the last save.
-    last = tf.train.latest_checkpoint(directory) or self.latest()
-    needed = None if not last else (
-        sum(tf.io.gfile.stat(p).length for p in tf.io.gfile.glob(last + ".*")),
-        f"the size of {os.path.basename(last)}")
-    raise errors.disk_full(
-        directory, e, writing=f"checkpoint {os.path.basename(prefix)}",
-        kept=self.latest(), needed=needed) from None
+
+    def needed():  # the same state saves to about the size of the last save
+      last = tf.train.latest_checkpoint(directory) or self.latest()
+      return None if not last else (
+          sum(tf.io.gfile.stat(p).length
+              for p in tf.io.gfile.glob(last + ".*")),
+          f"the size of {os.path.basename(last)}")
+    line = files.full_disk(e, directory,
+                           writing=f"checkpoint {os.path.basename(prefix)}",
+                           checkpoints=self.directory, needed=needed)
+    if line is not None:
+      raise line from None
 
   def wait(self) -> None:
     """Blocks until an async save is complete; raises if its write failed.
@@ -300,17 +303,3 @@ def _discard(prefix: str) -> None:
     logging.warning("Could not remove what the failed save of %s wrote: %s",
                     prefix, first_line(e))
 
-
-@contextlib.contextmanager
-def on_full_disk(directory: str, writing: str, checkpoints: str):
-  """A write of `writing` ("metrics.jsonl") into `directory` that the
-  storage refuses ends in errors.DiskFull, naming the newest checkpoint in
-  `checkpoints` (`Workdir.checkpoints`) as kept; other errors pass."""
-  try:
-    yield
-  except (tf.errors.OpError, OSError) as e:
-    if errors.storage_refused(e) is None:
-      raise
-    raise errors.disk_full(directory, e, writing=writing,
-                           kept=tf.train.latest_checkpoint(checkpoints)
-                           ) from None

@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from looper import workdir as workdir_lib
 from looper.workdir import checkpoint
+from looper.workdir import files
 
 SIGNATURE = "serving_default"
 
@@ -91,8 +92,8 @@ def export(trainer, evaluator, workdir: workdir_lib.Workdir, *,
   absl_logger = std_logging.getLogger("absl")
   level = absl_logger.level
   try:
-    with checkpoint.on_full_disk(workdir.export, f"the export of step {step}",
-                                 workdir.checkpoints):
+    with files.on_full_disk(workdir.export, f"the export of step {step}",
+                            workdir.checkpoints):
       with evaluator.averaged_weights():
         archive.write_out(partial, options=options, verbose=False)
       _move(partial, final)
@@ -111,11 +112,11 @@ def _move(partial: str, final: str) -> None:
   if workdir_lib.posix(final):
     tf.io.gfile.rename(partial, final)
     return
-  files = [os.path.join(folder, name)
+  moved = [os.path.join(folder, name)
            for folder, _, names in tf.io.gfile.walk(partial) for name in names]
-  files.sort(key=lambda path: os.path.basename(path) == "saved_model.pb")
-  for path in files:
+  moved.sort(key=lambda path: os.path.basename(path) == "saved_model.pb")
+  for path in moved:
     target = final + path[len(partial):]
-    tf.io.gfile.makedirs(os.path.dirname(target))
+    files.makedirs(os.path.dirname(target))
     tf.io.gfile.rename(path, target)
   tf.io.gfile.rmtree(partial)

@@ -40,6 +40,7 @@ import time
 import tensorflow as tf
 
 from looper import workdir as workdir_lib
+from looper.workdir import files
 
 # Lines in a part: a write uploads at most this many (~30 KB).
 PART_LINES = 100
@@ -93,16 +94,14 @@ class MetricsLog:
       self._part = None
       self._append(line)
       return
-    with tf.io.gfile.GFile(self.path, "w") as f:
-      f.write(line)
+    files.write_text(self.path, line)
 
   def write(self, kind: str, step: int, logs: dict[str, float]) -> None:
     line = _line(kind, step, logs)
     if self._in_parts:
       self._append(line)
       return
-    with tf.io.gfile.GFile(self.path, "a") as f:
-      f.write(line)
+    files.append_text(self.path, line)
 
   def truncate_after(self, step: int) -> None:
     """Drops the lines of steps after `step` (and a line a crash cut
@@ -120,13 +119,13 @@ class MetricsLog:
   def _append(self, line: str) -> None:
     """Adds `line` to this attempt's part, a new one when it is full."""
     if self._part is None or len(self._lines) == PART_LINES:
-      tf.io.gfile.makedirs(self.path)
+      files.makedirs(self.path)
       parts = _parts(self.path)
       last = int(os.path.basename(parts[-1]).split(".")[0]) if parts else 0
       self._part = os.path.join(self.path, f"{last + 1:06d}.jsonl")
       self._lines = []
     self._lines.append(line)
-    workdir_lib.write_file(self._part, "".join(self._lines))
+    files.write_text(self._part, "".join(self._lines))
 
 
 def _keep_up_to(path: str, step: int) -> bool:
@@ -135,7 +134,7 @@ def _keep_up_to(path: str, step: int) -> bool:
   lines, whole = _parse(path)
   kept = [l for l in lines if l["step"] <= step]
   if not whole or len(kept) < len(lines):
-    workdir_lib.write_file(path, "".join(json.dumps(l) + "\n" for l in kept))
+    files.write_text(path, "".join(json.dumps(l) + "\n" for l in kept))
   return bool(kept)
 
 

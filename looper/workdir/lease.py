@@ -28,14 +28,15 @@ A run whose lease lapsed (its host was cut off for longer than
 its next save, and stops without saving: it never overwrites checkpoints of
 the run that replaced it.
 
-On a local disk the file appears whole and only once (a hard link of a
-finished file; a stale one is first renamed aside and checked to be the
-one judged stale). On an object store (gs://, s3://; `workdir.posix`) the
-lease is advisory, and a run says so in one line as it takes it: there is
-no exclusive create (a look, then a write) and a rename is a copy and a
-delete, so two runs started within seconds of each other can both take it;
-the check before each save then stops the one whose token was overwritten,
-but both may have written metrics and events by then.
+On a local disk the file appears whole and only once (`files.create`: a
+hard link of a finished file; a stale one is first renamed aside and
+checked to be the one judged stale). On an object store (gs://, s3://;
+`workdir.posix`) the lease is advisory, and a run says so in one line as
+it takes it: there is no exclusive create (a look, then a write) and a
+rename is a copy and a delete, so two runs started within seconds of each
+other can both take it; the check before each save then stops the one
+whose token was overwritten, but both may have written metrics and events
+by then.
 """
 
 import contextlib
@@ -53,7 +54,7 @@ import tensorflow as tf
 from looper import errors
 from looper import workdir as workdir_lib
 from looper.errors import WorkdirError
-from looper.workdir import checkpoint
+from looper.workdir import files
 
 
 def _boot_id() -> str:
@@ -131,7 +132,7 @@ class Lease:
     WorkdirError naming who holds it."""
     path = workdir.lease
     try:
-      tf.io.gfile.makedirs(workdir.root)
+      files.makedirs(workdir.root)
     except (tf.errors.OpError, OSError) as e:
       raise errors.unwritable_workdir(workdir.root, e) from None
     if not workdir_lib.posix(path):
@@ -153,9 +154,9 @@ class Lease:
             "Took over --workdir=%s from a run that is gone (host %s, pid %s,"
             " since %s)", workdir.root, holder.get("host"), holder.get("pid"),
             _since(holder.get("since", 0)))
-      with checkpoint.on_full_disk(workdir.root, "lease.json",
-                                   workdir.checkpoints):
-        created = _create(path, record)
+      with files.on_full_disk(workdir.root, "lease.json",
+                              workdir.checkpoints):
+        created = files.create(path, json.dumps(record))
       if created:
         return cls(workdir, record, lease_secs)
     raise WorkdirError(
@@ -182,7 +183,7 @@ class Lease:
         if holder is None or holder.get("token") != self.record["token"]:
           return  # lapsed: the next save's check() says so
         self.record["renewed"] = time.time()
-        _write(self.path, self.record)
+        files.write_text(self.path, json.dumps(self.record))
       except (tf.errors.OpError, OSError) as e:  # retried next time
         logging.warning("Could not renew %s: %s", self.path, e)
 
@@ -214,36 +215,6 @@ def _read(path: str) -> dict | None:
     return None
   except ValueError:  # a torn write of a crashed writer: nobody holds it
     return {}
-
-
-def _write(path: str, record: dict) -> None:
-  workdir_lib.write_file(path, json.dumps(record))
-
-
-def _create(path: str, record: dict) -> bool:
-  """Writes `path` whole if it does not exist; False if another taker won.
-
-  Locally a hard link of a finished temporary file: atomic, and it fails
-  if the name exists, so no reader ever sees a half-written lease.
-  """
-  if not workdir_lib.posix(path):  # a look, then a write: see module doc
-    if tf.io.gfile.exists(path):
-      return False
-    _write(path, record)
-    return True
-  tmp = f"{path}.tmp-{record['token']}"
-  try:
-    with tf.io.gfile.GFile(tmp, "w") as f:
-      f.write(json.dumps(record))
-    # The one call past tf.io.gfile, on a local path only: gfile has no
-    # exclusive create.
-    os.link(tmp, path)
-  except FileExistsError:
-    return False
-  finally:
-    if tf.io.gfile.exists(tmp):  # also when a full disk refused it
-      tf.io.gfile.remove(tmp)
-  return True
 
 
 def _set_aside(path: str, holder: dict) -> bool:

@@ -30,7 +30,7 @@ whose metric columns (`hparams/eval_accuracy`, ..., `hparams/train_loss`)
 are written there as the run goes. Every train loop and evaluation is also
 a line of `workdir/metrics.jsonl` (see `looper.workdir.jsonl`). A write
 the storage refuses (a full disk) ends the run in one line naming the
-directory and the checkpoint kept (`checkpoint.on_full_disk`).
+directory and the checkpoint kept (`files.on_full_disk`).
 
 Replays: a run killed after its last checkpoint wrote events for steps it
 will redo when resumed. `purge_after(step)` rewrites the event files without
@@ -49,9 +49,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from looper import errors
 from looper import workdir as workdir_lib
-from looper.workdir import checkpoint
+from looper.workdir import files
 from looper.workdir import hparams
 from looper.workdir import jsonl
 from looper.workdir import formats
@@ -93,12 +92,12 @@ class _GraphWriter:
   Eager `tf.summary.scalar` costs ~0.8 ms a call, more than the step of a
   small model; the graph loop below writes 100 per-step losses in ~3 ms
   (measured). Built per writer: a traced function keeps the writer it saw.
-  A write the storage refuses ends in one line (checkpoint.on_full_disk).
+  A write the storage refuses ends in one line (files.on_full_disk).
   """
 
   def __init__(self, writer, directory: str | None, checkpoints: str):
     self._writer = writer
-    self._full_disk = functools.partial(checkpoint.on_full_disk, directory,
+    self._full_disk = functools.partial(files.on_full_disk, directory,
                                         "events", checkpoints)
     # Traced once per set of names (the loop's logs, the goodput, ...): a
     # few a run, by design. One function per writer: TensorFlow counts the
@@ -190,8 +189,7 @@ class Summaries:
 
   def _full_disk(self, directory: str, writing: str):
     """A write the storage refuses ends in one line naming `directory`."""
-    return checkpoint.on_full_disk(directory, writing,
-                                   self._workdir.checkpoints)
+    return files.on_full_disk(directory, writing, self._workdir.checkpoints)
 
   def text(self, tag: str, text: str, step: int = 0) -> None:
     """`text` in a markdown code block, which TensorBoard shows verbatim."""
@@ -336,7 +334,7 @@ class Summaries:
       try:
         writer.close()
       except tf.errors.OpError as e:
-        if errors.storage_refused(e) is None:
+        if files.storage_refused(e) is None:
           raise
 
 
@@ -360,14 +358,7 @@ def _events_up_to(path: str, step: int) -> list[bytes] | None:
 
 def _rewrite(path: str, records: list[bytes]) -> None:
   """Replaces an event file atomically by one holding `records`."""
-  # No 'tfevents' in the name: TensorBoard must not read the partial copy.
-  tmp = os.path.join(os.path.dirname(path), ".looper-purge.tmp")
-  try:
+  with files.replacing(path) as tmp:  # no 'tfevents' in its name
     with tf.io.TFRecordWriter(tmp) as writer:
       for record in records:
         writer.write(record)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
-  except (tf.errors.OpError, OSError):  # a full disk: leave no copy
-    if tf.io.gfile.exists(tmp):
-      tf.io.gfile.remove(tmp)
-    raise

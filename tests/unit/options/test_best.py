@@ -15,6 +15,7 @@ from looper.cli import runs
 from looper.train import actions
 from looper.options import best
 from looper.train import eval_action
+from looper.workdir import files
 from looper.workdir import hparams
 from looper.workdir import jsonl
 
@@ -68,9 +69,10 @@ def make_action(tmp_path, metric, mode, history, patience=0):
   logs = [{metric: v, "loss": 1.0} if metric != "loss" else {"loss": v}
           for _, v in history]
   record = Recorder()
+  wd = workdir.Workdir(str(tmp_path))
   action = eval_action.EvalAction(
       FakeEvaluator(logs), record, checkpointer=record,
-      history=workdir.Workdir(str(tmp_path)).best_history,
+      history=files.JsonFile(wd.best_history, wd.checkpoints),
       best=best.Best(metric, mode), patience=patience)
   return action, record
 
