@@ -63,12 +63,29 @@ def pytest_unconfigure(config):  # pylint: disable=unused-argument
     os._exit(_SESSION["status"])
 
 
-def run_looper(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-  """Runs `python -m looper.main ARGS` in its own process (own strategy)."""
+_CAPABILITIES = {"CAP_NET_ADMIN": 12, "CAP_SYS_ADMIN": 21}  # capability.h
+
+
+def lacks(*capabilities: str) -> list[str]:
+  """Which of these Linux capabilities this process does not hold: root in
+  a container may lack them (a missing prerequisite, where a test skips)."""
+  try:
+    with open("/proc/self/status") as f:
+      held = int(f.read().split("CapEff:")[1].split()[0], 16)
+  except (OSError, IndexError):
+    return list(capabilities)
+  return [c for c in capabilities if not held >> _CAPABILITIES[c] & 1]
+
+
+def run_looper(*args: str, timeout: float = 300,
+               code: str | None = None) -> subprocess.CompletedProcess:
+  """Runs `python -m looper.main ARGS` in its own process (own strategy);
+  `code`: `python -c CODE ARGS` instead (code that runs looper.main)."""
   env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV)
   env.pop("TF_CONFIG", None)
+  program = ["-m", "looper.main"] if code is None else ["-c", code]
   return subprocess.run(
-      [sys.executable, "-m", "looper.main", *args], cwd=ROOT, env=env,
+      [sys.executable, *program, *args], cwd=ROOT, env=env,
       capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -98,8 +115,9 @@ def checkpoint_tensors(prefix) -> dict[str, np.ndarray]:
           if "save_counter" not in k and k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 
-def run_ok(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-  proc = run_looper(*args, timeout=timeout)
+def run_ok(*args: str, timeout: float = 300,
+           code: str | None = None) -> subprocess.CompletedProcess:
+  proc = run_looper(*args, timeout=timeout, code=code)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
 

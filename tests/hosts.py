@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    with hosts.Hosts(2, tmp_path) as net:     # skips where it cannot be made
+    with hosts.Hosts(2, tmp_path) as net:     # skips without root or `ip`
       procs = net.start_workers(args)          # one looper worker per host
       net.cut(1)                               # host 1's switch port down
       net.restore(1)                           # ... and up again (a blip)
@@ -19,8 +19,9 @@ switch port or a VM's NIC dies (not a refused connection, as on loopback).
 Namespaces are named `looper-<pid>-...` after the test process; on entry,
 those left by a process that is gone (a killed pytest) are deleted first.
 On exit every worker is ended by PID and every namespace deleted, however
-the test ends. Needs root and iproute2's `ip`; otherwise `Hosts` skips
-the test with a one-line reason.
+the test ends. Needs root (with CAP_SYS_ADMIN and CAP_NET_ADMIN) and
+iproute2's `ip`; without them `Hosts` skips the test with a one-line
+reason; with them, namespaces that cannot be made fail it.
 """
 
 import json
@@ -33,7 +34,7 @@ import sys
 
 import pytest
 
-from tests.conftest import LOOPBACK_ENV, ROOT, finish
+from tests.conftest import LOOPBACK_ENV, ROOT, finish, lacks
 
 _PREFIX = "looper-"
 _PORT = 7470  # every host listens on the same port: the addresses differ
@@ -66,6 +67,9 @@ def why_not() -> str | None:
     return "no `ip` (iproute2) on this machine"
   if os.geteuid() != 0:
     return "network namespaces need root"
+  missing = lacks("CAP_SYS_ADMIN", "CAP_NET_ADMIN")
+  if missing:  # root in a container without them
+    return f"network namespaces need {' and '.join(missing)}"
   return None
 
 
@@ -93,7 +97,9 @@ class Hosts:
       self._make()
     except (RuntimeError, subprocess.TimeoutExpired) as e:
       self._delete()
-      pytest.skip(f"hosts: cannot make network namespaces here ({e})")
+      # Every prerequisite is here (why_not): a failure, not a skip.
+      pytest.fail(f"hosts: could not make the network namespaces ({e})",
+                  pytrace=False)
     return self
 
   def _make(self) -> None:

@@ -23,7 +23,7 @@ from looper import workdir
 from looper.workdir import checkpoint
 from looper.workdir import jsonl
 from looper.workdir import summaries
-from tests.conftest import checkpoint_tensors, curve, looper_lines
+from tests.conftest import checkpoint_tensors, curve, lacks, looper_lines
 from tests.conftest import run_here, run_looper
 
 # Wide enough that checkpoints, not events, fill the disk (SGD with
@@ -38,15 +38,16 @@ PAGE = 4096  # tmpfs allocates whole pages
 @pytest.fixture
 def small_disk(tmp_path):
   """A directory on a tmpfs of its own; yields (path, resize(kib))."""
-  if os.geteuid() != 0:
-    pytest.skip("a small tmpfs needs root (mount -t tmpfs)")
+  if os.geteuid() != 0 or lacks("CAP_SYS_ADMIN"):
+    pytest.skip("a small tmpfs needs root with CAP_SYS_ADMIN (mount -t"
+                " tmpfs)")
   disk = tmp_path / "disk"
   disk.mkdir()
   mounted = subprocess.run(
       ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)],
       capture_output=True, text=True, check=False)
-  if mounted.returncode:
-    pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+  # Every prerequisite is here: a mount that fails is a failure.
+  assert not mounted.returncode, f"mount -t tmpfs: {mounted.stderr.strip()}"
 
   def resize(kib: int) -> None:
     subprocess.run(["mount", "-o", f"remount,size={kib}k", str(disk)],
