@@ -117,19 +117,21 @@ def reference_loss(config, model, x, y, w, class_weights=None):
 
 
 def reference_losses(config, steps: int, class_weights=None,
-                     unweighted: bool = False):
+                     unweighted: bool = False, order=None):
   """Per-step losses and final weights of plain SGD on the same batches,
   one device, the whole global batch at once (`unweighted`: every weight
-  1, a control)."""
+  1, a control). `order`: the train examples' indices in the order the
+  global batches take them, cycled (default: the split's order)."""
   keras.utils.set_random_seed(config.seed)
   model = model_fn(config)
   x, y, w = make_data(config.model.kind, config.model.num_examples, 0)
   if unweighted:
     w = np.ones_like(w)
+  order = np.arange(len(x)) if order is None else np.asarray(order)
   batch = config.train.batch_size * config.train.grad_accum_steps
   losses = []
   for k in range(steps):
-    rows = np.arange(k * batch, (k + 1) * batch) % len(x)
+    rows = order[np.arange(k * batch, (k + 1) * batch) % len(order)]
     pick = lambda a: tf.constant(a[rows])
     with tf.GradientTape() as tape:
       loss = reference_loss(config, model, pick(x),
