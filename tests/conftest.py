@@ -363,8 +363,8 @@ def fetch(url, path, body=None):
     return json.loads(data)
 
 
-# Two loops of 8000 tiny steps (a few seconds each): a stop lands inside
-# the second one, which must end at once rather than finish.
+# Three loops of 6000 tiny steps (under a second each on an AMD EPYC): a
+# stop lands inside the third, which must end at once rather than finish.
 STOPPED_RUN = ("--config=tests/tiny.py", "--config.train.steps=18000",
                "--config.train.steps_per_loop=6000",
                "--config.checkpoint.every_steps=0",
@@ -390,6 +390,7 @@ def stop_and_resume(tmp_path, whole, stop, reason: str,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper import workdir  # pylint: disable=g-import-not-at-top
   from looper.train import goodput  # pylint: disable=g-import-not-at-top
+  from looper.workdir import jsonl  # pylint: disable=g-import-not-at-top
   args, split = STOPPED_RUN, tmp_path / "split"
   proc = popen_looper(*args, f"--workdir={split}")
   try:
@@ -399,7 +400,13 @@ def stop_and_resume(tmp_path, whole, stop, reason: str,
       # past the stop (a stop between loops, not the cut this checks).
       if "train step 12000/18000" in line:
         break
-    time.sleep(0.5)
+    # Half a loop into the third at the second's speed on this CPU, as its
+    # metrics line (written before the progress line) has it; the third
+    # starts right after the progress line.
+    loop2 = [l for l in jsonl.read(str(split / "metrics.jsonl"))
+             if l["kind"] == "train" and l["step"] == 12000]
+    assert loop2, "no metrics line of step 12000: the run ended"
+    time.sleep(0.5 * 6000 / loop2[0]["steps_per_sec"])
     sent = time.monotonic()
     stop(proc)
     rest = proc.communicate(timeout=120)[1]
