@@ -13,6 +13,7 @@
 """
 
 import json
+import logging
 import re
 import shlex
 
@@ -22,8 +23,11 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper import run
+from looper import workdir as workdir_lib
+from looper.train import goodput
+from looper.workdir import jsonl
 from tests.fixtures import tiny
-from tests.fixtures.events import scalars
+from tests.fixtures.events import curve, scalars
 from tests.fixtures.paths import MNIST_DIR, ROOT
 from tests.fixtures.processes import run_ok
 
@@ -219,7 +223,7 @@ def test_the_fit_port_trains_with_its_keras_objects_and_epochs(
 
 
 @pytest.mark.parametrize("name", ["SmoothedTrainer", "GanTrainer"])
-def test_trainer_subclasses_train_and_resume(name, tmp_path):
+def test_trainer_subclasses_train_and_resume(name, tmp_path, caplog):
   namespace = {}
   exec(_python_block(f"class {name}"), namespace)  # pylint: disable=exec-used
   c = tiny.get_config()
@@ -234,9 +238,20 @@ def test_trainer_subclasses_train_and_resume(name, tmp_path):
         tf.ones_like(logits), logits)[:, 0]
   first = run.run(c, str(tmp_path), "train")
   c.train.steps = 20
-  second = run.run(c, str(tmp_path), "train_and_eval")
+  with caplog.at_level(logging.INFO, logger="absl"):
+    second = run.run(c, str(tmp_path), "train_and_eval")
   assert (first["step"], second["step"]) == (10, 20)
   assert tf.math.is_finite(second["eval"]["loss"])
+  # Resumed, not started over: from the first run's save, steps 11-20.
+  assert any(f"resumed from {tmp_path}/checkpoints/ckpt-10" in
+             r.getMessage() for r in caplog.records)
+  records = goodput.read(workdir_lib.Workdir(str(tmp_path)))
+  assert [(r["first_step"], r["steps"], r["recomputed_steps"])
+          for r in records] == [(0, 10, 0), (10, 10, 0)]
+  assert len(curve(tmp_path / "train")) == 20  # steps 1-20, each once
+  assert [(l["kind"], l["step"]) for l in jsonl.read(str(
+      tmp_path / "metrics.jsonl"))] == [
+          ("start", 0), ("train", 10), ("train", 20), ("eval", 20)]
   if name == "GanTrainer":  # the second optimizer was saved and restored
     reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints"))
     keys = reader.get_variable_to_shape_map()

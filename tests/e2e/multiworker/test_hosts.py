@@ -13,7 +13,8 @@ and a link is cut by bringing its switch port down mid-loop:
   rerun on all hosts ends bit-exactly where an uninterrupted run does;
 - a blip (the link back within an eighth of the timeout) is ridden out:
   the run ends normally, one set of checkpoints, by the chief.
-Skipped with one line where namespaces cannot be made (not root, no `ip`).
+Skipped with one line where a prerequisite is missing (root, its network
+capabilities, `ip`); namespaces that cannot be made despite them fail.
 """
 
 import re

@@ -5,7 +5,8 @@ A one-node cluster (Debian's slurm-wlm 22.05 and munge, installed by
 munge key and socket, slurm.conf, state and spool, on free ports; each
 daemon runs under `timeout`, is ended by PID at the end and its directory
 deleted. Skipped with one line where it cannot be: not root, the packages
-missing, the host's name not resolving, or the daemons not up in 20 s.
+missing, the host's name not resolving; a cluster that does not come up
+(the node not idle in 60 s) fails, showing the daemons' logs.
 - 2 tasks (looper's port rule) and 3 tasks (ports Slurm reserved) give the
   per-step losses of one process with that many replicas;
 - a task killed ends the other, in one line naming it;
@@ -88,6 +89,7 @@ NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 """
 REQUEUE_SECS = 5  # a requeued job waits this long (cred_expire) to start
+START_SECS = 60  # for the node to register (a few seconds when quiet)
 
 
 def why_not() -> str | None:
@@ -132,14 +134,34 @@ class Cluster:
                  f"--seed-file={root}/munged.seed")
     for daemon in ("slurmctld", "slurmd"):
       self._daemon(daemon, "-D", "-f", str(root / "slurm.conf"))
-    deadline = time.monotonic() + 20
+    # Registration takes seconds, more on a loaded machine: a generous
+    # deadline, then a failure showing why (prerequisites are in why_not).
+    deadline = time.monotonic() + START_SECS
+    state = ""
     while time.monotonic() < deadline:
-      if self.run("sinfo", "-h", "-o", "%T").stdout.strip() == "idle":
+      state = self.run("sinfo", "-h", "-o", "%T").stdout.strip()
+      if state == "idle":
         return
+      if any(proc.poll() is not None for proc in self.daemons):
+        break  # one of them ended: no use waiting
       time.sleep(0.25)
-    log = (root / "slurmd.out").read_text().strip().splitlines()
-    pytest.skip(f"slurm: the daemons were not up within 20 s"
-                f" ({log[-1] if log else 'slurmd said nothing'})")
+    ended = [f"{name} exited {proc.returncode}" for name, proc in
+             zip(DAEMONS, self.daemons) if proc.poll() is not None]
+    what = ", ".join(ended) or f"the node not idle within {START_SECS} s"
+    pytest.fail(f"slurm: the one-node cluster did not come up ({what}; sinfo"
+                f" says {state or 'nothing'}); the daemons' logs:\n"
+                f"{self.log_tail()}", pytrace=False)
+
+  def log_tail(self, lines: int = 15) -> str:
+    """The last lines of each daemon's log and output."""
+    tails = []
+    for path in (self.root / f"{d}.{kind}" for d in DAEMONS
+                 for kind in ("log", "out")):
+      if path.exists():
+        text = path.read_text(errors="replace").strip().splitlines()
+        tails.append(f"--- {path.name}:\n" + (
+            "\n".join(text[-lines:]) or "(empty)"))
+    return "\n".join(tails)
 
   def _daemon(self, name: str, *args: str) -> None:
     with open(self.root / f"{name}.out", "w") as out:

@@ -64,7 +64,9 @@ def test_eval_counts_1001_examples_on_every_replica_count(runs):
 
 def test_train_metrics_agree_across_replicas(runs):
   want = scalars(runs[1] / "train", "accuracy")
+  assert list(want) == [10, 20]  # each loop's end (steps_per_loop=10)
   for n in REPLICAS[1:]:
     got = scalars(runs[n] / "train", "accuracy")
+    assert got.keys() == want.keys(), n
     np.testing.assert_allclose(list(got.values()), list(want.values()),
                                atol=1e-6)

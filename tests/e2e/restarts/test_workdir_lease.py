@@ -1,8 +1,8 @@
 """One writer per workdir, with real processes (looper.workdir.lease).
 
 A second training run on a held workdir is refused in one line and writes
-nothing, while the first trains on unharmed (bit-exact against an
-uninterrupted run); readers run beside a writer; a holder killed with
+nothing, and the first (paused meanwhile) trains on unharmed (bit-exact
+against an uninterrupted run); readers run beside a writer; a holder killed with
 kill -9 does not block the rerun; a run whose lease was taken over stops at
 its next save without saving.
 """
@@ -10,6 +10,7 @@ its next save without saving.
 import json
 import os
 import re
+import signal
 import time
 
 import numpy as np
@@ -29,7 +30,7 @@ from tests.unit.workdir.test_lease import lease_file, wd
 # Subprocesses: the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
-# About 10 s of tiny steps: long enough for the others to run beside it.
+# About 10 s of tiny steps: for the second writer and the readers beside it.
 ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.steps=10000",
         "--config.train.steps_per_loop=50", "--config.checkpoint.every_steps=500",
         "--config.eval.every_steps=1000")
@@ -41,13 +42,16 @@ def test_a_second_writer_is_refused_and_readers_run_beside(tmp_path):
   first = popen_looper(*ARGS, f"--workdir={workdir}", log=tmp_path / "first.log")
   try:
     wait_for(first.log, "Saved ")  # its folders are all there now
+    # Paused while the second tries (alive, its PID holding the lease),
+    # however fast this CPU would have finished it.
+    first.send_signal(signal.SIGSTOP)
     held = json.loads(lease_file(workdir).read_text())
     assert held["pid"] == first.pid
     top = sorted(p.name for p in workdir.iterdir())
     config_json = (workdir / "config.json").stat().st_mtime_ns
     with pytest.raises(WorkdirError) as e:
       run.run(config(), str(workdir), mode="train")
-    assert first.poll() is None, "the first run ended: make it longer"
+    assert first.poll() is None, "the first run ended"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held["since"]))
     assert re.fullmatch(
         rf"--workdir={re.escape(str(workdir))} is held by another run \(host"
@@ -59,6 +63,7 @@ def test_a_second_writer_is_refused_and_readers_run_beside(tmp_path):
     assert sorted(p.name for p in workdir.iterdir()) == top
     assert not list(workdir.rglob(f"*.{os.getpid()}.*"))
     assert (workdir / "config.json").stat().st_mtime_ns == config_json
+    first.send_signal(signal.SIGCONT)
     assert first.wait(timeout=300) == 0, first.log.read_text()[-3000:]
   finally:
     first.kill()

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from looper import compat
 from looper import config as lc
 from looper import errors
 from looper import network
@@ -257,7 +258,12 @@ def test_a_worker_that_joins_while_a_run_reads_takes_over_its_input():
     before = _read(it, 6)
     workers.append(SERVICE.WorkerServer(SERVICE.WorkerConfig(
         dispatcher_address=address, heartbeat_interval_ms=100)))
-    time.sleep(0.5)  # a few heartbeats: the dispatcher hands it the job
+    # Registered: the dispatcher made it a task of the job.
+    newcomer = workers[-1]._address.encode()  # pylint: disable=protected-access
+    deadline = time.monotonic() + 30
+    while newcomer not in compat.ask_dispatcher(address, "GetWorkers", 5):
+      assert time.monotonic() < deadline, "the newcomer never registered"
+      time.sleep(0.05)
     workers[0].stop()  # from here on only the newcomer can serve
     after = []  # read on a thread: without a worker the read never ends
     reader = threading.Thread(

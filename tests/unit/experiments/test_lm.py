@@ -376,7 +376,20 @@ def test_bits_per_byte_is_the_weighted_cross_entropy_in_bits():
 
 
 def test_get_config_validates():
-  lc.validate(lm.get_config())
+  c = lm.get_config()
+  assert lc.validate(c) is None  # raises on the first bad field
+  # The run it validated is the module doc's: 2000 steps (not epochs) of a
+  # 4x128 model at context 64, its loss the mean over real bytes.
+  assert (c.train.steps, c.train.epochs) == (2000, 0)
+  assert (c.model.layers, c.model.width, c.model.heads, c.model.context) == (
+      4, 128, 4, 64)
+  assert c.loss_normalization == "weights" and c.train.jit_compile
+  # Its own sizes are among the fields validate checks: each refused at 0.
+  for field in ("layers", "heads", "width", "context"):
+    with pytest.raises(lc.ConfigError) as e:
+      lc.validate(configured(lm.get_config(), {f"model.{field}": 0}))
+    assert str(e.value) == (f"config.model.{field}=0: must be a whole number"
+                            f" >= 1; set --config.model.{field}")
 
 
 # --- Sampling ---------------------------------------------------------------

@@ -128,11 +128,44 @@ def test_the_weights_and_the_normalization_matter(runs):
   assert not np.allclose(runs["tokens/2"]["losses"], per_slot, rtol=1e-3)
 
 
+def file_order(num: int, files: int, groups: int, batch: int,
+               steps: int) -> np.ndarray:
+  """The examples file mode's global batches take, written out from
+  looper/data/shards.py's doc: file i holds examples [i*num//files,
+  (i+1)*num//files) and is in group i mod `groups`; a group's stream is its
+  files in order, again each epoch (no shuffle); global batch k takes the
+  next batch/groups examples of every group, in group order."""
+  bounds = [i * num // files for i in range(files + 1)]
+  streams = [np.concatenate([np.arange(bounds[i], bounds[i + 1])
+                             for i in range(g, files, groups)])
+             for g in range(groups)]
+  per = batch // groups
+  return np.concatenate([s[np.arange(k * per, (k + 1) * per) % len(s)]
+                         for k in range(steps) for s in streams])
+
+
 @pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
 def test_file_mode_is_the_same_on_1_2_4_replicas(runs):
   for n in (2, 4):
     np.testing.assert_allclose(runs[f"files/{n}"]["losses"],
                                runs["files/1"]["losses"], rtol=1e-5)
+  # And that is single-device SGD on the examples the groups deal, with
+  # their sample weights (8 files, 8 groups: `runs`).
+  c = weighted.get_config("examples")
+  order = file_order(c.model.num_examples, 8, 8, c.train.batch_size, STEPS)
+  want, weights = weighted.reference_losses(c, STEPS, order=order)
+  for n in (1, 2, 4):
+    got = runs[f"files/{n}"]
+    np.testing.assert_allclose(got["losses"], want, rtol=2e-5, atol=1e-6,
+                               err_msg=f"files on {n} replicas")
+    for a, b in zip(got["weights"], weights):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  # Controls: without the weights, or in the split's order, another curve.
+  unweighted, _ = weighted.reference_losses(c, STEPS, order=order,
+                                            unweighted=True)
+  in_order, _ = weighted.reference_losses(c, STEPS)
+  for other in (unweighted, in_order):
+    assert not np.allclose(runs["files/2"]["losses"], other, rtol=1e-3)
 
 
 def _softmax_ce(logits, labels):

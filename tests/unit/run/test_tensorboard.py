@@ -165,6 +165,24 @@ def test_input_wait_and_learning_rate_beside_steps_per_sec(sweep):
   assert all(0 <= f <= 1 for f in scalars(train, "input_wait_fraction")
              .values())
   assert all(r > 0 for r in scalars(train, "steps_per_sec").values())
+  # The same loop's figures as metrics.jsonl holds them (float32 here).
+  lines = [l for l in jsonl.read(str(root / "a" / "metrics.jsonl"))
+           if l["kind"] == "train"]
+  assert [l["step"] for l in lines] == loops
+  for tag in ("input_wait_fraction", "steps_per_sec", "examples_per_sec"):
+    assert scalars(train, tag) == {
+        l["step"]: pytest.approx(l[tag], rel=1e-6) for l in lines}, tag
+  # A loop's speed is over its own time, within the time between its line
+  # and the one before (the start line, or the previous loop's); every
+  # step is one global batch of 32.
+  before = jsonl.read(str(root / "a" / "metrics.jsonl"))[0]
+  for line in lines:
+    steps = line["step"] - before["step"]
+    assert line["steps_per_sec"] * (line["time"] - before["time"]) >= (
+        0.99 * steps), (line, before)
+    assert line["examples_per_sec"] == pytest.approx(
+        32 * line["steps_per_sec"])
+    before = line
 
 
 def rows(table: str) -> dict[str, dict[str, str]]:

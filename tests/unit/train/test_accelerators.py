@@ -115,13 +115,36 @@ def test_an_op_xla_cannot_compile_is_one_line_naming_it(where, message,
   assert str(e.value) == message
 
 
+# looper's command line, then what the run left set in its process: op
+# determinism (public only as the ops it refuses: tf.timestamp) and TF32.
+_RUN_AND_REPORT = """
+import json
+import tensorflow as tf
+from looper import main
+try:
+  main.cli()
+except SystemExit as e:  # absl's app.run ends with it
+  assert not e.code, e.code
+try:
+  tf.timestamp()
+  determinism = False
+except tf.errors.FailedPreconditionError:
+  determinism = True
+print(json.dumps({"op_determinism": determinism, "tf32":
+                  tf.config.experimental.tensor_float_32_execution_enabled()}))
+"""
+
+
 @pytest.mark.slow  # two looper processes (op determinism is process-wide)
 def test_a_deterministic_run_repeats_itself_bit_for_bit(tmp_path):
   args = ("--config=tests/fixtures/tiny.py",
           "--config.train.deterministic=True",
           "--config.model.dropout=0.3", "--config.train.steps=20")
   for run in ("a", "b"):
-    run_ok(*args, f"--workdir={tmp_path / run}")
+    out = run_ok(*args, f"--workdir={tmp_path / run}", code=_RUN_AND_REPORT)
+    # What the flag sets (TensorFlow's defaults are the other way round).
+    assert json.loads(out.stdout.splitlines()[-1]) == {
+        "op_determinism": True, "tf32": False}, out.stdout[-2000:]
   np.testing.assert_array_equal(curve(tmp_path / "a" / "train"),
                                 curve(tmp_path / "b" / "train"))
   loops = [json.loads(line) for line in

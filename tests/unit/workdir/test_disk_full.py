@@ -23,6 +23,7 @@ from looper import workdir
 from looper.workdir import checkpoint
 from looper.workdir import jsonl
 from looper.workdir import summaries
+from tests.fixtures.capabilities import lacks
 from tests.fixtures.checkpoints import checkpoint_tensors
 from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve
@@ -40,15 +41,16 @@ PAGE = 4096  # tmpfs allocates whole pages
 @pytest.fixture
 def small_disk(tmp_path):
   """A directory on a tmpfs of its own; yields (path, resize(kib))."""
-  if os.geteuid() != 0:
-    pytest.skip("a small tmpfs needs root (mount -t tmpfs)")
+  if os.geteuid() != 0 or lacks("CAP_SYS_ADMIN"):
+    pytest.skip("a small tmpfs needs root with CAP_SYS_ADMIN (mount -t"
+                " tmpfs)")
   disk = tmp_path / "disk"
   disk.mkdir()
   mounted = subprocess.run(
       ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)],
       capture_output=True, text=True, check=False)
-  if mounted.returncode:
-    pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+  # Every prerequisite is here: a mount that fails is a failure.
+  assert not mounted.returncode, f"mount -t tmpfs: {mounted.stderr.strip()}"
 
   def resize(kib: int) -> None:
     subprocess.run(["mount", "-o", f"remount,size={kib}k", str(disk)],

@@ -6,6 +6,7 @@ tests/e2e/restarts/test_workdir_lease.py.
 """
 
 import json
+import os
 import pathlib
 import socket
 import subprocess
@@ -41,6 +42,17 @@ def read(workdir) -> dict:
   return json.loads(lease_file(workdir).read_text())
 
 
+def renewed_after(path, when: float, timeout: float = 30) -> bool:
+  """Polls the lease file at `path` until its renewal time passes `when`
+  (a file replaced whole: a read never sees half of one)."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if read(path)["renewed"] > when:
+      return True
+    time.sleep(0.005)
+  return False
+
+
 def test_a_second_taker_is_refused_naming_the_holder(tmp_path):
   first = lease.Lease.take(wd(tmp_path / "w"), lease_secs=60)
   try:
@@ -71,8 +83,9 @@ def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
             "pid_start": lease._start_time(proc.pid)}  # pylint: disable=protected-access
   holder_file(tmp_path, **fields)
   assert not lease.stale(read(tmp_path), lease_secs=60)
-  proc.kill()  # not yet reaped: a zombie holds nothing
-  time.sleep(0.5)
+  proc.kill()
+  # Ended, not yet reaped (WNOWAIT): a zombie holds nothing.
+  os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
   assert lease.stale(read(tmp_path), lease_secs=60)
   proc.wait()
   assert lease.stale(read(tmp_path), lease_secs=60)
@@ -101,12 +114,15 @@ def test_the_lease_is_renewed_and_a_lapsed_one_is_never_rewritten(tmp_path):
   held = lease.Lease.take(wd(tmp_path), lease_secs=0.4)
   try:
     first = read(tmp_path)["renewed"]
-    time.sleep(0.5)
-    assert read(tmp_path)["renewed"] > first
+    assert renewed_after(tmp_path, first)  # every 0.1 s
     held.check()  # still ours
-    # Another run took it over (this one was cut off for > lease_secs).
+    # Another run took it over (this one was cut off for > lease_secs);
+    # written just after a renewal, not between its read and its write.
+    assert renewed_after(tmp_path, read(tmp_path)["renewed"])
     holder_file(tmp_path, token="theirs", renewed=time.time() - 100)
-    time.sleep(0.5)  # two renewal periods: the thread saw it was not ours
+    # The renewing thread sees it is not ours and ends, writing nothing.
+    held._thread.join(timeout=30)  # pylint: disable=protected-access
+    assert not held._thread.is_alive()  # pylint: disable=protected-access
     assert read(tmp_path)["token"] == "theirs"
     assert read(tmp_path)["renewed"] < time.time() - 99
     with pytest.raises(WorkdirError, match=(
