@@ -130,7 +130,7 @@ def default_config() -> ml_collections.ConfigDict:
   # batch grad_accum_steps times larger (train.steps counts updates).
   c.train.grad_accum_steps = whole(1)
   # FLOP/s of a GPU or TPU device, or of a host's CPUs, MFU is the share of; 0:
-  # a datasheet's (known GPU, TPU) or a matmul probe's, cached (train/peak_flops.py).
+  # a datasheet's (known GPU, TPU) or matmul probes', cached (train/peak_flops.py).
   c.train.peak_flops = Field(0.0, float, "a number of FLOP/s")
 
   c.eval = ml_collections.ConfigDict()

@@ -251,8 +251,8 @@ def header(config, strategy, workdir: str | None, mode: str,
     lines[-1] += f" (slower here: {slower})"
   if peak:
     from looper.workdir import formats  # pylint: disable=g-import-not-at-top
-    value, prefix = formats.si(peak.flops_per_sec)
-    lines.append(f"  MFU        of {value} {prefix}FLOP/s: {peak.source}")
+    lines.append(f"  MFU        of {formats.flops(peak.flops_per_sec)}:"
+                 f" {peak.source}")
   if note:
     lines.append(f"  note       {note}")
   if differs:

@@ -214,7 +214,7 @@ def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
         trainer, ckpt, total_steps=config.train.steps,
         steps_per_loop=config.train.steps_per_loop,
         nan_recovery_tries=config.train.nan_recovery_tries,
-        peak_flops=machine.flops_per_sec if machine else None)
+        peak=machine)
     evaluations = _add_actions(
         ctl, config, trainer, evaluator, ckpt, out, wd, chief=chief,
         training=training, on_tpu=on_tpu)

@@ -1,8 +1,9 @@
 """The session's hooks and the environment every test process runs in.
 
 The helpers tests import are in tests/fixtures/ (paths, processes, events,
-checkpoints, configs, servers, stopping; the tiny experiments); the pytest
-fixtures among them are registered here (`pytest_plugins`).
+checkpoints, configs, servers, stopping, private_home; the tiny
+experiments); the pytest fixtures among them are registered here
+(`pytest_plugins`).
 """
 
 import gc
@@ -12,6 +13,7 @@ import sys
 from absl import logging as absl_logging
 import pytest
 
+from tests.fixtures import private_home
 from tests.fixtures.processes import LOOPBACK_ENV
 
 pytest_plugins = ("tests.fixtures.configs", "tests.fixtures.servers",
@@ -19,6 +21,9 @@ pytest_plugins = ("tests.fixtures.configs", "tests.fixtures.servers",
 
 # This process too: nothing a test runs in it may leave this machine.
 os.environ.update(LOOPBACK_ENV)
+# Nothing of looper's (nor Keras' or Matplotlib's) lands in the user's HOME:
+# this session and what it starts have their own, checked at its end.
+private_home.enter()
 
 
 # Freeing a run's TensorFlow objects (tf.data iterators, traced functions)
@@ -41,6 +46,11 @@ def pytest_configure(config):  # pylint: disable=unused-argument
 
 def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
   _SESSION["status"] = int(exitstatus)
+  appeared = private_home.leave()
+  if appeared:  # a test wrote into `~`: the session fails
+    sys.stderr.write(f"\nThe tests wrote into HOME (tests/fixtures/"
+                     f"private_home.py): {', '.join(appeared[:20])}\n")
+    _SESSION["status"] = session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(trylast=True)

@@ -85,7 +85,6 @@ TESTED_IN = {
     "looper.train.eval_action": "unit/options/test_best.py",
     "looper.train.layers": "unit/train/test_numerics.py",
     "looper.train.loop": "e2e/replicas/test_loop_graph.py",
-    "looper.train.peak_flops": "unit/train/test_flops.py",
     "looper.train.stopping": "unit/train/test_signals.py",
     "looper.run": "unit/run/test_catalogue.py",
     "looper.main": "e2e/commands/test_cli.py",

@@ -13,7 +13,7 @@
 | `goodput` | where each training attempt's time went (`Ledger`), across restarts (`Totals`) |
 | `layers`, `dry_run` | replica-invariant noise layers; the model and loss run on a split's first examples before a run |
 | `randomness` | Keras' own random layers: their state in the checkpoint, replica-invariant draws, the draws that are not named |
-| `flops`, `peak_flops` | a train step's FLOPs (counted once from its graph) and tokens; the peak FLOP/s MFU divides by (flag, datasheet, cached matmul probe) |
+| `flops`, `peak_flops` | a train step's FLOPs (counted once from its graph) and tokens; the peak FLOP/s MFU divides by (flag, datasheet, cached matmul probes), raised by a loop above it |
 | `profiler` | the profiler window (`profile.*`): an action whose edges end loops |
 
 The options (losses, metrics, optimizers, precision, distribution) come

@@ -21,7 +21,8 @@ Synopsis (what `looper.run.run` assembles from a config)::
       now.stopped = the stop's reason, if the trainer stopped for one
       now.step, now.loop = the step reached, loop (its logs: the
           trainer's, the learning rate, and per second over the loop's
-          time: steps, examples, tokens and FLOPs; mfu = FLOP/s / peak)
+          time: steps, examples, tokens and FLOPs; mfu = FLOP/s / peak,
+          a peak a loop beats raised first: said once)
       for action in report + eval (train_and_eval only) + save actions:
         result[action.name] = action(now)   # if it fired and returned one
         now.spent[action.name] = the seconds it took
@@ -44,6 +45,7 @@ import numpy as np
 
 from looper import errors
 from looper.train import actions as actions_lib
+from looper.workdir import formats
 
 
 class TrainerSurface(Protocol):
@@ -98,6 +100,15 @@ class CheckpointerSurface(Protocol):
     """Every complete checkpoint, oldest first."""
 
 
+class PeakSurface(Protocol):
+  """The peak FLOP/s `mfu` divides by (`looper.train.peak_flops.Peak`)."""
+  flops_per_sec: float  # of all the run's devices
+
+  def beaten(self, seen: float) -> str:
+    """A loop ran at `seen` FLOP/s, above the peak: raises it to at least
+    that; says what was done (one line's end)."""
+
+
 def loop_length(step: int, total: int, steps_per_loop: int,
                 boundaries: Sequence[int | None] = ()) -> int:
   """Steps until the next of: a loop's end, `total`, any boundary."""
@@ -120,8 +131,8 @@ class Controller:
     report_actions, eval_actions, save_actions: run in this order after
       each loop; eval actions only in `train_and_eval`.
     nan_recovery_tries: `train.nan_recovery_tries`.
-    peak_flops: the FLOP/s of the run's devices that `mfu` is the share
-      of (looper.train.peak_flops); None: no mfu.
+    peak: the FLOP/s of the run's devices that `mfu` is the share of
+      (`PeakSurface`: looper.train.peak_flops.Peak); None: no mfu.
     clock: times each loop (steps_per_sec), injectable for tests.
   """
 
@@ -132,7 +143,7 @@ class Controller:
                eval_actions: Sequence[actions_lib.Action] = (),
                save_actions: Sequence[actions_lib.Action] = (),
                nan_recovery_tries: int = 0,
-               peak_flops: float | None = None,
+               peak: PeakSurface | None = None,
                clock: Callable[[], float] = time.perf_counter):
     self.trainer = trainer
     self.checkpointer = checkpointer
@@ -142,7 +153,7 @@ class Controller:
     self.add_actions(report=report_actions, evaluate=eval_actions,
                      save=save_actions)
     self._nan_tries = nan_recovery_tries
-    self._peak_flops = peak_flops
+    self._peak = peak
     self._above_peak = False  # said once that a loop beat the peak
     self._clock = clock
 
@@ -268,16 +279,17 @@ class Controller:
       rates["tokens_per_sec"] = logs.pop("tokens") / seconds
     if "flops" in logs:
       rates["flops_per_sec"] = logs.pop("flops") / seconds
-      if self._peak_flops:
-        rates["mfu"] = rates["flops_per_sec"] / self._peak_flops
-        if rates["mfu"] > 1 and not self._above_peak:
-          self._above_peak = True
-          logging.warning(
-              "A loop ran at %.3g FLOP/s, above the peak MFU is of (%.3g):"
-              " a matmul probe on a busy machine reads low (the header says"
-              " where the peak comes from); delete its cache to measure"
-              " again, or set --config.train.peak_flops",
-              rates["flops_per_sec"], self._peak_flops)
+      if self._peak:
+        seen = rates["flops_per_sec"]
+        if seen > self._peak.flops_per_sec:  # MFU above 1 is never shown
+          before = self._peak.flops_per_sec
+          done = self._peak.beaten(seen)
+          if not self._above_peak:
+            self._above_peak = True
+            logging.warning("A loop ran at %s, above the peak MFU was of"
+                            " (%s): %s", formats.flops(seen),
+                            formats.flops(before), done)
+        rates["mfu"] = seen / self._peak.flops_per_sec
     return rates
 
   def _start(self, now: actions_lib.Moment,

@@ -5,6 +5,7 @@ Synopsis::
     formats.number(10000.0)   # '10000' (a count); 0.31264: '0.3126'
     formats.format_logs({"loss": 0.3126, "examples": 10000})
     formats.si(14.2e9)        # ('14.2', 'G')
+    formats.flops(14.2e9)     # '14.2 GFLOP/s'
     formats.speed(logs)       # '5.12 steps/s, 21k tokens/s, 14.2 GFLOP/s ...'
 
 One formatter for the progress and eval lines (looper.workdir.summaries),
@@ -36,6 +37,12 @@ def si(value: float) -> tuple[str, str]:
   return f"{value:.3g}", " kMGTPE"[power].strip()
 
 
+def flops(flops_per_sec: float) -> str:
+  """'14.2 GFLOP/s'."""
+  value, prefix = si(flops_per_sec)
+  return f"{value} {prefix}FLOP/s"
+
+
 def speed(logs: dict[str, float]) -> str:
   """The speed part of the progress line, of what `logs` holds: '5.12
   steps/s, 21k tokens/s, 14.2 GFLOP/s = 4.38% MFU' (tokens for sequences,
@@ -46,7 +53,6 @@ def speed(logs: dict[str, float]) -> str:
       parts.append(f"{''.join(si(logs[count + '_per_sec']))} {count}/s")
       break
   if "flops_per_sec" in logs:
-    value, prefix = si(logs["flops_per_sec"])
     mfu = f" = {100 * logs['mfu']:.3g}% MFU" if "mfu" in logs else ""
-    parts.append(f"{value} {prefix}FLOP/s{mfu}")
+    parts.append(f"{flops(logs['flops_per_sec'])}{mfu}")
   return ", ".join(parts)

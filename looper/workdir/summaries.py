@@ -16,7 +16,8 @@ Synopsis::
 Layout: `workdir/train/` holds the loss of every step and, per loop, each
 train metric, `learning_rate`, `steps_per_sec`, `examples_per_sec`,
 `tokens_per_sec` (sequences), `flops_per_sec` and `mfu` (the share of the
-peak: looper.train.flops, looper.train.peak_flops), `input_wait_fraction`;
+peak, at most 1: a loop above it raises it; looper.train.flops,
+looper.train.peak_flops), `input_wait_fraction`;
 `workdir/eval/` holds every eval metric and `examples` (how many real
 examples were counted). Same tag names in both runs, so TensorBoard draws
 train and eval on one chart. A continuous evaluator writes to its own

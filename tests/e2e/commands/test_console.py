@@ -14,6 +14,7 @@ from looper import run
 from looper import workdir as workdir_lib
 from looper.cli import runs
 from looper.train import goodput
+from looper.train import peak_flops
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.paths import ROOT
@@ -44,10 +45,12 @@ def test_first_screen_header_progress_and_summary(tmp_path):
       "  batch      32 global = 32 per replica x 1; eval 64",
       "  steps      20, 10 per loop; eval every 20, checkpoint every 20",
       "  precision  float32"]
-  # The peak MFU is of: the probe's figure, measured or cached (test_flops).
-  assert re.fullmatch(r"  MFU        of [\d.]+ \w?FLOP/s: the float32 matmul"
-                      r" speed measured on this CPU \(cached in \S+\)",
-                      lines[5]), lines[5]
+  # The peak MFU is of: the probes' figure, measured or cached in the
+  # session's cache (test_peak_flops).
+  assert re.fullmatch(
+      r"  MFU        of [\d.]+ \w?FLOP/s: the measured float32 matmul peak of"
+      r" this CPU's \d+ cores: (the best of .+, )?a (probe|loop) \(.+ UTC\);"
+      r" cached in " + re.escape(peak_flops.cache_path()), lines[5]), lines[5]
   # 8 -> 16 -> 4, batch 32: 192 multiply-adds forward, 192 for the weights'
   # gradients, 64 for the hidden layer's (none for the inputs'), x 2.
   assert re.fullmatch(rf"{TIME} FLOPs per train step: 2.867e\+04 \(counted"

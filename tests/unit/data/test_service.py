@@ -33,6 +33,7 @@ from looper.data import shards
 from looper.errors import ConfigError
 from tests.fixtures import configs
 from tests.fixtures import paths
+from tests.fixtures import private_home
 from tests.fixtures import processes
 
 N = 96  # examples with ids 0..N-1
@@ -338,8 +339,8 @@ def test_the_servers_reach_is_looper_networks_under_its_flag(monkeypatch):
 
 def _serve(*flags):
   """`looper data_service FLAGS` in its own process; end it by PID!"""
-  env = dict(processes.LOOPBACK_ENV, PATH="/usr/bin:/bin",
-             PYTHONPATH=str(paths.ROOT))
+  env = dict(processes.LOOPBACK_ENV, **private_home.env(),
+             PATH="/usr/bin:/bin", PYTHONPATH=str(paths.ROOT))
   return subprocess.Popen(
       [sys.executable, "-m", "looper.main", "data_service", *flags],
       cwd=paths.ROOT, env=env, stdout=subprocess.PIPE,
@@ -410,8 +411,9 @@ def test_by_default_a_server_starts_only_where_loopback_is_all():
       ["unshare", "-n", "sh", "-c", "ip link set lo up && exec \"$@\"", "sh",
        sys.executable, "-m", "looper.main", "data_service",
        "--role=dispatcher", f"--port={port}"],
-      cwd=paths.ROOT, env=dict(processes.LOOPBACK_ENV, PATH="/usr/bin:/bin",
-                                  PYTHONPATH=str(paths.ROOT)),
+      cwd=paths.ROOT, env=dict(processes.LOOPBACK_ENV, **private_home.env(),
+                               PATH="/usr/bin:/bin",
+                               PYTHONPATH=str(paths.ROOT)),
       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
   try:
     # It serves (its stop on a signal: the start-and-stop test above).

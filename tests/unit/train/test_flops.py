@@ -1,7 +1,7 @@
-"""FLOPs, peak and MFU: a train step's count against hand counts, the
-probe's cache and bounds, and a run's speed in its progress line,
-metrics.jsonl and TensorBoard, which agree with each other and with the
-count x steps / the loop's seconds / the peak.
+"""FLOPs and MFU: a train step's count against hand counts, and a run's
+speed in its progress line, metrics.jsonl and TensorBoard, which agree
+with each other and with the count x steps / the loop's seconds / the
+peak (the peak itself: test_peak_flops).
 
 The counts are exact: the LM's is PaLM's accounting (6 x the matmul
 weights per token, forward and backward, plus 12 x layers x context x
@@ -12,7 +12,6 @@ biases: 4.3% of this small model, 1.8% of the default one). About 25 s
 on 2 busy cores.
 """
 
-import json
 import logging
 import re
 
@@ -131,68 +130,23 @@ class WorkingTrainer(test_controller.FakeTrainer):
 def test_the_controller_turns_work_into_rates_over_the_loops_time(caplog):
   clock = test_controller.Clock()
   trainer = WorkingTrainer(clock=clock, secs_per_step=0.5)
+  given = peak_flops.Peak(4e9, "train.peak_flops=4e+09")
   ctl, _, _ = test_controller.make(total=8, steps_per_loop=4, trainer=trainer,
-                                   peak_flops=4e9, clock=clock)
+                                   peak=given, clock=clock)
   with caplog.at_level(logging.WARNING):
     logs = ctl.train()["train"]
+  # 6e9 FLOP/s, above the peak given: MFU is of the loop's speed (1, not
+  # 1.5), the peak raised to it and said once (test_peak_flops: a probed one).
   assert logs == {"loss": pytest.approx(np.mean(1 / np.arange(5, 9))),
                   "accuracy": 0.5, "learning_rate": 0.1,
                   "steps_per_sec": 2.0, "examples_per_sec": 8.0,
-                  "tokens_per_sec": 200.0, "flops_per_sec": 6e9, "mfu": 1.5}
-  # Above the peak: said once, whatever the loops.
-  assert [r.getMessage()[:50] for r in caplog.records] == [
-      "A loop ran at 6e+09 FLOP/s, above the peak MFU is "]
-
-
-# --- The peak ---------------------------------------------------------------
-
-
-def test_the_probe_is_measured_once_per_machine_and_dtype(tmp_path,
-                                                          monkeypatch):
-  measured = []
-  monkeypatch.setattr(peak_flops, "measure",
-                      lambda dtype: measured.append(dtype) or 7e10)
-  cache = str(tmp_path / "cache" / "peak.json")
-  c = tiny.get_config()
-  strategy = tf.distribute.get_strategy()
-  first = peak_flops.of_run(c, strategy, cache)
-  again = peak_flops.of_run(c, strategy, cache)
-  c.train.precision = "mixed_bfloat16"
-  bf16 = peak_flops.of_run(c, strategy, cache)
-  assert measured == ["float32", "bfloat16"]
-  assert first == again and first.flops_per_sec == bf16.flops_per_sec == 7e10
-  assert "float32 matmul speed measured on this CPU" in first.source
-  keys = sorted(json.loads((tmp_path / "cache" / "peak.json").read_text()))
-  assert [k.rsplit(", ", 2)[1] for k in keys] == ["bfloat16", "float32"]
-  c.train.peak_flops = 2.5e11  # the config wins: nothing measured
-  assert peak_flops.of_run(c, strategy, cache) == peak_flops.Peak(
-      2.5e11, "train.peak_flops=2.5e+11")
-  assert measured == ["float32", "bfloat16"]
-
-
-def test_the_probe_stops_at_a_size_whose_call_takes_half_its_time():
-  """A clock at 10 ms a read: a call 'takes' 10 ms, half of per_size, so
-  256 is the last size, timed until per_size has passed."""
-  reads = iter(np.arange(0, 100, 0.01))
-  flops_per_call = peak_flops.CHAIN * 2 * 256 ** 3
-  assert peak_flops.measure("float32", per_size=0.02,
-                      clock=lambda: next(reads)) == pytest.approx(
-                          flops_per_call / 0.01)
-  assert next(reads) == pytest.approx(0.04)  # start, a call (2), the check
-  assert peak_flops.measure("float32", per_size=0.02) > 1e8  # a real one
-
-
-def test_datasheet_table_picks_the_first_match_and_tf32():
-  assert peak_flops.datasheet("NVIDIA H100 PCIe", "bfloat16") == 756e12
-  assert peak_flops.datasheet("NVIDIA H100 80GB HBM3", "float16") == 989e12
-  assert peak_flops.datasheet("NVIDIA A100-SXM4-80GB", "float32") == 156e12
-  tf.config.experimental.enable_tensor_float_32_execution(False)
-  try:
-    assert peak_flops.datasheet("NVIDIA A100-SXM4-80GB", "float32") == 19.5e12
-  finally:
-    tf.config.experimental.enable_tensor_float_32_execution(True)
-  assert peak_flops.datasheet("v5litepod", "float32") == 197e12
-  assert peak_flops.datasheet("Intel(R) Xeon(R)", "bfloat16") is None
+                  "tokens_per_sec": 200.0, "flops_per_sec": 6e9, "mfu": 1.0}
+  assert given.flops_per_sec == 6e9
+  assert [r.getMessage() for r in caplog.records] == [
+      "A loop ran at 6 GFLOP/s, above the peak MFU was of (4 GFLOP/s): MFU"
+      " is of the loop's speed from here on: the peak given is too low (or"
+      " the FLOPs count too high); set --config.train.peak_flops to this"
+      " machine's peak"]
 
 
 # --- A run's figures: the counts of a CNN and of the LM -----------------------

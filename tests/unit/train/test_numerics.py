@@ -19,6 +19,7 @@ from looper.train import layers
 from looper.options import precision
 from looper.train import trainer as trainer_lib
 from tests.fixtures import tiny
+from tests.fixtures import private_home
 from tests.fixtures.events import curve
 from tests.fixtures.paths import ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
@@ -119,7 +120,8 @@ print(json.dumps(dict(
 
 def _python(code: str) -> list[str]:
   """The lines `code` prints, run in a fresh Python with looper."""
-  env = dict(LOOPBACK_ENV, PYTHONPATH=str(ROOT), PATH="/usr/bin:/bin")
+  env = dict(LOOPBACK_ENV, **private_home.env(), PYTHONPATH=str(ROOT),
+             PATH="/usr/bin:/bin")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300,
                         check=False)
