@@ -197,8 +197,9 @@ NOT_RUN_FILES = {
     "looper.data.datasets": "the download cache (config.data.cache_dir):"
                             " the folder Keras downloads into; a failed"
                             " download removed",
-    "looper.train.peak_flops": "the cache of this machine's measured peak FLOP/s"
-                         " (~/.cache/looper), shared by runs",
+    "looper.train.peak_flops": "the cache of this machine's measured peak"
+                               " FLOP/s (peak_flops.cache_path(): in"
+                               " ~/.cache/looper by default), shared by runs",
 }
 # Calls that make, replace, move or remove a file, by their dotted name's end.
 CHANGES = ("gfile.makedirs", "gfile.mkdir", "gfile.rename", "gfile.copy",
