@@ -9,7 +9,7 @@ Synopsis::
     with console.printing(verbose):
       ...
     logging.info("%s", console.header(config, strategy, workdir, mode,
-                                      "fresh start", model))
+                                      "fresh start", model, batch))
     logging.info("%s", console.summary(result, workdir, seconds, ...))
     # looper/main.py, before its one error line:
     console.expect_partial_restores(error)
@@ -193,19 +193,19 @@ def _differences(config: dict, trained: dict, prefix: str = "") -> list[str]:
 
 
 def header(config, strategy, workdir: str | None, mode: str,
-           start: str | None, model, peak=None, epoch=None,
+           start: str | None, model, batch, peak=None, epoch=None,
            note: str | None = None, trained: dict | None = None) -> str:
   """The lines that open a run: what runs where (`start`: from where it
-  starts, or what it reads), with which batch, how many epochs the steps
-  are (of `epoch`, a `looper.train.epochs.Epoch`, if the train split's
-  size is known), the peak (a `looper.train.peak_flops.Peak`) the progress
-  line's MFU is of, and a `note` on what the run cannot promise
-  (looper.train.randomness).
+  starts, or what it reads), with which batch (`batch`, the run's
+  `looper.data.batch.Batch`), how many epochs the steps are (of `epoch`, a
+  `looper.train.epochs.Epoch`, if the train split's size is known), the
+  peak (a `looper.train.peak_flops.Peak`) the progress line's MFU is of,
+  and a `note` on what the run cannot promise (looper.train.randomness).
 
   `trained`, a trained run's config.json, is what an evaluator or export
   describes (what was trained) instead of `config`, the command line's;
   where they differ, one line says in which fields (the command line's
-  values are the ones in use).
+  values are the ones in use, the batch among them).
   """
   differs = []
   if trained is not None:
@@ -225,18 +225,17 @@ def header(config, strategy, workdir: str | None, mode: str,
   except RuntimeError:  # the default strategy: wherever TF places ops
     types = {"GPU": 1} if tf.config.list_physical_devices("GPU") else {}
     devices = ["default device"]
-  per_replica = config.train.batch_size // replicas
-  accum = config.train.grad_accum_steps
+  accum = batch.accum_steps
   where = f" in {workdir} ({start})" if workdir else ""
   lines = [
       f"looper {mode}: {model.name} ({model.count_params():,} parameters)"
       f"{where}",
       f"  strategy   {name}, {replicas} replica{'s' * (replicas > 1)}"
       f" ({', '.join(devices)})",
-      f"  batch      {config.train.batch_size} global = {per_replica} per"
-      f" replica x {replicas}" + (f", {accum} micro-batches per update"
-                                  if accum > 1 else "") +
-      f"; eval {config.eval.batch_size}",
+      f"  batch      {batch.micro_batch_size} global = {batch.per_replica}"
+      f" per replica x {replicas}" + (f", {accum} micro-batches per update"
+                                      if accum > 1 else "") +
+      f"; eval {batch.eval_batch_size}",
       f"  steps      {config.train.steps}{_in_epochs(config, epoch)},"
       f" {config.train.steps_per_loop} per loop; eval every"
       f" {config.eval.every_steps or 'end'}, checkpoint every"

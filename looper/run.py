@@ -1,4 +1,4 @@
-"""Assembles a run from a config: strategy, Trainer, actions, Controller.
+"""Assembles a run from a config and runs a mode: `Run`, `run`.
 
 Synopsis (what `python -m looper.main` does, usable from a notebook)::
 
@@ -7,6 +7,10 @@ Synopsis (what `python -m looper.main` does, usable from a notebook)::
     result = run.run(config, workdir="/tmp/exp", mode="train_and_eval")
     result["eval"]["accuracy"]
     # It prints what the command line prints (verbose=False: nothing).
+
+    class MyRun(run.Run):              # one piece changed, the rest as is
+      def _build_checkpointer(self, guard): ...
+    MyRun(config, "/tmp/exp", "train").run()
 
 Modes (the table MODES; each runs a `Controller` method):
   train            train from the last checkpoint in `workdir` (if any)
@@ -18,18 +22,30 @@ Modes (the table MODES; each runs a `Controller` method):
                    SavedModel for serving, to `workdir/export/<step>/`
 (Every path in `workdir` is named by looper.workdir.Workdir.)
 
-The actions, in the order they run after a loop: train summaries, the
-progress line and `Trainer.on_loop_end` (every loop); evaluation with the
-best checkpoint and early stop (train_and_eval); the checkpoint save
-(`checkpoint.every_steps`, `checkpoint.every_secs`, at the end and on a
-stop signal); the export for serving (`export.at_end`). A signal
-(looper.train.signals) or, on a Google Cloud VM, a preemption or
-maintenance notice (looper.train.vm_notices) asks the trainer's `stop` to stop.
+A `Run` builds each piece once, in this order, each in a method a
+subclass may override (as Model Garden's OrbitExperimentRunner); a piece
+gets what it needs as arguments, from the pieces built before it:
+
+  _build_strategy      config.distribution -> tf.distribute.Strategy
+  _build_batch         the batch's numbers (looper.data.batch)
+  _build_input         the data (looper.data.input.Input)
+      (epochs resolved as steps: looper.train.epochs)
+  _build_trainer       config.trainer: state, step seams, its train loop
+  _build_evaluator     one exact pass over the eval split
+      (everything checked; the workdir's lease taken, if training)
+  _build_checkpointer  saves and restores (looper.workdir.checkpoint)
+  _build_summaries     the writers: events, metrics.jsonl, config.json
+  _build_evaluation    evaluation as an action (best checkpoint, early stop)
+  _build_controller    the outer loop (looper.train.controller)
+  _build_actions       what runs after each loop, by group
+                       (looper.train.standard_actions)
+
+A signal (looper.train.signals) or, on a Google Cloud VM, a preemption or
+maintenance notice (looper.train.vm_notices) asks the trainer's `stop` to
+stop.
 """
 
-import dataclasses
 import time
-from typing import Callable
 
 from absl import logging
 import ml_collections
@@ -38,56 +54,32 @@ import tensorflow as tf
 from looper import config as config_lib
 from looper import console
 from looper import errors
+from looper import modes
 from looper import references
 from looper import workdir as workdir_lib
+from looper.data import batch as batch_lib
 from looper.data import input as input_lib
-from looper.train import actions
-from looper.train import controller as controller_lib
+from looper.modes import MODES, Mode
+from looper.options import best
 from looper.options import distribute
+from looper.options import precision
+from looper.train import controller as controller_lib
 from looper.train import dry_run
 from looper.train import epochs
-from looper.options import best
 from looper.train import eval_action
 from looper.train import evaluator as evaluator_lib
 from looper.train import goodput
-from looper.train import vm_notices
 from looper.train import peak_flops
-from looper.options import precision
-from looper.train import signals
 from looper.train import profiler
+from looper.train import signals
+from looper.train import standard_actions
+from looper.train import vm_notices
 from looper.workdir import checkpoint
 from looper.workdir import contents
-from looper.workdir import export
 from looper.workdir import files
 from looper.workdir import hparams
 from looper.workdir import lease
 from looper.workdir import summaries
-
-
-@dataclasses.dataclass(frozen=True)
-class Mode:
-  """What a mode reads and writes."""
-  trains: bool  # resumes from the workdir's latest checkpoint and trains
-  reads_eval_split: bool  # evaluates, or exports (the eval split's spec)
-  takes_checkpoint: bool  # reads --checkpoint=PATH
-  # Where its eval events go, of the workdir's; None: it writes none.
-  eval_events: Callable[[workdir_lib.Workdir], str] | None
-
-
-MODES = {
-    "train": Mode(trains=True, reads_eval_split=False,
-                  takes_checkpoint=False, eval_events=None),
-    "eval": Mode(trains=False, reads_eval_split=True, takes_checkpoint=True,
-                 eval_events=lambda wd: wd.eval_events),
-    "train_and_eval": Mode(trains=True, reads_eval_split=True,
-                           takes_checkpoint=False,
-                           eval_events=lambda wd: wd.eval_events),
-    "continuous_eval": Mode(trains=False, reads_eval_split=True,
-                            takes_checkpoint=False,
-                            eval_events=lambda wd: wd.continuous_eval_events),
-    "export": Mode(trains=False, reads_eval_split=True,
-                   takes_checkpoint=True, eval_events=None),
-}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
@@ -119,174 +111,244 @@ def run(config: ml_collections.ConfigDict, workdir: str,
      training early, 'ended': why training ended early}.
   """
   with console.printing(verbose):
-    return _run(config, workdir, mode, checkpoint_path, started=started)
+    return Run(config, workdir, mode, checkpoint_path, started=started).run()
 
 
-def _run(config, workdir: str, mode: str, checkpoint_path: str | None, *,
-         started: float | None) -> dict:
-  """`run`'s work, its lines shown (console.printing)."""
-  if mode not in MODES:
-    raise errors.ConfigError(
-        f"mode={mode!r} is not one of {', '.join(MODES)}; set --mode")
-  if checkpoint_path and not MODES[mode].takes_checkpoint:
-    raise errors.ConfigError(
-        f"--checkpoint={checkpoint_path} is only read by --mode=eval and"
-        " --mode=export; to start training from it set"
-        " --config.init.checkpoint instead")
-  started = time.monotonic() if started is None else started
-  config_lib.validate(config)
-  # Process-wide settings the kernels read: before anything runs an op.
-  precision.set_deterministic(config.train.deterministic)
-  strategy = distribute.strategy_for(config)
-  data = input_lib.Input(config, strategy)
-  training = MODES[mode].trains
-  # Epochs as steps, before anything reads a step (looper.train.epochs); a
-  # run that does not train reads the train split only if epochs need it.
-  config, epoch = epochs.resolve(config, data, known=training)
-  trainer = references.resolve(config.trainer, "trainer")(config, strategy, data)
-  evaluator = evaluator_lib.Evaluator(trainer, data)
-  # The one task that writes files (summaries, config, checkpoints):
-  # TensorFlow's chief rule (the chief task, else worker 0).
-  chief = strategy.extended.should_checkpoint
-  # Everything that can be checked is checked before a file is written:
-  # nothing already saved in `workdir` is touched by a bad config, and a
-  # bad eval split fails now, not after hours of training.
-  if training:
-    dry_run.check_inputs(trainer, data, config.data.train_split)
-  if MODES[mode].reads_eval_split:
-    dry_run.check_inputs(trainer, data, config.data.eval_split)
-  best.check_best_metric(config.checkpoint.best_metric,
-                               evaluator.metric_names)
-  cores = distribute.tpu_cores(strategy, config.distribution)
-  if cores and training:
-    warning = distribute.tpu_batch_warning(config.train.batch_size, cores)
-    if warning:
-      logging.warning("%s", warning)
-  # Before a file is written: one writing run per workdir (looper.workdir.lease);
-  # readers and the other workers of a multi-worker run do not take it.
-  wd = workdir_lib.Workdir(workdir)
-  with lease.holding(wd, config.checkpoint.lease_secs,
-                     take=chief and training) as held:
-    return _run_in_workdir(config, wd, mode, checkpoint_path, strategy,
-                           trainer, evaluator, started=started,
-                           chief=chief, epoch=epoch,
-                           guard=held.check if held else None)
+class Run:
+  """One mode run in one workdir, built piece by piece (see module doc).
 
+  The constructor builds and checks what needs no file (strategy to
+  evaluator): a bad config or eval split fails before anything in
+  `workdir` is touched. `run()` takes the workdir (its lease, if
+  training), builds the rest and runs the mode; call it once.
+  """
 
-def _run_in_workdir(config, wd: workdir_lib.Workdir, mode: str,
-                    checkpoint_path: str | None, strategy, trainer,
-                    evaluator, *, started: float, chief: bool,
-                    epoch: epochs.Epoch | None, guard) -> dict:
-  """`run` once every check passed (and the lease is held, if training)."""
-  c = config.checkpoint
-  training = MODES[mode].trains
-  on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
-  ckpt = checkpoint.Checkpointer(
-      wd, trainer.checkpoint_items(), keep=c.keep, chief=chief,
-      task_id=distribute.task_id(strategy), async_save=c.async_save,
-      on_tpu=on_tpu, guard=guard)
-  restored = ckpt.restore() if training else None
-  if training and not restored and config.init.checkpoint:
-    items = {"model": trainer.model}
-    if config.init.optimizer:
-      items["optimizer"] = trainer.optimizer
-    contents.warm_start(config.init.checkpoint, items)
-    trainer.optimizer.iterations.assign(0)  # the schedule starts over
-  # What MFU is the share of (a probe, cached, or a known figure); the
-  # FLOPs of a step are counted after the first loop (looper.train.flops).
-  machine = peak_flops.of_run(config, strategy) if training else None
-  # Every worker: under `looper launch` each line says whose it is. A
-  # reader of a trained run describes what was trained: its config.json.
-  logging.info("%s", console.header(
-      config, strategy, wd.root, mode,
-      _start(mode, restored, checkpoint_path), trainer.model, peak=machine,
-      epoch=epoch, note=trainer.random.note(),
-      trained=None if training else files.read_json(wd.config)))
-  if mode == "export":
-    return _export_checkpoint(trainer, evaluator, ckpt, wd, checkpoint_path,
-                              chief=chief, on_tpu=on_tpu)
-  out = _open_workdir(wd, config, MODES[mode], chief,
-                      eval_names=evaluator.metric_names,
-                      input_hint=trainer.input.faster() if training else "")
-  ledger = None
-  try:
-    ctl = controller_lib.Controller(
-        trainer, ckpt, total_steps=config.train.steps,
-        steps_per_loop=config.train.steps_per_loop,
-        nan_recovery_tries=config.train.nan_recovery_tries,
-        peak=machine)
-    evaluations = _add_actions(
-        ctl, config, trainer, evaluator, ckpt, out, wd, chief=chief,
-        training=training, on_tpu=on_tpu)
-    if mode == "eval":
-      return ctl.evaluate(evaluations.evaluate, checkpoint_path)
-    if mode == "continuous_eval":
-      return ctl.continuous_eval(evaluations.evaluate,
-                                 timeout_secs=config.eval.timeout_secs)
-    if not restored:
-      out.start_run(references.to_json(config),
-                    summaries.model_summary(trainer.model))
-    ledger = goodput.Ledger(wd, started=started) if chief else None
-    if ledger:
-      ctl.add_actions(save=[_accounting(ledger, out)])
-    with (signals.StopOnSignal(trainer.stop.request),
-          vm_notices.WatchNotices(trainer.stop.request)):
-      result = ctl.train_and_eval() if mode == "train_and_eval" else ctl.train()
-    waited = time.monotonic()
-    ckpt.wait()
-    if ledger:
-      ledger.add("checkpoint", time.monotonic() - waited)
-      totals = ledger.close(_how_it_ended(result))
-      out.goodput(result["step"], totals.fractions())
-      # The attempt's time as its record holds it: `looper runs` adds up
-      # the records (its "wall (all attempts)"), so one attempt agrees.
-      logging.info("%s", console.summary(
-          result, wd, ledger.wall,
-          best=evaluations.best, checkpoint=ckpt.latest(),
-          export=result.get("export"), goodput=totals.line()))
-    return result
-  except Exception as e:
-    # A background save in flight ends before the process does: what it met
-    # (the full disk that stopped the run) is raised here, not lost in a
-    # traceback at exit after looper's line.
-    ckpt.wait()
-    if ledger:
-      _close_failed(ledger, e)
-    raise
-  finally:
-    out.close()
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str,
+               mode: str = "train_and_eval",
+               checkpoint_path: str | None = None, *,
+               started: float | None = None):
+    if mode not in MODES:
+      raise errors.ConfigError(
+          f"mode={mode!r} is not one of {', '.join(MODES)}; set --mode")
+    if checkpoint_path and not MODES[mode].takes_checkpoint:
+      raise errors.ConfigError(
+          f"--checkpoint={checkpoint_path} is only read by --mode=eval and"
+          " --mode=export; to start training from it set"
+          " --config.init.checkpoint instead")
+    self.mode, self.checkpoint_path = mode, checkpoint_path
+    self.started = time.monotonic() if started is None else started
+    self.trains = MODES[mode].trains
+    config_lib.validate(config)
+    # Process-wide settings the kernels read: before anything runs an op.
+    precision.set_deterministic(config.train.deterministic)
+    self.config = config
+    self.workdir = workdir_lib.Workdir(workdir)
+    self.strategy = self._build_strategy()
+    # The one task that writes files (summaries, config, checkpoints):
+    # TensorFlow's chief rule (the chief task, else worker 0).
+    self.chief = self.strategy.extended.should_checkpoint
+    self.batch = self._build_batch()
+    self.input = self._build_input()
+    # Epochs as steps, before anything reads a step (looper.train.epochs); a
+    # run that does not train reads the train split only if epochs need it.
+    self.config, self.epoch = epochs.resolve(config, self.input,
+                                             known=self.trains)
+    # The loop's buffer and the Controller's loops: one value, read once.
+    self.steps_per_loop = self.config.train.steps_per_loop
+    self.trainer = self._build_trainer()
+    self.evaluator = self._build_evaluator()
+    self._check()
 
+  # --- The pieces: each built once, overridable -------------------------------
 
-def _start(mode: str, restored: str | None,
-           checkpoint_path: str | None) -> str:
-  """What the header says the mode starts from or reads."""
-  if MODES[mode].trains:
-    return f"resumed from {restored}" if restored else "fresh start"
-  if mode == "continuous_eval":
-    return "evaluates each new checkpoint"
-  verb = "exports" if mode == "export" else "evaluates"
-  return f"{verb} {checkpoint_path or 'the latest checkpoint'}"
+  def _build_strategy(self) -> tf.distribute.Strategy:
+    return distribute.strategy_for(self.config)
 
+  def _build_batch(self) -> batch_lib.Batch:
+    return batch_lib.of(self.config, self.strategy.num_replicas_in_sync)
 
-def _accounting(ledger: goodput.Ledger, out: summaries.Summaries
-                ) -> actions.Action:
-  """The last action after each loop: the loop's and the actions' time to
-  the goodput ledger, its totals to TensorBoard when it writes them."""
+  def _build_input(self) -> input_lib.Input:
+    return input_lib.Input(self.config, self.strategy, self.batch)
 
-  def account(now: actions.Moment) -> None:
-    loop = now.loop
-    ledger.loop(loop.first_step, len(loop.losses), loop.seconds,
-                loop.logs.get("input_wait_fraction", 0.0))
-    for name, seconds in now.spent.items():
-      ledger.add(name, seconds)
-    # The last record is close()'s, after the final save's wait.
-    totals = None if now.end or now.stopping else ledger.write()
-    if totals:
-      out.goodput(now.step, totals.fractions())
+  def _build_trainer(self):
+    trainer_cls = references.resolve(self.config.trainer, "trainer")
+    return trainer_cls(self.config, self.strategy, self.input, self.batch,
+                       steps_per_loop=self.steps_per_loop)
 
-  return actions.Action(account, every_loop=True,
-                        on_start=lambda now: ledger.start(now.step),
-                        name="goodput")
+  def _build_evaluator(self) -> evaluator_lib.Evaluator:
+    return evaluator_lib.Evaluator(self.trainer, self.input)
+
+  def _build_checkpointer(self, guard) -> checkpoint.Checkpointer:
+    """`guard`: the lease's check before each save (None: not held)."""
+    c = self.config.checkpoint
+    return checkpoint.Checkpointer(
+        self.workdir, self.trainer.checkpoint_items(), keep=c.keep,
+        chief=self.chief, task_id=distribute.task_id(self.strategy),
+        async_save=c.async_save, on_tpu=self.on_tpu, guard=guard)
+
+  def _build_summaries(self) -> summaries.Summaries:
+    """The writers (TensorBoard events, metrics.jsonl, the progress line)
+    and config.json. The next writers (experiment trackers) join here."""
+    return _open_workdir(
+        self.workdir, self.config, MODES[self.mode], self.chief,
+        eval_names=self.evaluator.metric_names,
+        input_hint=self.input.faster() if self.trains else "")
+
+  def _build_evaluation(self) -> eval_action.EvalAction:
+    """The evaluations: what --mode=eval runs, and train_and_eval's eval
+    action. The best checkpoint and early stop belong to training: an
+    evaluator (--mode=eval, continuous_eval) never touches them."""
+    c = self.config.checkpoint
+    return eval_action.EvalAction(
+        self.evaluator, self.summaries, checkpointer=self.checkpointer,
+        history=files.JsonFile(self.workdir.best_history,
+                               self.workdir.checkpoints),
+        best=(best.Best(c.best_metric, c.best_mode)
+              if self.trains and c.best_metric else None),
+        patience=self.config.train.early_stop_patience if self.trains else 0,
+        chief=self.chief)
+
+  def _build_controller(self) -> controller_lib.Controller:
+    c = self.config.train
+    return controller_lib.Controller(
+        self.trainer, self.checkpointer, data=self.input, batch=self.batch,
+        total_steps=c.steps, steps_per_loop=self.steps_per_loop,
+        nan_recovery_tries=c.nan_recovery_tries, peak=self.peak)
+
+  def _build_actions(self) -> dict[str, list]:
+    """The Controller's actions by group ({'report', 'evaluate', 'save'}),
+    in the order they run after a loop. User actions, Keras callbacks and
+    experiment trackers join these lists here."""
+    c, wd, out = self.config, self.workdir, self.summaries
+    report = [standard_actions.train_summaries(out),
+              standard_actions.progress(out),
+              standard_actions.loop_end_hook(self.trainer)]
+    evaluate = [standard_actions.evaluations(
+        self.evaluation, every_steps=c.eval.every_steps)]
+    save = [standard_actions.checkpoints(
+        self.checkpointer, every_steps=c.checkpoint.every_steps,
+        every_secs=c.checkpoint.every_secs)]
+    if c.profile.start_step:
+      save.append(profiler.Window(wd if self.chief else None,
+                                  start_step=c.profile.start_step,
+                                  num_steps=c.profile.num_steps))
+    if c.export.at_end and self.chief:  # its path: result["export"]
+      save.append(standard_actions.export_at_end(
+          self.trainer, self.evaluator, wd, on_tpu=self.on_tpu))
+    return {"report": report, "evaluate": evaluate, "save": save}
+
+  # --- Running ----------------------------------------------------------------
+
+  @property
+  def on_tpu(self) -> bool:
+    return isinstance(self.strategy, tf.distribute.TPUStrategy)
+
+  def _check(self) -> None:
+    """Everything that can be checked is checked before a file is written:
+    nothing already saved in `workdir` is touched by a bad config, and a
+    bad eval split fails now, not after hours of training."""
+    c = self.config
+    if self.trains:
+      dry_run.check_inputs(self.trainer, self.input, c.data.train_split)
+    if MODES[self.mode].reads_eval_split:
+      dry_run.check_inputs(self.trainer, self.input, c.data.eval_split)
+    best.check_best_metric(c.checkpoint.best_metric,
+                           self.evaluator.metric_names)
+    cores = distribute.tpu_cores(self.strategy, c.distribution)
+    if cores and self.trains:
+      warning = distribute.tpu_batch_warning(self.batch.micro_batch_size,
+                                             cores)
+      if warning:
+        logging.warning("%s", warning)
+
+  def run(self) -> dict:
+    """Runs the mode; see `run` for the result. One writing run per
+    workdir (looper.workdir.lease): readers and the other workers of a
+    multi-worker run do not take it."""
+    with lease.holding(self.workdir, self.config.checkpoint.lease_secs,
+                       take=self.chief and self.trains) as held:
+      self.checkpointer = self._build_checkpointer(
+          held.check if held else None)
+      return self._run_mode()
+
+  def _run_mode(self) -> dict:
+    """The mode, once every check passed (and the lease is held)."""
+    config, wd, mode = self.config, self.workdir, self.mode
+    trainer, ckpt = self.trainer, self.checkpointer
+    restored = self._restore() if self.trains else None
+    # What MFU is the share of (a probe, cached, or a known figure); the
+    # FLOPs of a step are counted after the first loop (looper.train.flops).
+    self.peak = (peak_flops.of_run(config, self.strategy) if self.trains
+                 else None)
+    # Every worker: under `looper launch` each line says whose it is. A
+    # reader of a trained run describes what was trained: its config.json.
+    logging.info("%s", console.header(
+        config, self.strategy, wd.root, mode,
+        modes.start(mode, restored, self.checkpoint_path), trainer.model,
+        self.batch, peak=self.peak, epoch=self.epoch,
+        note=trainer.random.note(),
+        trained=None if self.trains else files.read_json(wd.config)))
+    if mode == "export":
+      return modes.export_checkpoint(trainer, self.evaluator, ckpt, wd,
+                                     self.checkpoint_path, chief=self.chief,
+                                     on_tpu=self.on_tpu)
+    self.summaries = out = self._build_summaries()
+    ledger = None
+    try:
+      self.evaluation = self._build_evaluation()
+      self.controller = ctl = self._build_controller()
+      ctl.add_actions(**self._build_actions())
+      if mode == "eval":
+        return ctl.evaluate(self.evaluation.evaluate, self.checkpoint_path)
+      if mode == "continuous_eval":
+        return ctl.continuous_eval(self.evaluation.evaluate,
+                                   timeout_secs=config.eval.timeout_secs)
+      if not restored:
+        out.start_run(references.to_json(config),
+                      summaries.model_summary(trainer.model))
+      ledger = goodput.Ledger(wd, started=self.started) if self.chief else None
+      if ledger:  # the last action: it times the others
+        ctl.add_actions(save=[standard_actions.accounting(ledger, out)])
+      with (signals.StopOnSignal(trainer.stop.request),
+            vm_notices.WatchNotices(trainer.stop.request)):
+        result = (ctl.train_and_eval() if mode == "train_and_eval"
+                  else ctl.train())
+      waited = time.monotonic()
+      ckpt.wait()
+      if ledger:
+        ledger.add("checkpoint", time.monotonic() - waited)
+        totals = ledger.close(_how_it_ended(result))
+        out.goodput(result["step"], totals.fractions())
+        # The attempt's time as its record holds it: `looper runs` adds up
+        # the records (its "wall (all attempts)"), so one attempt agrees.
+        logging.info("%s", console.summary(
+            result, wd, ledger.wall,
+            best=self.evaluation.best, checkpoint=ckpt.latest(),
+            export=result.get("export"), goodput=totals.line()))
+      return result
+    except Exception as e:
+      # A background save in flight ends before the process does: what it
+      # met (the full disk that stopped the run) is raised here, not lost in
+      # a traceback at exit after looper's line.
+      ckpt.wait()
+      if ledger:
+        _close_failed(ledger, e)
+      raise
+    finally:
+      out.close()
+
+  def _restore(self) -> str | None:
+    """The workdir's latest checkpoint, restored (its path), or else the
+    warm start config.init names (the schedule starts over); None."""
+    restored = self.checkpointer.restore()
+    init = self.config.init
+    if not restored and init.checkpoint:
+      items = {"model": self.trainer.model}
+      if init.optimizer:
+        items["optimizer"] = self.trainer.optimizer
+      contents.warm_start(init.checkpoint, items)
+      self.trainer.optimizer.iterations.assign(0)
+    return restored
 
 
 def _how_it_ended(result: dict) -> str:
@@ -307,21 +369,6 @@ def _close_failed(ledger: goodput.Ledger, error: Exception) -> None:
                     errors.first_line(e))
 
 
-def _export_checkpoint(trainer, evaluator, ckpt: checkpoint.Checkpointer,
-                       wd: workdir_lib.Workdir, path: str | None, *,
-                       chief: bool, on_tpu: bool) -> dict:
-  """--mode=export: restores `path` (default: the latest) and exports it."""
-  restored = ckpt.restore(path)
-  if not restored:
-    raise errors.CheckpointError(
-        f"--mode=export found no checkpoint in {ckpt.directory}; train"
-        " first, or point --workdir at a trained run")
-  result = {"step": trainer.global_step, "checkpoint": restored}
-  if chief:  # the other workers hold the same weights
-    result["export"] = export.export(trainer, evaluator, wd, on_tpu=on_tpu)
-  return result
-
-
 def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
                   *, eval_names: list[str],
                   input_hint: str) -> summaries.Summaries:
@@ -340,59 +387,3 @@ def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
         table=table, input_hint=input_hint)
   except (tf.errors.OpError, OSError) as e:
     raise errors.unwritable_workdir(wd.root, e) from None
-
-
-def _add_actions(ctl: controller_lib.Controller, config, trainer, evaluator,
-                 ckpt: checkpoint.Checkpointer, out: summaries.Summaries,
-                 wd: workdir_lib.Workdir, *, chief: bool, training: bool,
-                 on_tpu: bool) -> eval_action.EvalAction:
-  """Gives `ctl` the actions the config asks for; returns the evaluation
-  action (its best evaluation; also what --mode=eval runs).
-
-  The best checkpoint and early stop belong to training: an evaluator
-  (--mode=eval, continuous_eval) never touches them.
-  """
-  c = config.checkpoint
-  evaluations = eval_action.EvalAction(
-      evaluator, out, checkpointer=ckpt,
-      history=files.JsonFile(wd.best_history, wd.checkpoints),
-      best=(best.Best(c.best_metric, c.best_mode)
-            if training and c.best_metric else None),
-      patience=config.train.early_stop_patience if training else 0,
-      chief=chief)
-  report = [
-      # On a (re)start: a killed run may have written events past `step`.
-      actions.Action(lambda now: out.train(now.loop.first_step,
-                                           now.loop.losses, now.loop.logs),
-                     every_loop=True,
-                     on_start=lambda now: out.purge_after(now.step),
-                     name="train_summaries"),
-      actions.Action(lambda now: out.progress(now.step, now.loop.logs),
-                     every_loop=True, name="progress"),
-      actions.Action(lambda now: trainer.on_loop_end(now.step, now.loop.logs),
-                     every_loop=True, name="on_loop_end"),
-  ]
-  # On a (re)start the evaluator forgets evaluations past `step`; its logs
-  # are the mode's result["eval"].
-  evaluate = [actions.Action(evaluations, every_steps=config.eval.every_steps,
-                             at_end=True, on_start=evaluations.resume,
-                             name="eval")]
-
-  def save_checkpoint(now: actions.Moment) -> None:
-    # A stop (preemption) saves synchronously: the process exits next.
-    ckpt.save(now.step, sync=now.stopping)
-
-  save = [actions.Action(save_checkpoint, every_steps=c.every_steps,
-                         every_secs=c.every_secs, at_end=True, on_stop=True,
-                         name="checkpoint")]
-  if config.profile.start_step:
-    save.append(profiler.Window(wd if chief else None,
-                                start_step=config.profile.start_step,
-                                num_steps=config.profile.num_steps))
-  if config.export.at_end and chief:
-    # Its path is the mode's result["export"].
-    save.append(actions.Action(
-        lambda now: export.export(trainer, evaluator, wd, on_tpu=on_tpu),
-        at_end=True, name="export"))
-  ctl.add_actions(report=report, evaluate=evaluate, save=save)
-  return evaluations

@@ -21,7 +21,7 @@ GROUPS = (
     ("looper.data",),
     ("looper.workdir",),
     ("looper.train",),
-    ("looper.run", "looper.console"),
+    ("looper.run", "looper.modes", "looper.console"),
     ("looper.main", "looper.cli"),
 )
 # Each group's folder of unit tests (tests/unit/NAME), in GROUPS' order.
@@ -84,9 +84,9 @@ TESTED_IN = {
     "looper.train.dry_run": "unit/options/test_keras_objects.py",
     "looper.train.eval_action": "unit/options/test_best.py",
     "looper.train.layers": "unit/train/test_numerics.py",
-    "looper.train.loop": "e2e/replicas/test_loop_graph.py",
     "looper.train.stopping": "unit/train/test_signals.py",
-    "looper.run": "unit/run/test_catalogue.py",
+    "looper.modes": "e2e/commands/test_console.py",
+    "looper.train.standard_actions": "unit/train/test_trainer.py",
     "looper.main": "e2e/commands/test_cli.py",
     "looper.cli.data_service": "unit/data/test_service.py",
     "looper.cli.describe": "e2e/commands/test_console.py",

@@ -17,7 +17,7 @@ error) but reads no checkpoint and writes nothing.
 from looper import config as config_lib
 from looper import console
 from looper import references
-from looper.data import checks
+from looper.data import batch as batch_lib
 from looper.data import input as input_lib
 from looper.options import distribute
 from looper.train import epochs
@@ -28,20 +28,23 @@ def describe(config) -> str:
   """The description of `config` as text (see module doc)."""
   config_lib.validate(config)
   strategy = distribute.strategy_for(config)
-  data = input_lib.Input(config, strategy)
+  batch = batch_lib.of(config, strategy.num_replicas_in_sync)
+  data = input_lib.Input(config, strategy, batch)
   # Its splits are counted anyway: the header says what the steps are in
   # epochs in element mode too.
   config, epoch = epochs.resolve(config, data, count=True)
-  trainer = references.resolve(config.trainer, "trainer")(config, strategy, data)
+  trainer = references.resolve(config.trainer, "trainer")(
+      config, strategy, data, batch,
+      steps_per_loop=config.train.steps_per_loop)
   lines = [console.header(config, strategy, None, "describe", None,
-                          trainer.model, epoch=epoch,
+                          trainer.model, batch, epoch=epoch,
                           note=trainer.random.note()),
            "", "data"]
   for field in ("data.train_split", "data.eval_split"):
     split = config.data[field.split(".")[1]]
     source = data.source(split)
     size = data.size(split)  # element mode: counted by one pass
-    inputs, labels, weights = checks.parts(
+    inputs, labels, weights = batch_lib.parts(
         data.examples(split).element_spec)
     weighted = "" if weights is None else f", weights {_spec(weights)}"
     lines.append(f"  {field}={split!r}: {size:,} examples, {source.mode} mode;"

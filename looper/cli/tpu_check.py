@@ -33,6 +33,7 @@ The XLA CPU compiler accepts dynamic shapes a TPU rejects, so rule 2 is
 checked on the traced graph, not by compiling.
 """
 
+import dataclasses
 import os
 import re
 import sys
@@ -44,6 +45,7 @@ from looper import compat
 from looper import config as config_lib
 from looper import errors
 from looper import references
+from looper.data import batch as batch_lib
 from looper.data import checks
 from looper.data import input as input_lib
 from looper.options import distribute
@@ -67,17 +69,21 @@ def check(config, *, cores: int = 8, batches: int = 20,
       (random draws that depend on the replica count), for `report`.
   """
   config_lib.validate(config)
-  problems = _batch_problems(config, cores) + _precision_problems(config)
+  # Traced here, on the CPU's default strategy (one replica), whatever the
+  # config asks for; the steps are compiled below one at a time
+  # (train.jit_compile only affects the train loop, which is not run).
+  strategy = tf.distribute.get_strategy()
+  batch = batch_lib.of(config, strategy.num_replicas_in_sync)
+  problems = _batch_problems(batch, cores) + _precision_problems(config)
   if problems:  # the per-core batch is needed by everything below
     return problems
-  # Traced here, on the CPU's default strategy, whatever the config asks
-  # for; the steps are compiled below one at a time (train.jit_compile
-  # only affects the train loop, which is not run).
+  per_core = dataclasses.replace(batch, replicas=cores)  # splits: checked
   trainer_cls = references.resolve(config.trainer, "trainer")
-  data = input_lib.Input(config, tf.distribute.get_strategy())
+  data = input_lib.Input(config, strategy, batch)
   # The optimizer's schedule needs the steps train.epochs come to.
   config, _ = epochs.resolve(config, data, known=False)
-  trainer = trainer_cls(config, data.strategy, data)
+  trainer = trainer_cls(config, strategy, data, batch,
+                        steps_per_loop=config.train.steps_per_loop)
   if notes is not None and trainer.random.note():
     notes.append(trainer.random.note())
   splits = {"train": config.data.train_split, "eval": config.data.eval_split}
@@ -91,12 +97,12 @@ def check(config, *, cores: int = 8, batches: int = 20,
   ctx = tf.distribute.InputContext(1, 0, cores)  # one core's batches
   source = data.source(config.data.train_split)
   try:  # e.g. file mode: the files must split over the cores
-    source.check(cores, config.train.batch_size, "train.batch_size")
+    source.check(cores, per_core.micro_batch_size, "train.batch_size")
   except errors.ConfigError as e:
     return problems + [str(e)]
-  train = source.train(ctx, global_batch_size=config.train.batch_size,
-                       seed=config.seed, shuffle_buffer=config.data.shuffle_buffer,
-                       position=0)
+  train = source.train(ctx, batch_size=per_core.micro_batch_size,
+                       seed=config.seed,
+                       shuffle_buffer=config.data.shuffle_buffer, position=0)
   # One pipeline feeds all the cores: `cores` batches per global batch.
   shapes, first = _shapes(train, batches * cores, config.data.train_split)
   if isinstance(shapes, str):
@@ -107,11 +113,10 @@ def check(config, *, cores: int = 8, batches: int = 20,
         f" {len(shapes)} distinct shapes (e.g. {sorted(shapes)[:3]}); each"
         f" compiles again on a TPU: raise --config.data.bucket so fewer"
         f" padded lengths remain (see experiments/text_classifier.py)")
-  inputs, labels, weights = checks.parts(first)
-  per_core_eval = max(1, config.eval.batch_size // cores)
+  inputs, labels, weights = batch_lib.parts(first)
   # padded_batch: variable-length examples (data.bucket) batch too.
   eval_inputs = next(iter(examples["eval"].padded_batch(
-      per_core_eval, drop_remainder=True)))[0]
+      per_core.eval_per_replica, drop_remainder=True)))[0]
   steps = {
       "train step": (trainer.compute_gradients, (inputs, labels) if
                      weights is None else (inputs, labels, weights)),
@@ -129,17 +134,18 @@ def check(config, *, cores: int = 8, batches: int = 20,
       for problem, names in broken.items()]
 
 
-def _batch_problems(config, cores: int) -> list[str]:
+def _batch_problems(batch: batch_lib.Batch, cores: int) -> list[str]:
+  """Each batch size that does not split over the cores, and a per-core
+  batch off the TPU's tiles (what Batch would refuse, all of it)."""
   problems = []
-  for field in ("train.batch_size", "eval.batch_size"):
-    size = config.train.batch_size if field == "train.batch_size" else (
-        config.eval.batch_size)
+  for field, size in (("train.batch_size", batch.micro_batch_size),
+                      ("eval.batch_size", batch.eval_batch_size)):
     if size % cores:
       good = cores * max(1, round(size / cores))
       problems.append(
           f"config.{field}={size} does not split over {cores} TPU cores; set"
           f" --config.{field}={good}")
-  warning = distribute.tpu_batch_warning(config.train.batch_size, cores)
+  warning = distribute.tpu_batch_warning(batch.micro_batch_size, cores)
   if warning and not problems:
     problems.append(warning)
   return problems
@@ -296,11 +302,11 @@ def report(problems: list[str], config, cores: int, notes=()) -> str:
   if problems:
     text = "\n".join(f"looper check: {p}" for p in problems)
   else:
-    per_core = config.train.batch_size // cores
+    batch = batch_lib.of(config, cores)
     text = (f"ready: the train and eval steps compile with XLA on static"
             f" shapes, the input is pure tf.data, batch"
-            f" {config.train.batch_size} = {per_core} per core on {cores} TPU"
-            f" cores")
+            f" {batch.micro_batch_size} = {batch.per_replica} per core on"
+            f" {cores} TPU cores")
   text += "".join(f"\nnote: {note}" for note in notes)
   accelerated = any(tf.config.list_physical_devices(kind)
                     for kind in ("GPU", "TPU"))

@@ -6,7 +6,7 @@ Synopsis::
     source = sources.make(split, field, config.data,
                           lambda: dataset_fn(config, split))
     strategy.distribute_datasets_from_function(
-        lambda ctx: source.train(ctx, global_batch_size=128, seed=0,
+        lambda ctx: source.train(ctx, batch_size=128, seed=0,
                                  shuffle_buffer=10_000, position=0))
 
 The modules, bottom up (each imports only those above it in this list):
@@ -14,7 +14,8 @@ The modules, bottom up (each imports only those above it in this list):
 | module | owns |
 |---|---|
 | `splits` | split names ('test[:8000]'), which config field names a split |
-| `checks` | what an example, a split and a batch must be (one-line errors) |
+| `batch` | a batch: its numbers (`Batch`: per update, micro-batch, replica; checked over the replicas) and its parts |
+| `checks` | what an example and a split must be (one-line errors) |
 | `elements` | element mode: seeded per-epoch shuffle, each pipeline's block of a global batch, eval padding + masks |
 | `buckets` | element mode for variable-length inputs (`data.bucket`) |
 | `arrays` | array mode: numpy arrays (or `windows.Windows`) shuffled by index, O(1) resume |

@@ -2,12 +2,12 @@
 
 Synopsis::
 
-    batches = buckets.train_dataset(examples, ctx, global_batch_size=32,
+    batches = buckets.train_dataset(examples, ctx, batch_size=32,
                                     seed=0, shuffle_buffer=1000, position=0,
                                     bucket=16, split="train")
-    size, batches = buckets.epoch_batches(examples, global_batch_size=32,
+    size, batches = buckets.epoch_batches(examples, batch_size=32,
                                           bucket=16)  # in one epoch
-    masked = buckets.eval_dataset(examples, ctx, global_batch_size=32,
+    masked = buckets.eval_dataset(examples, ctx, batch_size=32,
                                   count=n, steps=s, bucket=16)
 
 Element mode for inputs with a dimension of unknown size (text): each
@@ -25,7 +25,7 @@ from looper.errors import ConfigError
 
 
 def train_dataset(examples: tf.data.Dataset,
-                  ctx: tf.distribute.InputContext, *, global_batch_size: int,
+                  ctx: tf.distribute.InputContext, *, batch_size: int,
                   seed: int, shuffle_buffer: int, position: int, bucket: int,
                   split: str | None = None) -> tf.data.Dataset:
   """Train batches of variable-length examples, few distinct shapes.
@@ -42,9 +42,9 @@ def train_dataset(examples: tf.data.Dataset,
   elements.check_start(examples, ctx, position, split)
   key = _key(bucket)
   size, per_epoch = epoch_batches(
-      examples, global_batch_size=global_batch_size, bucket=bucket,
+      examples, batch_size=batch_size, bucket=bucket,
       split=split)
-  start_epoch, offset = divmod(position // global_batch_size, per_epoch)
+  start_epoch, offset = divmod(position // batch_size, per_epoch)
   buffer = min(shuffle_buffer, size)
 
   @autograph.plain
@@ -52,17 +52,17 @@ def train_dataset(examples: tf.data.Dataset,
     shuffled = elements.seeded_shuffle(examples, buffer, seed, e,
                                        enabled=buffer > 0)
     return shuffled.group_by_window(
-        key_func=key, window_size=global_batch_size,
+        key_func=key, window_size=batch_size,
         reduce_func=autograph.plain(lambda k, window: window.padded_batch(
-            global_batch_size, drop_remainder=True,
+            batch_size, drop_remainder=True,
             padded_shapes=_bucket_shapes(window.element_spec, k * bucket))))
 
   batches = tf.data.Dataset.range(
       start_epoch, elements.INFINITE_EPOCHS).flat_map(epoch).skip(offset)
-  return elements.blocks(batches, ctx, global_batch_size)
+  return elements.blocks(batches, ctx, batch_size)
 
 
-def epoch_batches(examples: tf.data.Dataset, *, global_batch_size: int,
+def epoch_batches(examples: tf.data.Dataset, *, batch_size: int,
                   bucket: int, split: str | None = None) -> tuple[int, int]:
   """(examples, global batches) of one epoch of `train_dataset`: every
   example's bucket, by one pass, then sum over buckets of n_b // B.
@@ -73,27 +73,27 @@ def epoch_batches(examples: tf.data.Dataset, *, global_batch_size: int,
   ids = examples.map(_key(bucket)).batch(4096).reduce(
       tf.zeros([0], tf.int64),
       autograph.plain(lambda a, b: tf.concat([a, b], 0))).numpy()
-  per_epoch = int(sum(n // global_batch_size
+  per_epoch = int(sum(n // batch_size
                       for n in np.bincount(ids) if n))
   if not per_epoch:
     raise ConfigError(
         f"config.data.bucket={bucket}: no length bucket of split {split!r}"
-        f" holds a whole batch of {global_batch_size} examples; raise"
+        f" holds a whole batch of {batch_size} examples; raise"
         " --config.data.bucket or lower --config.train.batch_size")
   return len(ids), per_epoch
 
 
 def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
-                 *, global_batch_size: int, count: int, steps: int,
+                 *, batch_size: int, count: int, steps: int,
                  bucket: int) -> tf.data.Dataset:
   """Eval batches as in element mode, each global batch (in the split's
   order) padded to its longest example rounded up to a multiple of
   `bucket`."""
-  batches = elements.masked(examples, count, steps * global_batch_size
-                            ).padded_batch(global_batch_size).map(
+  batches = elements.masked(examples, count, steps * batch_size
+                            ).padded_batch(batch_size).map(
                                 autograph.plain(lambda x, *rest: (
                                     _pad_to_multiple(x, bucket), *rest)))
-  return elements.blocks(batches, ctx, global_batch_size)
+  return elements.blocks(batches, ctx, batch_size)
 
 
 def _key(bucket: int):

@@ -1,21 +1,22 @@
-"""The checks every input mode shares: what an example, a split and a batch must be.
+"""The checks every input mode shares: what an example and a split must be.
 
 Synopsis::
 
     examples = checks.checked(dataset_fn(config, split), split)  # or raises
     checks.check_nonempty(examples, split, "data.train_split")
     n = checks.num_examples(examples, split)      # counted if TF cannot tell
-    checks.check_divisible(global_batch_size, replicas, "train.batch_size")
     checks.python_calls(checks.ops_in(examples))  # ['tf.py_function']
 
 Each raises a ConfigError whose one line names the config field, the value
-and the fix, before any training step runs.
+and the fix, before any training step runs. What a batch must be (its
+sizes over the replicas) is `looper.data.batch`'s.
 """
 
 import tensorflow as tf
 
 from looper import compat
 from looper import autograph
+from looper.data import batch as batch_lib
 from looper.errors import ConfigError
 
 _INFINITE = tf.data.INFINITE_CARDINALITY
@@ -28,12 +29,6 @@ count = autograph.plain(lambda c, _: c + 1)
 PYTHON_OPS = {"PyFunc": "tf.numpy_function", "PyFuncStateless":
               "tf.numpy_function", "EagerPyFunc": "tf.py_function",
               "GeneratorDataset": "tf.data.Dataset.from_generator"}
-
-
-def parts(example) -> tuple:
-  """(inputs, label, sample_weight or None) of an example or a batch."""
-  inputs, label, *weight = example
-  return inputs, label, weight[0] if weight else None
 
 
 def checked(dataset: tf.data.Dataset, split: str,
@@ -55,7 +50,7 @@ def checked(dataset: tf.data.Dataset, split: str,
         f"config.dataset_fn yields {spec} for split {split!r}; yield"
         " (inputs, label) pairs or (inputs, label, sample_weight) triples,"
         " e.g. Dataset.from_tensor_slices((x, y))")
-  inputs, label, weight = parts(spec)
+  inputs, label, weight = batch_lib.parts(spec)
   for part in [] if weight is None else tf.nest.flatten(weight):
     if not part.dtype.is_floating:
       raise ConfigError(
@@ -194,12 +189,3 @@ def check_class_labels(labels: tf.Tensor, logits: tf.Tensor,
         f"{where} up to {high} (from {low}), but the model has {classes}"
         f" outputs; class ids must lie in [0, {classes}): widen the model's"
         " last layer or fix the labels")
-
-
-def check_divisible(global_batch_size: int, replicas: int, field: str):
-  """Every replica must get the same number of examples."""
-  if global_batch_size % replicas:
-    fit = replicas * max(1, round(global_batch_size / replicas))
-    raise ConfigError(
-        f"config.{field}={global_batch_size} is not divisible by the"
-        f" {replicas} replicas; set --config.{field}={fit}")

@@ -2,12 +2,12 @@
 
 Synopsis::
 
-    batches = elements.train_dataset(examples, ctx, global_batch_size=128,
+    batches = elements.train_dataset(examples, ctx, batch_size=128,
                                      seed=0, shuffle_buffer=10_000,
                                      position=0, split="train")
-    count, steps = elements.eval_plan(num_examples, global_batch_size=256,
+    count, steps = elements.eval_plan(num_examples, batch_size=256,
                                       steps=None)
-    masked = elements.eval_dataset(examples, ctx, global_batch_size=256,
+    masked = elements.eval_dataset(examples, ctx, batch_size=256,
                                    count=count, steps=steps)
 
 Element mode takes any Dataset of single examples; `sources` picks the
@@ -43,7 +43,7 @@ INFINITE_EPOCHS = 2**62  # Dataset.range needs an end; this never comes.
 
 
 def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
-                  *, global_batch_size: int, seed: int, shuffle_buffer: int,
+                  *, batch_size: int, seed: int, shuffle_buffer: int,
                   position: int, split: str | None = None
                   ) -> tf.data.Dataset:
   """One input pipeline's endless stream of per-replica train batches.
@@ -51,7 +51,8 @@ def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
   Args:
     examples: one pass over the train split, in a fixed order.
     ctx: which input pipeline this is, of how many.
-    global_batch_size: examples per step over all replicas.
+    batch_size: examples of one batch over all replicas (one next():
+      train.batch_size; an update may take several, train.grad_accum_steps).
     seed: epoch e is shuffled with a seed derived from (seed, e).
     shuffle_buffer: 0 keeps the dataset's order.
     position: global examples consumed before this stream starts.
@@ -70,7 +71,7 @@ def train_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
   epoch = autograph.plain(lambda e: seeded_shuffle(
       examples, buffer, seed, e, enabled=buffer > 0))
   stream = tf.data.Dataset.range(start_epoch, INFINITE_EPOCHS).flat_map(epoch)
-  return per_replica_batches(stream.skip(offset), ctx, global_batch_size)
+  return per_replica_batches(stream.skip(offset), ctx, batch_size)
 
 
 def check_start(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
@@ -100,11 +101,11 @@ def seeded_shuffle(dataset: tf.data.Dataset, buffer, seed: int, op_seed,
 
 
 def eval_dataset(examples: tf.data.Dataset, ctx: tf.distribute.InputContext,
-                 *, global_batch_size: int, count: int, steps: int
+                 *, batch_size: int, count: int, steps: int
                  ) -> tf.data.Dataset:
   """One pipeline's per-replica eval batches: `count` real examples, masked."""
-  return per_replica_batches(masked(examples, count, steps * global_batch_size),
-                             ctx, global_batch_size)
+  return per_replica_batches(masked(examples, count, steps * batch_size),
+                             ctx, batch_size)
 
 
 def masked(examples: tf.data.Dataset, count: int, total: int
@@ -122,7 +123,7 @@ def masked(examples: tf.data.Dataset, count: int, total: int
 
 def per_replica_batches(stream: tf.data.Dataset,
                          ctx: tf.distribute.InputContext,
-                         global_batch_size: int) -> tf.data.Dataset:
+                         batch_size: int) -> tf.data.Dataset:
   """This pipeline's share of one global example order, in replica batches.
 
   Global batch k is stream examples [kB, (k+1)B); pipeline p of P takes the
@@ -132,33 +133,33 @@ def per_replica_batches(stream: tf.data.Dataset,
   randomness such as `layers.Dropout` relies on).
   """
   pipelines = ctx.num_input_pipelines
-  return (stream.batch(global_batch_size // pipelines, drop_remainder=True)
+  return (stream.batch(batch_size // pipelines, drop_remainder=True)
           .shard(pipelines, ctx.input_pipeline_id)
-          .rebatch(ctx.get_per_replica_batch_size(global_batch_size),
+          .rebatch(ctx.get_per_replica_batch_size(batch_size),
                    drop_remainder=True)
           .prefetch(tf.data.AUTOTUNE))
 
 
 def blocks(batches: tf.data.Dataset, ctx: tf.distribute.InputContext,
-            global_batch_size: int) -> tf.data.Dataset:
+            batch_size: int) -> tf.data.Dataset:
   """Global batches -> this pipeline's block, split among its replicas."""
-  block = global_batch_size // ctx.num_input_pipelines
+  block = batch_size // ctx.num_input_pipelines
   start = ctx.input_pipeline_id * block
   return (batches.map(autograph.plain(lambda *b: tf.nest.map_structure(
       lambda t: t[start:start + block], b)))
-          .rebatch(ctx.get_per_replica_batch_size(global_batch_size),
+          .rebatch(ctx.get_per_replica_batch_size(batch_size),
                    drop_remainder=True)
           .prefetch(tf.data.AUTOTUNE))
 
 
-def eval_plan(num: int, global_batch_size: int, steps) -> tuple[int, int]:
+def eval_plan(num: int, batch_size: int, steps) -> tuple[int, int]:
   """(examples evaluated, global steps) for a split of `num` examples.
 
   Args:
     num: examples in the eval split.
-    global_batch_size: eval batch over all replicas.
+    batch_size: eval batch over all replicas.
     steps: None for the whole split, else at most this many batches.
   """
-  whole = math.ceil(num / global_batch_size)
+  whole = math.ceil(num / batch_size)
   steps = whole if steps is None else min(steps, whole)
-  return min(num, steps * global_batch_size), steps
+  return min(num, steps * batch_size), steps

@@ -2,7 +2,8 @@
 
 Synopsis::
 
-    input = Input(config, strategy)      # data.*, train.batch_size, eval.*
+    batch = batch_lib.of(config, strategy.num_replicas_in_sync)
+    input = Input(config, strategy, batch)  # data.*: batches of `batch`
     input.examples("test")               # one checked pass of (inputs, label)
     input.size("train")                  # examples in one pass (counted once)
     input.faster()                       # what to try if training waits
@@ -18,7 +19,9 @@ the stream where it stopped, on any replica and worker count (every mode
 of `sources` resumes from it). This is the only object that calls
 `config.dataset_fn`; the Trainer, the Evaluator and the checks before a run
 (`dry_run`, `describe`, `tpu_check`, `export`) read the data through it.
-It knows no model or optimizer.
+It knows no model or optimizer; its batch sizes are the run's `Batch`
+(looper.data.batch), given to it: it reads config.data, config.seed and
+eval.steps, and passes the whole config to `dataset_fn` only.
 
 With config.data.service set, the train stream comes from a tf.data
 service (`service`): a new job each time it opens, at most once per pass,
@@ -31,6 +34,7 @@ import tensorflow as tf
 
 from looper import compat
 from looper import references
+from looper.data import batch as batch_lib
 from looper.data import checks
 from looper.data import elements
 from looper.data import service
@@ -42,9 +46,10 @@ class Input:
   """The data a run reads (see module doc)."""
 
   def __init__(self, config: ml_collections.ConfigDict,
-               strategy: tf.distribute.Strategy):
+               strategy: tf.distribute.Strategy, batch: batch_lib.Batch):
     self.config = config
     self.strategy = strategy
+    self.batch = batch  # train batches of micro_batch_size, eval of eval_
     self._dataset_fn = references.resolve(config.dataset_fn, "dataset_fn")
     self._sources = {}  # split -> its input source, made once
     self._sizes = {}  # split -> its examples, counted once if need be
@@ -104,17 +109,18 @@ class Input:
     return {"position": self.position}
 
   def train_data(self) -> tf.distribute.DistributedDataset:
-    """Distributed train batches of train.batch_size, from the position on."""
+    """Distributed train batches (each a micro-batch: batch.micro_batch_size
+    over all replicas), from the position on."""
     c = self.config
     source = self.source(c.data.train_split)
-    source.check(self.strategy.num_replicas_in_sync, c.train.batch_size,
+    source.check(self.batch.replicas, self.batch.micro_batch_size,
                  "train.batch_size")
     position = self.data_position
     if c.data.service:
       return self._from_service(source, position)
     return self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(source.train(
-            ctx, global_batch_size=c.train.batch_size, seed=c.seed,
+            ctx, batch_size=self.batch.micro_batch_size, seed=c.seed,
             shuffle_buffer=c.data.shuffle_buffer, position=position)))
 
   def _from_service(self, source, position: int):
@@ -129,7 +135,7 @@ class Input:
     remote = service.Remote(source, c, job=job, position=position)
     return self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(remote.train(
-            ctx, global_batch_size=c.train.batch_size)))
+            ctx, batch_size=self.batch.micro_batch_size)))
 
   def train_iterator(self):
     """The train batches' iterator, opened at the position on first use and
@@ -141,7 +147,7 @@ class Input:
   def advance(self, batches) -> None:
     """Records `batches` train batches consumed (in a tf.function too)."""
     self.position.assign_add(
-        tf.cast(batches, tf.int64) * self.config.train.batch_size)
+        tf.cast(batches, tf.int64) * self.batch.micro_batch_size)
 
   def seek(self, position: int) -> None:
     """Reopens the train stream at `position` global examples."""
@@ -153,17 +159,17 @@ class Input:
   def eval_data(self, *, recount: bool = False
                 ) -> tuple[int, int, tf.distribute.DistributedDataset]:
     """(count, steps, data): one eval pass is `steps` batches of
-    eval.batch_size, holding `count` real examples (the rest padding with
-    mask 0); `data` repeats the pass without end. `recount`: count the
+    batch.eval_batch_size, holding `count` real examples (the rest padding
+    with mask 0); `data` repeats the pass without end. `recount`: count the
     split again, not the size counted before (see `size`)."""
     c = self.config
     source = self.source(c.data.eval_split)
     count, steps = elements.eval_plan(
-        self.size(c.data.eval_split, recount=recount), c.eval.batch_size,
-        c.eval.steps)
+        self.size(c.data.eval_split, recount=recount),
+        self.batch.eval_batch_size, c.eval.steps)
     return count, steps, self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(source.eval(
-            ctx, global_batch_size=c.eval.batch_size, count=count,
+            ctx, batch_size=self.batch.eval_batch_size, count=count,
             steps=steps).repeat()))
 
   def _endless(self, dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -12,7 +12,7 @@ Synopsis::
     service.wait_ready(address, 60)      # a dispatcher with a worker, or raises
     remote = service.Remote(source, config, job="looper-...", position=0)
     strategy.distribute_datasets_from_function(
-        lambda ctx: remote.train(ctx, global_batch_size=128))
+        lambda ctx: remote.train(ctx, batch_size=128))
 
 What runs where: the service's workers run the split's pipeline (read,
 parse or decode, shuffle) up to this pipeline's share of a global batch;
@@ -188,10 +188,10 @@ class Remote:
     self.passes = _ENDLESS if passes is None else passes
 
   def train(self, ctx: tf.distribute.InputContext, *,
-            global_batch_size: int) -> tf.data.Dataset:
+            batch_size: int) -> tf.data.Dataset:
     """This pipeline's per-replica batches: the workers batch its share of a
     global batch, it splits them among its replicas."""
-    block = global_batch_size // ctx.num_input_pipelines
+    block = batch_size // ctx.num_input_pipelines
     remote = self.examples().batch(block, drop_remainder=True).prefetch(
         tf.data.AUTOTUNE)  # on the worker: batches ready before asked for
     # Uncompressed: decompressing would cost the trainer's CPUs, which the
@@ -200,7 +200,7 @@ class Remote:
         tf.data.experimental.service.ShardingPolicy.DYNAMIC,
         f"grpc://{self.address}", job_name=self.job,
         compression=None)).rebatch(
-            ctx.get_per_replica_batch_size(global_batch_size),
+            ctx.get_per_replica_batch_size(batch_size),
             drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
   def examples(self) -> tf.data.Dataset:

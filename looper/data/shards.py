@@ -219,17 +219,17 @@ class Files:
     return tf.data.TFRecordDataset(self.paths).map(
         self.parse, num_parallel_calls=tf.data.AUTOTUNE)
 
-  def check(self, replicas: int, global_batch_size: int, field: str) -> None:
+  def check(self, replicas: int, batch_size: int, field: str) -> None:
     """V <= files, B % V == 0, V % replicas == 0: else one line with a V that fits."""
     v, files = self.virtual_shards, len(self.paths)
-    fits = lambda u: (u <= files and global_batch_size % u == 0 and
+    fits = lambda u: (u <= files and batch_size % u == 0 and
                       u % replicas == 0)
     if fits(v):
       return
     if v > files:
       why = f"needs at least {v} files, but split {self.split!r} has {files}"
-    elif global_batch_size % v:
-      why = (f"does not divide config.{field}={global_batch_size} (every step"
+    elif batch_size % v:
+      why = (f"does not divide config.{field}={batch_size} (every step"
              " takes as many examples from each group)")
     else:
       why = (f"is not a multiple of the {replicas} replicas (each replica"
@@ -245,7 +245,7 @@ class Files:
     return [list(range(g, len(self.paths), self.virtual_shards))
             for g in range(self.virtual_shards)]
 
-  def train(self, ctx: tf.distribute.InputContext, *, global_batch_size: int,
+  def train(self, ctx: tf.distribute.InputContext, *, batch_size: int,
             seed: int, shuffle_buffer: int, position: int) -> tf.data.Dataset:
     """This pipeline's per-replica batches, reading only its groups' files."""
     v, groups = self.virtual_shards, self.groups()
@@ -287,16 +287,16 @@ class Files:
     # B/V examples of each group in turn: a replica's batch is its groups'
     # blocks, in group order. The groups are read in parallel, order kept.
     blocks = tf.data.Dataset.range(mine).interleave(
-        stream, cycle_length=mine, block_length=global_batch_size // v,
+        stream, cycle_length=mine, block_length=batch_size // v,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return blocks.batch(ctx.get_per_replica_batch_size(global_batch_size),
+    return blocks.batch(ctx.get_per_replica_batch_size(batch_size),
                         drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
-  def eval(self, ctx: tf.distribute.InputContext, *, global_batch_size: int,
+  def eval(self, ctx: tf.distribute.InputContext, *, batch_size: int,
            count: int, steps: int) -> tf.data.Dataset:
     """Eval reads every file, as element mode does (eval splits are small)."""
     return elements.eval_dataset(self.examples(), ctx,
-                                 global_batch_size=global_batch_size,
+                                 batch_size=batch_size,
                                  count=count, steps=steps)
 
 

@@ -4,10 +4,10 @@ Synopsis::
 
     source = sources.make(split, "data.train_split", config.data,
                           lambda: dataset_fn(config, split))  # a Source
-    source.check(replicas, global_batch_size, "train.batch_size")
-    per_replica = source.train(ctx, global_batch_size=128, seed=0,
+    source.check(replicas, batch_size, "train.batch_size")
+    per_replica = source.train(ctx, batch_size=128, seed=0,
                                shuffle_buffer=10_000, position=0)
-    masked = source.eval(ctx, global_batch_size=256, count=n, steps=s)
+    masked = source.eval(ctx, batch_size=256, count=n, steps=s)
 
 | dataset_fn returns | mode | each pipeline reads | resume |
 |---|---|---|---|
@@ -68,16 +68,16 @@ class Source(Protocol):
     """One pass over the split as (inputs, label[, weight]) examples, in
     order."""
 
-  def check(self, replicas: int, global_batch_size: int, field: str) -> None:
+  def check(self, replicas: int, batch_size: int, field: str) -> None:
     """Raises ConfigError (naming `field`) if the mode cannot feed this
     topology exactly."""
 
-  def train(self, ctx: tf.distribute.InputContext, *, global_batch_size: int,
+  def train(self, ctx: tf.distribute.InputContext, *, batch_size: int,
             seed: int, shuffle_buffer: int, position: int) -> tf.data.Dataset:
     """This pipeline's endless per-replica batches from global example
     `position` on; epoch e shuffled from (seed, e)."""
 
-  def eval(self, ctx: tf.distribute.InputContext, *, global_batch_size: int,
+  def eval(self, ctx: tf.distribute.InputContext, *, batch_size: int,
            count: int, steps: int) -> tf.data.Dataset:
     """`steps` per-replica batches of (inputs, label, mask): the first
     `count` examples with mask 1, padding with mask 0."""
@@ -99,7 +99,7 @@ class Elements:
     return checks.checked(self.remake(), self.split,
                           variable=bool(self.bucket))
 
-  def check(self, replicas: int, global_batch_size: int, field: str) -> None:
+  def check(self, replicas: int, batch_size: int, field: str) -> None:
     """Element mode fits any replica count that divides the batch."""
 
   def train(self, ctx, **kwargs) -> tf.data.Dataset:

@@ -317,18 +317,18 @@ def tpu_cores(strategy: tf.distribute.Strategy,
   return dist.tpu_cores
 
 
-def tpu_batch_warning(global_batch_size: int, cores: int) -> str | None:
+def tpu_batch_warning(batch_size: int, cores: int) -> str | None:
   """What is wrong with the batch per TPU core, if anything, and the fix.
 
   A TPU core pads every batch dimension to a multiple of 8 (its matrix
   unit's tiles), so a per-core batch below 8 or off a multiple of 8 wastes
   the padding; the TPU guides use 128 per core.
   """
-  per_core = global_batch_size / cores
+  per_core = batch_size / cores
   if per_core >= 8 and per_core == int(per_core) and per_core % 8 == 0:
     return None
   good = cores * max(8, 8 * round(per_core / 8))
-  return (f"config.train.batch_size={global_batch_size} gives {per_core:g}"
+  return (f"config.train.batch_size={batch_size} gives {per_core:g}"
           f" examples per TPU core ({cores} cores); a core pads to a multiple"
           f" of 8, so set --config.train.batch_size={good} (the TPU guides"
           f" use 128 per core: {128 * cores})")

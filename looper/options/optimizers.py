@@ -4,7 +4,7 @@ Synopsis::
 
     with strategy.scope():
       opt = optimizers.build(config.optimizer, total_steps=config.train.steps,
-                             global_batch_size=config.train.batch_size)
+                             global_batch_size=batch.global_batch_size)
       opt.build(model.trainable_variables)   # before the first trace
 
 Schedules are Keras' (keras.optimizers.schedules), functions of the

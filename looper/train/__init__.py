@@ -3,12 +3,13 @@
 | module | owns |
 |---|---|
 | `trainer` | the `Trainer`: state built in scope, the seams a subclass overrides |
-| `loop` | `TrainLoop`: K replica steps in one tf.function, the loss buffer |
+| `loop` | `TrainLoop`: K steps of a replica step function in one tf.function, the loss buffer; no Trainer in it |
 | `evaluator` | `Evaluator`: one exact pass over the eval split, the weight-average swap |
-| `controller` | the outer loop and the modes (no TensorFlow) |
+| `controller` | the outer loop and the modes, the NaN roll-back (no TensorFlow) |
 | `epochs` | train.epochs and every_epochs as steps, from the train split's size (`resolve`, `Epoch`) |
 | `actions` | what runs between loops and when (`Action`, `Moment`) |
 | `eval_action` | evaluation as an action: eval events, the best checkpoint, early stop |
+| `standard_actions` | the actions every run gets (summaries, progress, eval, checkpoint, export, goodput), each made from its collaborators |
 | `stopping`, `signals`, `vm_notices` | a stop request agreed across workers; signals and GCE preemption notices that ask for one |
 | `goodput` | where each training attempt's time went (`Ledger`), across restarts (`Totals`) |
 | `layers`, `dry_run` | replica-invariant noise layers; the model and loss run on a split's first examples before a run |

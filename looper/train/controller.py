@@ -2,8 +2,8 @@
 
 Synopsis (what `looper.run.run` assembles from a config)::
 
-    controller = Controller(trainer, checkpointer, total_steps=1000,
-                            steps_per_loop=100)
+    controller = Controller(trainer, checkpointer, data=input, batch=batch,
+                            total_steps=1000, steps_per_loop=100)
     controller.add_actions(report=[...], evaluate=[...], save=[...])
     controller.train()            # or train_and_eval(), evaluate(fn),
                                   # continuous_eval(fn, ...)
@@ -16,8 +16,9 @@ Synopsis (what `looper.run.run` assembles from a config)::
       n = steps to the nearest of: steps_per_loop, total_steps and the
           next `every_steps` boundary of any action
       loop = trainer.train(n)          # fewer steps if a signal stopped it
-      if a loss is NaN/inf: roll back to the last checkpoint and skip the
-          data (train.nan_recovery_tries), or raise FloatingPointError
+      if a loss is NaN/inf: roll back (restore the last checkpoint, move
+          the data on to where it was: its data since is skipped) up to
+          train.nan_recovery_tries times, or raise FloatingPointError
       now.stopped = the stop's reason, if the trainer stopped for one
       now.step, now.loop = the step reached, loop (its logs: the
           trainer's, the learning rate, and per second over the loop's
@@ -31,10 +32,11 @@ A stop is requested on the trainer (`trainer.stop.request(reason)`, e.g.
 from a signal handler: looper.train.signals); an early end by an action
 (`now.end_training(reason)`, e.g. early stopping). The Controller knows
 nothing of tf.distribute or Keras: the Trainer runs steps, the
-Checkpointer saves and restores, actions do everything else. What it needs
-of the first two is written down below as `TrainerSurface` and
-`CheckpointerSurface` (looper's Trainer and Checkpointer have them; the
-tests' fakes too).
+Checkpointer saves and restores, the data (`looper.data.input.Input`)
+says and moves its position, actions do everything else. What it needs
+of the three is written down below as `TrainerSurface`,
+`CheckpointerSurface` and `DataSurface` (looper's Trainer, Checkpointer
+and Input have them; the tests' fakes too).
 """
 
 import time
@@ -51,7 +53,6 @@ from looper.workdir import formats
 class TrainerSurface(Protocol):
   """What the Controller calls on a trainer (`looper.train.trainer.Trainer`)."""
   global_step: int  # updates done (a property on the Trainer)
-  global_batch_size: int  # examples per update
   weights_finite: bool  # after the last `train` call
   stop: "StopSurface"  # the stop request (`looper.train.stopping.StopFlag`)
 
@@ -64,11 +65,6 @@ class TrainerSurface(Protocol):
   def learning_rate(self) -> float:
     """The current learning rate."""
 
-  def roll_back(self, checkpointer: "CheckpointerSurface"
-                ) -> tuple[str, int] | None:
-    """Restores the latest checkpoint, keeping the data position: (its
-    path, the position), or None if there is no checkpoint."""
-
 
 class StopSurface(Protocol):
   """The trainer's stop request (`looper.train.stopping.StopFlag`)."""
@@ -80,6 +76,20 @@ class StopSurface(Protocol):
 
   def agree(self, flag: bool) -> bool:
     """`flag` or-ed over all workers; every worker calls it alike."""
+
+
+class DataSurface(Protocol):
+  """Where the train data are (`looper.data.input.Input`): the roll-back
+  moves them on past what blew up."""
+  data_position: int  # global train examples consumed
+
+  def seek(self, position: int) -> None:
+    """Reopens the train stream at `position` examples."""
+
+
+class BatchSurface(Protocol):
+  """The run's batch numbers (`looper.data.batch.Batch`)."""
+  global_batch_size: int  # examples per update
 
 
 class CheckpointerSurface(Protocol):
@@ -127,7 +137,10 @@ class Controller:
     checkpointer: saves and restores (`CheckpointerSurface`; used for
       `evaluate`, continuous eval and NaN roll-backs; saving itself is a
       save action).
-    total_steps, steps_per_loop: `train.steps`, `train.steps_per_loop`.
+    data: the train data's position (`DataSurface`), for roll-backs.
+    batch: the batch's numbers (`BatchSurface`): examples per second.
+    total_steps, steps_per_loop: `train.steps`, `train.steps_per_loop`
+      (the value the trainer's loop was built for).
     report_actions, eval_actions, save_actions: run in this order after
       each loop; eval actions only in `train_and_eval`.
     nan_recovery_tries: `train.nan_recovery_tries`.
@@ -137,8 +150,8 @@ class Controller:
   """
 
   def __init__(self, trainer: TrainerSurface,
-               checkpointer: CheckpointerSurface, *,
-               total_steps: int, steps_per_loop: int,
+               checkpointer: CheckpointerSurface, *, data: DataSurface,
+               batch: BatchSurface, total_steps: int, steps_per_loop: int,
                report_actions: Sequence[actions_lib.Action] = (),
                eval_actions: Sequence[actions_lib.Action] = (),
                save_actions: Sequence[actions_lib.Action] = (),
@@ -147,6 +160,7 @@ class Controller:
                clock: Callable[[], float] = time.perf_counter):
     self.trainer = trainer
     self.checkpointer = checkpointer
+    self.data, self.batch = data, batch
     self.total_steps = total_steps
     self.steps_per_loop = steps_per_loop
     self.report_actions, self.eval_actions, self.save_actions = [], [], []
@@ -274,7 +288,7 @@ class Controller:
     """A loop's speed over its own `seconds`; the work it did (`flops`,
     `tokens`) is taken out of `logs` and given as rates."""
     rates = dict(steps_per_sec=steps / seconds, examples_per_sec=(
-        steps * self.trainer.global_batch_size / seconds))
+        steps * self.batch.global_batch_size / seconds))
     if "tokens" in logs:
       rates["tokens_per_sec"] = logs.pop("tokens") / seconds
     if "flops" in logs:
@@ -327,11 +341,13 @@ class Controller:
 
   def _roll_back(self, losses: np.ndarray, first_step: int, tries: int
                  ) -> int:
-    """Restores the last checkpoint and skips the data that blew up."""
-    rolled = self.trainer.roll_back(self.checkpointer)
-    if not rolled:
+    """Restores the last checkpoint and skips the data that blew up: the
+    data stay where they were (`data_position`), past the bad loop."""
+    position = self.data.data_position
+    path = self.checkpointer.restore()
+    if not path:
       raise self._blow_up(losses, first_step, tries - 1)
-    path, position = rolled
+    self.data.seek(position)
     step = self.trainer.global_step
     # Saved at once: a restart must not replay the data that blew up.
     self.checkpointer.save(step, force=True)

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from looper import compat
 from looper import errors
+from looper.data import batch as batch_lib
 from looper.data import checks
 from looper.data import splits
 from looper.options import keras_objects
@@ -45,11 +46,11 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
   config = input.config
   field = splits.split_field(config, split)
   if split == config.data.train_split:
-    input.source(split).check(input.strategy.num_replicas_in_sync,
-                              config.train.batch_size, "train.batch_size")
+    input.source(split).check(input.batch.replicas,
+                              input.batch.micro_batch_size, "train.batch_size")
   examples = checks.check_nonempty(input.examples(split), split, field)
   # padded_batch: examples of variable length (data.bucket) fit too.
-  inputs, labels, weights = checks.parts(
+  inputs, labels, weights = batch_lib.parts(
       next(iter(examples.padded_batch(probe))))
   inputs, few_labels = tf.nest.map_structure(lambda t: t[:forward],
                                              (inputs, labels))

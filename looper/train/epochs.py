@@ -2,7 +2,7 @@
 
 Synopsis (what `looper.run.run` does before it builds the Trainer)::
 
-    data = input_lib.Input(config, strategy)
+    data = input_lib.Input(config, strategy, batch)
     config, epoch = epochs.resolve(config, data)
     config.train.steps         # the optimizer updates train.epochs came to
     epoch.of(500)              # 500 steps are this many epochs
@@ -73,18 +73,19 @@ class Epoch:
 
 def measure(config: ml_collections.ConfigDict, data: input_lib.Input
             ) -> Epoch:
-  """The train split's epoch; counted by one pass if its size is unknown."""
-  split, accum = config.data.train_split, config.train.grad_accum_steps
+  """The train split's epoch, of `data`'s batch (its numbers: data.batch);
+  counted by one pass if its size is unknown."""
+  split, batch = config.data.train_split, data.batch
   if config.data.bucket:
     examples, batches = buckets.epoch_batches(
-        data.examples(split), global_batch_size=config.train.batch_size,
+        data.examples(split), batch_size=batch.micro_batch_size,
         bucket=config.data.bucket, split=split)
-    return Epoch(examples, fractions.Fraction(batches, accum), counted=True,
-                 batches=batches)
+    return Epoch(examples, fractions.Fraction(batches, batch.accum_steps),
+                 counted=True, batches=batches)
   counted = data.source(split).size is None
   examples = data.size(split)
   return Epoch(examples, fractions.Fraction(
-      examples, config.train.batch_size * accum), counted=counted)
+      examples, batch.global_batch_size), counted=counted)
 
 
 def resolve(config: ml_collections.ConfigDict, data: input_lib.Input, *,

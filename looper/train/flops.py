@@ -56,7 +56,7 @@ import numpy as np
 import tensorflow as tf
 
 from looper import compat
-from looper.data import checks
+from looper.data import batch as batch_lib
 
 # Ops that call functions: the attributes naming them.
 _BRANCHES = {"If": ("then_branch", "else_branch"),
@@ -234,7 +234,7 @@ def per_step(function, strategy: tf.distribute.Strategy) -> float | None:
 def is_sequence(element_spec) -> bool:
   """Whether examples of `element_spec` are sequences: one int input per
   example of rank 1 (token ids), whose throughput is in tokens."""
-  inputs = checks.parts(element_spec)[0]
+  inputs = batch_lib.parts(element_spec)[0]
   return (isinstance(inputs, tf.TensorSpec) and inputs.dtype.is_integer and
           inputs.shape.rank == 1)
 
@@ -242,7 +242,7 @@ def is_sequence(element_spec) -> bool:
 def tokens(batch) -> tf.Tensor:
   """The tokens of a batch of sequences: the sum of the weights if each
   token has one (the real ones: padding weighs 0), else batch x length."""
-  inputs, _, weights = checks.parts(batch)
+  inputs, _, weights = batch_lib.parts(batch)
   if isinstance(weights, tf.Tensor) and weights.shape.rank == 2:
     return tf.reduce_sum(tf.cast(weights, tf.float32))
   return tf.cast(tf.size(inputs), tf.float32)

@@ -1,23 +1,35 @@
-"""The train loop: K of a Trainer's replica steps in one tf.function call.
+"""The train loop: K replica steps in one tf.function call, built from a step.
 
 Synopsis::
 
-    loop = TrainLoop(trainer)           # the Trainer makes its own
+    loop = TrainLoop(step_fn, strategy=strategy,
+                     iterator=input.train_iterator, stop=stop_flag,
+                     steps_per_loop=100, step=step_variable,
+                     weights=model.trainable_variables,
+                     on_start=metrics.reset, on_end=lambda ran: {...})
     losses, logs, finite = loop(steps)  # one call; fewer losses on a stop
+
+`step_fn(batch)` is one replica's update: it gets this replica's part of
+`batches_per_step` micro-batches (concatenated) and returns its share of
+the global mean loss. As Keras' `make_train_function(step_function)` and
+Orbit's `create_tf_while_loop_fn(step_fn)`, the loop is built from the
+step and keeps no reference to whoever owns it (the Trainer builds one
+from its `train_step`: looper.train.trainer).
 
 One call, all on the device side (no host sync per step)::
 
-    reset train metrics
+    on_start()                             # e.g. reset the train metrics
     for i in range(steps):                 # a tf.while_loop over an int32
       if stop requested: break             # tensor (not retraced per K)
-      batches = next(iterator) x grad_accum_steps
-      strategy.run(replica step, i, batches)  # each replica writes its
-                                              # share of the loss to slot i
-    step += steps run; the input's position advances
-    finite = no NaN/inf in any replica's weights
+      batches = next(iterator) x batches_per_step
+      strategy.run(step_fn, batches)       # each replica writes its share
+                                           # of the loss to slot i
+    step += steps run
+    logs = on_end(steps run)               # e.g. the data position, metrics
+    finite = no NaN/inf in any replica's `weights`
     return the loss buffer (summed over replicas once: each step's global
-      mean loss), metric results, the seconds spent waiting for batches
-      and, for sequences, the tokens the steps read (summed likewise)
+      mean loss), the logs, the seconds spent waiting for batches and, for
+      sequences, the tokens the steps read (summed likewise)
 
 The logs also hold the loop's FLOPs: its steps times the FLOPs of one,
 counted once from the first call's traced graph (looper.train.flops).
@@ -25,20 +37,22 @@ counted once from the first call's traced graph (looper.train.flops).
 The loop body is `next(iterator)` and the replica step, as in the TPU
 guide's loop: nothing in it reads model or optimizer state or reduces
 across replicas (tests/e2e/replicas/test_loop_graph.py checks the graph).
-This module owns only the mechanics; what a step computes is the Trainer's.
+Per-loop work (`on_start`, `on_end`, the finiteness check) runs once,
+outside it.
 """
 
 import contextlib
 import time
+from typing import Callable, Sequence
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
 from looper import autograph
-from looper import errors
-from looper.train import flops
 from looper.options import precision
+from looper.train import flops
+from looper.train import stopping
 
 
 # The name scope of the replica function's ops (the graph test finds the
@@ -48,29 +62,64 @@ _UNCOUNTED = object()  # TrainLoop's FLOPs and tokens before they are known
 
 
 class TrainLoop:
-  """Runs a `looper.train.trainer.Trainer`'s `train_step` (see module doc)."""
+  """Runs `step_fn` K times per call (see module doc).
 
-  def __init__(self, trainer):
-    self._trainer = trainer
-    # The input wait is timed unless op determinism forbids timestamps.
-    self._timed = not trainer.config.train.deterministic
-    self._make_loss_buffer(trainer.config.train.steps_per_loop)
+  Args:
+    step_fn: one replica's update, `step_fn(batch) -> loss`.
+    strategy: the run's tf.distribute strategy.
+    iterator: returns the train batches' distributed iterator (called once
+      per call, so the data may reopen it between calls: a roll-back).
+    stop: the run's `looper.train.stopping.StopFlag`, read before each step.
+    steps_per_loop: the longest call the run makes (the Controller's
+      train.steps_per_loop): the loss buffer's size. A longer call grows it
+      once, with a log line: the function is traced again (seconds), which
+      would be silent otherwise, and refusing would make a notebook's
+      `trainer.train(1000)` think in buffer sizes; the Controller never
+      asks for more.
+    step: the update counter (an int64 variable), advanced by the steps run.
+    weights: the variables checked for NaN/inf after each call (Keras
+      variables: a model's).
+    batches_per_step: micro-batches per update (train.grad_accum_steps).
+    on_start: per-call work before the first step, in the function.
+    on_end: per-call work after the steps, given how many ran (a tensor),
+      in the function; returns logs (tensors by name).
+    sequences: whether the inputs are token sequences (their tokens are
+      counted then); called at the first trace, as it may open the data.
+    timed: time the input wait (TensorFlow's op determinism refuses the
+      timestamps: False under train.deterministic).
+  """
+
+  def __init__(self, step_fn: Callable, *, strategy: tf.distribute.Strategy,
+               iterator: Callable, stop: stopping.StopFlag,
+               steps_per_loop: int, step: tf.Variable, weights: Sequence,
+               batches_per_step: int = 1,
+               on_start: Callable[[], None] = lambda: None,
+               on_end: Callable[[tf.Tensor], dict] = lambda ran: {},
+               sequences: Callable[[], bool] = lambda: False,
+               timed: bool = True):
+    self._step_fn, self._strategy = step_fn, strategy
+    self._iterator, self._stop = iterator, stop
+    self._step, self._weights = step, weights
+    self._batches = batches_per_step
+    self._on_start, self._on_end = on_start, on_end
+    self._sequences, self._timed = sequences, timed
+    self._make_loss_buffer(steps_per_loop)
     self._token_count = _UNCOUNTED  # see _tokens
     self._flops = _UNCOUNTED  # of one step, once traced (None: unknown)
 
   @property
   def _tokens(self) -> tf.Variable | None:
-    """Sequences (int inputs [batch, length]): each replica adds up the
-    tokens of its steps here (flops.tokens), read once per call; None for
-    other inputs. Made when first needed, not with the loop: the data's
-    spec is read then, so a bad split raises where the input is opened."""
+    """Sequences: each replica adds up the tokens of its steps here
+    (flops.tokens), read once per call; None for other inputs. Made when
+    first needed, not with the loop: `sequences` reads the data's spec,
+    so a bad split raises where the input is opened."""
     if self._token_count is _UNCOUNTED:
       self._token_count = None
       # Out of a trace, if in one: the spec may open a dataset of the data.
       with tf.init_scope():
-        sequence = flops.is_sequence(self._trainer.input.element_spec)
+        sequence = self._sequences()
       if sequence:
-        with tf.init_scope(), self._trainer.strategy.scope():
+        with tf.init_scope(), self._strategy.scope():
           self._token_count = tf.Variable(
               0.0, trainable=False, name="tokens",
               synchronization=tf.VariableSynchronization.ON_READ,
@@ -84,9 +133,8 @@ class TrainLoop:
     Each replica writes its share of step i's loss at [i]; reading the
     buffer after the loop sums the replicas once per call, not per step (a
     per-step reduction is a device-to-host wait per step on a GPU or TPU).
-    The Controller's calls fit train.steps_per_loop, its initial size.
     """
-    with self._trainer.strategy.scope():
+    with self._strategy.scope():
       self._step_losses = tf.Variable(
           tf.zeros([steps]), trainable=False, name="step_losses",
           synchronization=tf.VariableSynchronization.ON_READ,
@@ -94,31 +142,27 @@ class TrainLoop:
     self.function = tf.function(self._train_loop)
 
   def __call__(self, steps: int) -> tuple[np.ndarray, dict, bool]:
-    """(per-step losses, metric results + input_wait_fraction, tokens and
+    """(per-step losses, `on_end`'s logs + input_wait_fraction, tokens and
     flops of the steps run, whether the weights are finite) of up to
     `steps` steps."""
-    t = self._trainer
-    if steps > self._step_losses.shape[0]:  # not from the Controller
+    room = self._step_losses.shape[0]
+    if steps > room:
+      logging.info("A train call of %d steps grows the loss buffer from %d"
+                   " (train.steps_per_loop); the train function is traced"
+                   " again", steps, room)
       self._make_loss_buffer(steps)
-    if t.stop.before_loop():  # some worker got a signal: all stop here
+    if self._stop.before_loop():  # some worker got a signal: all stop here
       return np.zeros([0], np.float32), {}, True
-    args = (t.input.train_iterator(),
+    args = (self._iterator(),
             None if steps == 1 else tf.constant(steps, tf.int32))
     start = time.perf_counter()
     # A one-step call (the profiler window's) is marked as a step for the
     # Profile tab; a K-step call's while loop hides steps from it anyway,
     # so it skips the marker and the read of `step` it needs.
     with (tf.profiler.experimental.Trace(
-        "train", step_num=t.global_step + 1, _r=1) if steps == 1
+        "train", step_num=int(self._step.numpy()) + 1, _r=1) if steps == 1
           else contextlib.nullcontext()):
-      try:
-        losses, finite, waited, results = self.function(*args)
-      except tf.errors.InvalidArgumentError as e:  # XLA, or the data
-        first = t.global_step + 1  # where the run is: saved up to before
-        raise errors.step_error(
-            e, jit_compile=t.config.train.jit_compile,
-            field="data.train_split", split=t.config.data.train_split,
-            where=f"of train steps {first}-{first + steps - 1}") from None
+      losses, finite, waited, results = self.function(*args)
       losses = losses.numpy()  # waits for the call to finish
     logs = {k: float(v) for k, v in results.items()}
     if self._timed:
@@ -126,7 +170,7 @@ class TrainLoop:
           time.perf_counter() - start, 1e-9)
     if self._flops is _UNCOUNTED:  # the call just traced it, if anyone did
       self._flops = flops.per_step(self.function.get_concrete_function(*args),
-                                   t.strategy)
+                                   self._strategy)
       logging.info("%s", flops.describe(self._flops))
     if self._flops is not None:
       logs["flops"] = len(losses) * self._flops
@@ -141,8 +185,8 @@ class TrainLoop:
     One process reads the stop flag each step: a host variable only the
     host writes, so reading it waits for nothing on a device.
     """
-    t = self._trainer
-    t.train_metrics.reset()
+    stop = self._stop
+    self._on_start()
     if self._tokens is not None:
       self._tokens.assign(0.0)
     waited = tf.constant(0.0, tf.float64)  # seconds spent in get_next
@@ -150,27 +194,25 @@ class TrainLoop:
       waited, ran = self._loop_step(iterator, 0, waited), 1
     else:
       def more(i, _):  # the stop flag is read before each step
-        if not t.stop.cuts_loops:
+        if not stop.cuts_loops:
           return i < steps
         return tf.logical_and(i < steps,
-                              tf.logical_not(t.stop.flag.read_value()))
+                              tf.logical_not(stop.flag.read_value()))
       ran, waited = tf.while_loop(
           more, lambda i, w: (i + 1, self._loop_step(iterator, i, w)),
           (tf.constant(0), waited))
-    t.step.assign_add(tf.cast(ran, tf.int64))
-    t.input.advance(ran * t.grad_accum_steps)
+    self._step.assign_add(tf.cast(ran, tf.int64))
+    results = dict(self._on_end(ran))
     # A finite loss does not prove finite weights (the last step's gradient
     # may not be): checked here so no NaN state is ever saved.
-    finite = precision.finite_everywhere(t.strategy,
-                                         t.model.trainable_variables)
-    results = t.train_metrics.results()
+    finite = precision.finite_everywhere(self._strategy, self._weights)
     if self._tokens is not None:
       results["tokens"] = self._tokens.read_value()
     return self._step_losses.read_value()[:ran], finite, waited, results
 
   @autograph.plain
   def _loop_step(self, iterator, i, waited):
-    """Step i of a train call: next batch, the replica step.
+    """Step i of a train call: next batches, the replica step.
 
     The input wait is timed around get_next on the host. It adds no
     dependency between steps: a loop iteration starts once the previous
@@ -182,13 +224,12 @@ class TrainLoop:
     """
     before = [tf.timestamp()] if self._timed else []
     with tf.control_dependencies(before):
-      batches = [next(iterator)
-                 for _ in range(self._trainer.grad_accum_steps)]
+      batches = [next(iterator) for _ in range(self._batches)]
     if self._timed:
       with tf.control_dependencies(tf.nest.flatten(batches,
                                                    expand_composites=True)):
         waited += tf.timestamp() - before[0]
-    self._trainer.strategy.run(self._train_step, args=(i, *batches))
+    self._strategy.run(self._train_step, args=(i, *batches))
     return waited
 
   @autograph.plain
@@ -199,7 +240,7 @@ class TrainLoop:
     with tf.name_scope(REPLICA_STEP):
       batch = (batches[0] if len(batches) == 1 else
                tf.nest.map_structure(lambda *t: tf.concat(t, 0), *batches))
-      loss = self._trainer.train_step(batch)
+      loss = self._step_fn(batch)
       if self._tokens is not None:
         self._tokens.assign_add(flops.tokens(batch))
       # The whole buffer is written back: a slot of a TPU variable is a

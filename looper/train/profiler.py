@@ -1,6 +1,6 @@
 """A profiler window: a trace of a few train steps, as one action.
 
-Synopsis (what `run._add_actions` adds for `profile.start_step=100`)::
+Synopsis (what `run.Run._build_actions` adds for `profile.start_step=100`)::
 
     window = profiler.Window(workdir.Workdir("/tmp/mnist"), start_step=100,
                              num_steps=5)
@@ -13,7 +13,7 @@ Synopsis (what `run._add_actions` adds for `profile.start_step=100`)::
 The window is an `actions.Action` whose boundaries are its two edges, so the
 Controller ends a loop exactly at `start_step` (the trace starts after it)
 and at `start_step + num_steps` (the trace stops), and every step between:
-inside the window each loop is ONE step, and `Trainer.train` marks each
+inside the window each loop is ONE step, and the train loop marks each
 one-step call as a step (`tf.profiler.experimental.Trace("train",
 step_num=...)`, what Keras fit marks), so the Profile tab's Overview shows the time of
 each traced step and its input / compute split. It runs after the other

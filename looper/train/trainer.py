@@ -1,14 +1,18 @@
-"""The Trainer: model, optimizer and metrics in scope; the train loop.
+"""The Trainer: model, optimizer and metrics in scope; the step seams.
 
-Synopsis::
+Synopsis (looper.run.Run builds it so; tests/fixtures/pieces.py too)::
 
-    trainer = Trainer(config, strategy)       # or (config, strategy, input)
-    losses, logs = trainer.train(steps=100)   # one tf.function call
-    eval_logs = Evaluator(trainer).evaluate() # looper.train.evaluator
+    batch = batch_lib.of(config, strategy.num_replicas_in_sync)
+    data = Input(config, strategy, batch)      # looper.data.input
+    trainer = Trainer(config, strategy, data, batch, steps_per_loop=100)
+    losses, logs = trainer.train(steps=100)    # one tf.function call
+    eval_logs = Evaluator(trainer).evaluate()  # looper.train.evaluator
 
-The data come from an `Input` (`looper.data.input`); one `train` call runs
-`steps` steps inside one tf.function (`looper.train.loop`: no host sync per
-step), and returns each step's global mean loss.
+The data come from the `Input` the caller gives it; one `train` call runs
+`steps` steps inside one tf.function (`looper.train.loop.TrainLoop`, built
+from `train_step`: no host sync per step), and returns each step's global
+mean loss. Restoring a checkpoint and rolling back are the run's
+(looper.run, the Controller); the Trainer names what a checkpoint holds.
 
 One replica's step (`train_step`) is three seams::
 
@@ -33,17 +37,19 @@ import numpy as np
 import tensorflow as tf
 
 from looper import autograph
+from looper import errors
 from looper import references
-from looper.data import checks
+from looper.data import batch as batch_lib
 from looper.data import input as input_lib
 from looper.errors import ConfigError
 from looper.options import ema as ema_lib
 from looper.options import keras_objects
-from looper.train import loop
 from looper.options import losses
 from looper.options import metrics
 from looper.options import optimizers
 from looper.options import precision
+from looper.train import flops
+from looper.train import loop
 from looper.train import randomness
 from looper.train import stopping
 
@@ -60,7 +66,8 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict,
                strategy: tf.distribute.Strategy,
-               input: input_lib.Input | None = None):  # pylint: disable=redefined-builtin
+               input: input_lib.Input,  # pylint: disable=redefined-builtin
+               batch: batch_lib.Batch, *, steps_per_loop: int):
     if not config.train.steps:  # the schedule's length
       raise ConfigError(
           f"config.train.steps=0 reached the Trainer with train.epochs="
@@ -69,17 +76,10 @@ class Trainer:
           " does), or set config.train.steps")
     self.config = config
     self.strategy = strategy
-    # The data: made here when the caller (a test, a notebook) has none.
-    self.input = input or input_lib.Input(config, strategy)
-    # Examples per optimizer update: grad_accum_steps batches of
-    # train.batch_size (what the loss is averaged over).
-    self.grad_accum_steps = config.train.grad_accum_steps
-    self.global_batch_size = config.train.batch_size * self.grad_accum_steps
-    replicas = strategy.num_replicas_in_sync
-    checks.check_divisible(config.train.batch_size, replicas,
-                           "train.batch_size")
-    checks.check_divisible(config.eval.batch_size, replicas, "eval.batch_size")
-    self._micro_rows = config.train.batch_size // replicas  # static shape
+    self.input = input  # the data (looper.data.input)
+    # The batch's numbers (looper.data.batch): what an update averages
+    # over, its micro-batches, a replica's rows of each.
+    self.batch = batch
     self.model_fn = references.resolve(config.model_fn, "model_fn")
     self._loss_fn = losses.losses(config.loss)
     # config.loss_normalization, or what a Keras loss object's reduction
@@ -101,7 +101,7 @@ class Trainer:
         self.model = self.build_model()
       # Keras' random layers: replica-invariant draws and their state in
       # the checkpoint, whatever build_model made (looper.train.randomness).
-      self.random = randomness.adopt(self.model, rows=self._micro_rows)
+      self.random = randomness.adopt(self.model, rows=batch.per_replica)
       self.optimizer = precision.wrap(self.build_optimizer(),
                                       config.train.precision)
       if config.optimizer.clip_global_norm:  # after the replicas' sum
@@ -121,7 +121,17 @@ class Trainer:
       counter = dict(dtype=tf.int64, trainable=False,
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       self.step = tf.Variable(0, name="step", **counter)
-    self._loop = loop.TrainLoop(self)
+    # The loop is built from this Trainer's step (its seam) and holds no
+    # Trainer: the per-loop work is given to it as two small functions.
+    self._loop = loop.TrainLoop(
+        self.train_step, strategy=strategy, iterator=input.train_iterator,
+        stop=self.stop, steps_per_loop=steps_per_loop, step=self.step,
+        weights=self.model.trainable_variables,
+        batches_per_step=batch.accum_steps, on_start=self._loop_start,
+        on_end=self._loop_end,
+        sequences=lambda: flops.is_sequence(input.element_spec),
+        # The input wait is timed unless op determinism forbids timestamps.
+        timed=not config.train.deterministic)
     # XLA compiles the per-replica forward and backward pass only: around
     # the whole loop it cannot (the iterator), around the update it fails
     # under Mirrored (variables on other devices), and it was slower here.
@@ -135,7 +145,7 @@ class Trainer:
     """The experiment's model; built on one example if it is not yet."""
     model = self.model_fn(self.config)
     if not model.built:
-      inputs = checks.parts(self.input.element_spec)[0]
+      inputs = batch_lib.parts(self.input.element_spec)[0]
       model(tf.nest.map_structure(  # size 1 for a variable length
           lambda s: tf.zeros([1] + [d or 1 for d in s.shape], s.dtype),
           inputs))
@@ -143,7 +153,7 @@ class Trainer:
 
   def build_optimizer(self) -> keras.optimizers.Optimizer:
     return optimizers.build(self.config.optimizer, self.config.train.steps,
-                            self.global_batch_size)
+                            self.batch.global_batch_size)
 
   def build_metrics(self) -> metrics.Metrics:
     """Fresh metric objects, keyed by their log names (config.metrics);
@@ -164,7 +174,7 @@ class Trainer:
     return losses.average(
         values, weights, weight_total, loss_weights=self.config.loss_weights,
         normalization=self.normalization,
-        global_batch_size=self.global_batch_size)
+        global_batch_size=self.batch.global_batch_size)
 
   @autograph.plain
   def train_step(self, batch) -> tf.Tensor:
@@ -194,15 +204,15 @@ class Trainer:
 
   @autograph.plain
   def micro_batches(self, batch) -> list:
-    """`batch` cut back into its train.grad_accum_steps micro-batches, each
-    of train.batch_size / replicas examples (static slices), as
+    """`batch` cut back into its micro-batches (`self.batch.accum_steps`,
+    each of `self.batch.per_replica` examples: static slices), as
     (inputs, labels, weights): the examples' weights times
     data.class_weights and 0 on a loss object's ignore_class, None if
     there are none."""
-    rows = self._micro_rows
+    rows = self.batch.per_replica  # static slices
     parts = []
-    for i in range(self.grad_accum_steps):
-      inputs, labels, weights = checks.parts(tf.nest.map_structure(
+    for i in range(self.batch.accum_steps):
+      inputs, labels, weights = batch_lib.parts(tf.nest.map_structure(
           lambda t, i=i: t[i * rows:(i + 1) * rows], batch))
       parts.append((inputs, labels, losses.label_weighted(
           weights, labels, self._class_weights, self._ignored)))
@@ -240,7 +250,7 @@ class Trainer:
       if self.model.losses:  # regularizers: once per update, not per
         # replica or micro-batch
         loss += tf.nn.scale_regularization_loss(
-            tf.add_n(self.model.losses)) / self.grad_accum_steps
+            tf.add_n(self.model.losses)) / self.batch.accum_steps
       scaled = precision.scale_loss(self.optimizer, loss)
     return loss, tape.gradient(scaled, self.model.trainable_variables), logits
 
@@ -272,7 +282,7 @@ class Trainer:
     a train-time rebalancing, does not, as in Keras). An override feeds `self.eval_loss` (what `evaluate`
     reports as the loss and the example count) and the eval metrics."""
     *example, mask = batch
-    inputs, labels, weights = checks.parts(example)
+    inputs, labels, weights = batch_lib.parts(example)
     weights = losses.label_weighted(weights, labels, ignored=self._ignored)
     logits = _float32(self.model(inputs, training=False))
     self.eval_loss.update(self.compute_loss(labels, logits), weights, mask)
@@ -305,23 +315,37 @@ class Trainer:
     """Optimizer updates done so far (restored with the checkpoint)."""
     return int(self.step.numpy())
 
+  @property
+  def global_batch_size(self) -> int:
+    """One update's examples over all replicas: what the loss is averaged
+    over (`tf.nn.compute_average_loss(..., global_batch_size=)`)."""
+    return self.batch.global_batch_size
+
   def train(self, steps: int) -> tuple[np.ndarray, dict]:
     """Runs `steps` steps in one call (`loop.TrainLoop`); returns per-step
     losses and metrics. Fewer losses than `steps` come back if a stop was
     requested (`self.stop.request(reason)`)."""
-    losses, logs, self.weights_finite = self._loop(steps)
+    try:
+      losses, logs, self.weights_finite = self._loop(steps)
+    except tf.errors.InvalidArgumentError as e:  # XLA, or the data
+      first = self.global_step + 1  # where the run is: saved up to before
+      raise errors.step_error(
+          e, jit_compile=self.config.train.jit_compile,
+          field="data.train_split", split=self.config.data.train_split,
+          where=f"of train steps {first}-{first + steps - 1}") from None
     return losses, logs
 
-  def roll_back(self, checkpointer) -> tuple[str, int] | None:
-    """Restores the latest checkpoint but keeps the data position, so the
-    data since is skipped (NaN recovery): (its path, the position), or None
-    if there is no checkpoint."""
-    skip_to = self.input.data_position
-    path = checkpointer.restore()
-    if not path:
-      return None
-    self.input.seek(skip_to)
-    return path, skip_to
+  @autograph.plain
+  def _loop_start(self) -> None:
+    """In the train function, before its steps."""
+    self.train_metrics.reset()
+
+  @autograph.plain
+  def _loop_end(self, ran) -> dict:
+    """In the train function, after `ran` steps: the data they consumed
+    (the position the checkpoint holds) and the train metrics."""
+    self.input.advance(ran * self.batch.accum_steps)
+    return self.train_metrics.results()
 
   # --- State ------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ def measure(context: int, remat: bool, batch: int, rounds: int,
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from experiments import lm  # pylint: disable=g-import-not-at-top
-  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
 
   c = lm.get_config()
   c.model.context, c.model.remat = context, remat
@@ -52,7 +52,7 @@ def measure(context: int, remat: bool, batch: int, rounds: int,
       0, 256, 4 * batch * context + 1).astype(np.int32)
   rows = np.arange(4 * batch)[:, None] * context + np.arange(context)
   c.dataset_fn = lambda config, split: (stream[rows], stream[rows + 1])
-  trainer = trainer_lib.Trainer(c, tf.distribute.get_strategy())
+  trainer = pieces.trainer(c, tf.distribute.get_strategy())
   trainer.train(K)  # the trace
   tf.config.experimental.reset_memory_stats("CPU:0")
   secs = []

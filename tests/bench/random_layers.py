@@ -35,7 +35,7 @@ def measure(replicas: int, layers: str, rounds: int) -> dict:
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
   from looper.train import layers as looper_layers  # pylint: disable=g-import-not-at-top
   from looper.train import randomness  # pylint: disable=g-import-not-at-top
-  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
 
   strategy = (tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
               if replicas > 1 else tf.distribute.get_strategy())
@@ -59,7 +59,7 @@ def measure(replicas: int, layers: str, rounds: int) -> dict:
   c.model_fn = model_fn
   c.dataset_fn = lambda config, split: (x, y)
   c.train.steps, c.train.batch_size, c.train.steps_per_loop = 1000, 128, STEPS
-  trainer = trainer_lib.Trainer(c, strategy)
+  trainer = pieces.trainer(c, strategy)
   trainer.train(STEPS)  # the trace
   seconds = []
   for _ in range(rounds):

@@ -12,7 +12,7 @@ Synopsis::
 Each configuration (model x replicas x precision) runs in its own process
 (logical CPUs and the dtype policy are fixed per process) and alternates
 rounds of the four contenders on the same data, batch and K steps per call:
-  looper  the public API: `Trainer(config, strategy).train(K)`;
+  looper  the public API, `Trainer(...).train(K)` (tests/fixtures/pieces.py);
   guide   the "Use TPUs" guide's custom loop (written here): tf.data with
           distribute_datasets_from_function, K steps of strategy.run in a
           tf.range loop inside one tf.function, compute_average_loss;
@@ -77,7 +77,7 @@ def _contenders(model, replicas, precision, clip=0.0):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
   from looper.options import precision as precision_lib  # pylint: disable=g-import-not-at-top
-  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
 
   strategy = (tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
               if replicas > 1 else tf.distribute.get_strategy())
@@ -87,7 +87,7 @@ def _contenders(model, replicas, precision, clip=0.0):
   def looper_build(clip_norm=0.0):
     c = config.copy_and_resolve_references()
     c.optimizer.clip_global_norm = clip_norm
-    trainer = trainer_lib.Trainer(c, strategy)
+    trainer = pieces.trainer(c, strategy)
     return lambda: trainer.train(K)
 
   def keras_parts():
@@ -200,11 +200,11 @@ def first_loop(model: str, replicas: int, precision: str, name: str,
 def phases(model: str = "mlp", precision: str = "float32") -> str:
   """Where looper's first loop goes, one replica, in this (fresh) process."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
   images, labels = _data()
   config = _config(model, precision, images, labels)
   times = [time.perf_counter()]
-  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  trainer = pieces.trainer(config, tf.distribute.get_strategy())
   times.append(time.perf_counter())
   iterator = trainer.input.train_iterator()
   times.append(time.perf_counter())

@@ -129,7 +129,7 @@ def run_fit(seed: int, precision: str) -> dict:
   if ORDER == "same":  # looper's batches, in looper's order
     train = arrays.Arrays(mnist.dataset_fn(config, config.data.train_split),
                           "train").train(
-        tf.distribute.InputContext(), global_batch_size=BATCH, seed=seed,
+        tf.distribute.InputContext(), batch_size=BATCH, seed=seed,
         shuffle_buffer=config.data.shuffle_buffer, position=0)
   else:
     train = (examples(config.data.train_split)

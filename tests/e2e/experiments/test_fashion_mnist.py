@@ -17,7 +17,7 @@ import tensorflow as tf
 from experiments import mnist
 from looper import run
 from looper.cli import tpu_check
-from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures.configs import configured
 from tests.fixtures.paths import ROOT
 
@@ -71,7 +71,7 @@ def test_the_tutorial_cnn_learns_real_clothes(tmp_path):
   result = run.run(c, str(tmp_path), "train_and_eval")
   assert result["eval"]["examples"] == 1000
   assert result["eval"]["accuracy"] > 0.65, result["eval"]  # chance: 0.1
-  model = trainer_lib.Trainer(c, tf.distribute.get_strategy()).model
+  model = pieces.trainer(c, tf.distribute.get_strategy()).model
   # conv 32 5x5, conv 64 5x5, dense 7*7*64 -> 1024, logits: the tutorial's.
   assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == (
       25 * 32 + 32) + (25 * 32 * 64 + 64) + (3136 * 1024 + 1024) + (
@@ -89,7 +89,7 @@ def test_the_recipe_network_flips_and_passes_looper_check():
                  "train.precision": "mixed_bfloat16"})
   assert tpu_check.check(c) == []
   c.train.precision = "float32"  # bfloat16 would round the pixels
-  t = trainer_lib.Trainer(c, tf.distribute.get_strategy())
+  t = pieces.trainer(c, tf.distribute.get_strategy())
   images, _ = mnist.dataset_fn(c, "test[:8]")
   flips = [layer for layer in t.model.layers if "flip" in layer.name]
   assert len(flips) == 1

@@ -60,12 +60,12 @@ def loop_facts(fields: dict) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
   from looper.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
-  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
   from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
   from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
   config = configured(tiny.get_config(), fields)
-  trainer = trainer_lib.Trainer(config, distribute.strategy_for(config))
+  trainer = pieces.trainer(config, distribute.strategy_for(config))
   merge_calls = []
   merge_call = distribute_lib.ReplicaContext.merge_call
   def counted(context, *args, **kwargs):

@@ -44,7 +44,7 @@ def global_batches(pipelines, replicas, steps, position=0):
   does: the replicas' batches of a step, pipeline by pipeline."""
   local = replicas // pipelines
   streams = [list(buckets.train_dataset(
-      examples(), ctx(pipelines, p, replicas), global_batch_size=B, seed=3,
+      examples(), ctx(pipelines, p, replicas), batch_size=B, seed=3,
       shuffle_buffer=64, position=position, bucket=BUCKET)
                   .take(steps * local).as_numpy_iterator())
              for p in range(pipelines)]
@@ -123,7 +123,7 @@ def test_eval_counts_every_example_once(pipelines, replicas, steps):
   count, num_steps = elements.eval_plan(N, global_batch, steps)
   local = replicas // pipelines
   streams = [list(buckets.eval_dataset(
-      examples(), ctx(pipelines, p, replicas), global_batch_size=global_batch,
+      examples(), ctx(pipelines, p, replicas), batch_size=global_batch,
       count=count, steps=num_steps, bucket=BUCKET).as_numpy_iterator())
              for p in range(pipelines)]
   assert all(len(s) == num_steps * local for s in streams)
@@ -149,7 +149,7 @@ def test_eval_counts_every_example_once(pipelines, replicas, steps):
 def test_eval_batch_of_empty_examples_gets_the_first_bucket():
   lengths = np.array([0] * 16 + [3] * 4)
   tokens, _, mask = next(buckets.eval_dataset(
-      examples(lengths), ctx(1, 0, 1), global_batch_size=16, count=20,
+      examples(lengths), ctx(1, 0, 1), batch_size=16, count=20,
       steps=2, bucket=BUCKET).as_numpy_iterator())
   assert tokens.shape == (16, BUCKET) and mask.all() and not tokens.any()
 
@@ -168,7 +168,7 @@ def test_bucket_takes_a_dataset_only():
 
 def test_no_bucket_holding_a_whole_batch_is_one_line():
   with pytest.raises(lc.ConfigError) as e:
-    buckets.train_dataset(examples(), ctx(1, 0, 1), global_batch_size=64,
+    buckets.train_dataset(examples(), ctx(1, 0, 1), batch_size=64,
                        seed=0, shuffle_buffer=0, position=0, split="train",
                        bucket=BUCKET)
   assert str(e.value) == (

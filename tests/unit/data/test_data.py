@@ -8,6 +8,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper.config import ConfigError
 from looper.data import arrays
+from looper.data import batch as batch_lib
 from looper.data import checks
 from looper.data import elements
 from looper.data import service
@@ -41,7 +42,7 @@ def global_batches(pipelines, replicas, steps, global_batch=8, position=0,
   streams = [
       iter(elements.train_dataset(
           examples(), ctx(pipelines, p, replicas),
-          global_batch_size=global_batch, seed=3, shuffle_buffer=shuffle,
+          batch_size=global_batch, seed=3, shuffle_buffer=shuffle,
           position=position))
       for p in range(pipelines)]
   out = []
@@ -59,7 +60,7 @@ def test_global_batches_do_not_depend_on_replicas(pipelines, replicas):
 
 
 def test_epochs_are_permutations_and_differ():
-  batches = elements.train_dataset(ids(), ctx(1, 0, 1), global_batch_size=8,
+  batches = elements.train_dataset(ids(), ctx(1, 0, 1), batch_size=8,
                                 seed=3, shuffle_buffer=16, position=0)
   stream = np.concatenate([y for _, y in batches.take(2 * N // 8 + 1)])
   first, second = stream[:N], stream[N:2 * N]
@@ -94,7 +95,7 @@ def test_eval_counts_every_example_once(pipelines, replicas, steps):
   seen, batches = [], 0
   for p in range(pipelines):
     for x, y, mask in elements.eval_dataset(
-        ids(), ctx(pipelines, p, replicas), global_batch_size=global_batch,
+        ids(), ctx(pipelines, p, replicas), batch_size=global_batch,
         count=count, steps=num_steps):
       assert mask.shape == (global_batch // replicas,)  # static, padded
       seen += y.numpy()[mask.numpy() == 1].tolist()
@@ -123,9 +124,9 @@ def test_num_examples_counts_or_rejects():
 
 
 def test_batch_must_split_evenly_over_replicas():
-  checks.check_divisible(64, 8, "train.batch_size")
+  batch_lib.Batch(micro_batch_size=64, replicas=8)
   with pytest.raises(ConfigError) as e:
-    checks.check_divisible(100, 8, "train.batch_size")
+    batch_lib.Batch(micro_batch_size=100, replicas=8)
   assert str(e.value) == (
       "config.train.batch_size=100 is not divisible by the 8 replicas;"
       " set --config.train.batch_size=96")
@@ -174,13 +175,13 @@ def test_empty_train_stream_raises_instead_of_spinning(examples):
   # flat_map yielded nothing, forever.
   with pytest.raises(lc.ConfigError) as e:
     elements.train_dataset(examples(), tf.distribute.InputContext(),
-                       global_batch_size=8, seed=0, shuffle_buffer=16,
+                       batch_size=8, seed=0, shuffle_buffer=16,
                        position=0, split="train[:0]")
   assert str(e.value) == _EMPTY_TRAIN
   with pytest.raises(lc.ConfigError) as e:  # no split given: still one line
     tf.distribute.get_strategy().distribute_datasets_from_function(
         lambda ctx: sources.Elements(examples, None).train(
-            ctx, global_batch_size=8, seed=0, shuffle_buffer=16, position=0))
+            ctx, batch_size=8, seed=0, shuffle_buffer=16, position=0))
   assert str(e.value) == (
       "config.data.train_split selects no examples: config.dataset_fn"
       " returned an empty dataset; widen --config.data.train_split or check"
@@ -252,7 +253,7 @@ def test_windows_are_the_rows_they_stand_for():
 def _pipelines(source, pipelines, replicas, steps, position=0):
   """Each pipeline's per-replica train batches, as numpy."""
   return [[tf.nest.map_structure(lambda t: t.numpy(), b) for b in
-           source.train(ctx(pipelines, p, replicas), global_batch_size=8,
+           source.train(ctx(pipelines, p, replicas), batch_size=8,
                         seed=3, shuffle_buffer=1, position=position)
            .take(steps * replicas // pipelines)] for p in range(pipelines)]
 
@@ -273,7 +274,7 @@ def test_windows_in_array_mode_are_the_rows_of_the_arrays(
     assert g.dtype == w.dtype
     np.testing.assert_array_equal(g, w)
   for p in range(pipelines):
-    evals = [source.eval(ctx(pipelines, p, replicas), global_batch_size=16,
+    evals = [source.eval(ctx(pipelines, p, replicas), batch_size=16,
                          count=80, steps=6) for source in (virtual, dense)]
     for g, w in zip(*evals):  # 96 slots: 16 of padding, mask 0
       tf.nest.map_structure(np.testing.assert_array_equal, g, w)

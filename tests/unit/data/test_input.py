@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper.data import input as input_lib
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 
 
 def _input(**fields):
-  return input_lib.Input(configured(tiny.get_config(), **fields),
+  return pieces.input(configured(tiny.get_config(), **fields),
                          tf.distribute.get_strategy())
 
 

@@ -27,12 +27,12 @@ from looper import compat
 from looper import config as lc
 from looper import errors
 from looper import network
-from looper.data import input as input_lib
 from looper.data import service
 from looper.data import shards
 from looper.errors import ConfigError
 from tests.fixtures import configs
 from tests.fixtures import paths
+from tests.fixtures import pieces
 from tests.fixtures import private_home
 from tests.fixtures import processes
 
@@ -90,7 +90,7 @@ def _cluster(workers: int = 2, work_dir: str = ""):
 
 
 def _remote(config, passes=None, job="job"):
-  source = input_lib.Input(config, tf.distribute.get_strategy()).source(
+  source = pieces.input(config, tf.distribute.get_strategy()).source(
       config.data.train_split)
   return service.Remote(source, config, job=job, position=0, passes=passes)
 
@@ -111,7 +111,7 @@ def test_every_id_once_per_pass_through_two_workers():
     # 8 / 2 pipelines, none read twice (each worker drops its last part).
     ctx = [tf.distribute.InputContext(2, p, 2) for p in (0, 1)]
     batches = [iter(_remote(_config(address), passes=3, job="b").train(
-        c, global_batch_size=8)) for c in ctx]
+        c, batch_size=8)) for c in ctx]
     seen, ended = collections.Counter(), set()
     while len(ended) < 2:
       for p, it in enumerate(batches):
@@ -178,7 +178,7 @@ def test_what_the_service_cannot_run_is_refused_in_one_line(
     dataset_fn, fields, line):
   config = _config("localhost:5050", dataset_fn, **fields)
   with pytest.raises(ConfigError) as e:
-    input_lib.Input(config, tf.distribute.get_strategy()).source("train")
+    pieces.input(config, tf.distribute.get_strategy()).source("train")
   assert str(e.value) == line
 
 
@@ -217,13 +217,13 @@ def test_start_up_check_says_what_is_missing_within_the_timeout():
 
 def test_each_opening_is_a_new_job_and_says_the_contract(caplog):
   with _cluster(workers=1) as (address, _, _):
-    data = input_lib.Input(_config(address), tf.distribute.get_strategy())
+    data = pieces.input(_config(address), tf.distribute.get_strategy())
     with caplog.at_level(logging.INFO):
       next(data.train_iterator())
       data.advance(1)
       data.seek(data.data_position)  # a reopening (NaN recovery's)
       next(data.train_iterator())
-      next(input_lib.Input(_config(address),  # another attempt
+      next(pieces.input(_config(address),  # another attempt
                            tf.distribute.get_strategy()).train_iterator())
   jobs = re.findall(r"\(job (looper-[0-9a-f]{16})\); exact: eval", caplog.text)
   assert len(jobs) == 3 and len(set(jobs)) == 3, caplog.text
@@ -242,7 +242,7 @@ def _read(iterator, batches: int) -> list[int]:
 def test_training_input_continues_when_a_worker_stops():
   with _cluster(workers=2) as (address, workers, _):
     it = iter(_remote(_config(address)).train(
-        tf.distribute.InputContext(1, 0, 1), global_batch_size=8))
+        tf.distribute.InputContext(1, 0, 1), batch_size=8))
     before = _read(it, 10)
     workers[0].stop()
     started = time.monotonic()
@@ -255,7 +255,7 @@ def test_training_input_continues_when_a_worker_stops():
 def test_a_worker_that_joins_while_a_run_reads_takes_over_its_input():
   with _cluster(workers=1) as (address, workers, _):
     it = iter(_remote(_config(address)).train(
-        tf.distribute.InputContext(1, 0, 1), global_batch_size=8))
+        tf.distribute.InputContext(1, 0, 1), batch_size=8))
     before = _read(it, 6)
     workers.append(SERVICE.WorkerServer(SERVICE.WorkerConfig(
         dispatcher_address=address, heartbeat_interval_ms=100)))
@@ -279,7 +279,7 @@ def test_a_worker_that_joins_while_a_run_reads_takes_over_its_input():
 def test_training_input_continues_across_a_dispatcher_restart(tmp_path):
   with _cluster(workers=2, work_dir=str(tmp_path)) as (address, _, restart):
     it = iter(_remote(_config(address)).train(
-        tf.distribute.InputContext(1, 0, 1), global_batch_size=8))
+        tf.distribute.InputContext(1, 0, 1), batch_size=8))
     before = _read(it, 10)
     restart()
     after = _read(it, 2 * N // 8)
@@ -290,7 +290,7 @@ def test_training_input_continues_across_a_dispatcher_restart(tmp_path):
 def test_a_dispatcher_restarted_without_work_dir_ends_in_one_line():
   with _cluster(workers=2) as (address, _, restart):
     it = iter(_remote(_config(address)).train(
-        tf.distribute.InputContext(1, 0, 1), global_batch_size=8))
+        tf.distribute.InputContext(1, 0, 1), batch_size=8))
     _read(it, 10)
     restart()
     started = time.monotonic()

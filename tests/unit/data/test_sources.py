@@ -46,7 +46,7 @@ def global_batches(source, replicas, pipelines, steps, position=0, seed=3):
   streams = []
   for p in range(pipelines):
     ctx = tf.distribute.InputContext(pipelines, p, replicas)
-    batches = source.train(ctx, global_batch_size=B, seed=seed,
+    batches = source.train(ctx, batch_size=B, seed=seed,
                            shuffle_buffer=64, position=position)
     streams.append([y for _, y in batches.take(steps * local)
                     .as_numpy_iterator()])
@@ -86,7 +86,7 @@ def test_each_pipeline_reads_only_its_own_files(shard_dir):
   for p in range(4):  # 4 pipelines of 2 replicas: 8 groups, 2 files each
     ctx = tf.distribute.InputContext(4, p, 8)
     labels = np.concatenate([y for _, y in source.train(
-        ctx, global_batch_size=B, seed=0, shuffle_buffer=64,
+        ctx, batch_size=B, seed=0, shuffle_buffer=64,
         position=0).take(200).as_numpy_iterator()])
     seen.append({file_of(label) for label in labels})
   groups = source.groups()

@@ -29,7 +29,7 @@ import tensorflow as tf
 from experiments import lm
 from experiments.text import model
 from looper import config as lc
-from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures.configs import configured
 from tests.fixtures.paths import ROOT
 from tests.fixtures.processes import LOOPBACK_ENV, MEMORY_STATS_ENV
@@ -55,7 +55,7 @@ def _config(**fields):
 
 def _curve(strategy, **fields) -> np.ndarray:
   keras.utils.set_random_seed(0)  # the same initial weights
-  return trainer_lib.Trainer(_config(**fields), strategy).train(STEPS)[0]
+  return pieces.trainer(_config(**fields), strategy).train(STEPS)[0]
 
 
 def test_remat_is_a_declared_boolean_off_by_default():

@@ -21,7 +21,7 @@ from experiments import text_classifier as tc
 from looper import config as lc
 from looper import run
 from looper.options import distribute
-from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures.configs import configured
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.processes import run_ok
@@ -81,7 +81,7 @@ def test_train_pipeline_feeds_four_shapes(data):
   data_dir, num_tokens = data
   c = _config(data_dir)
   lc.validate(c)
-  trainer = trainer_lib.Trainer(c, distribute.strategy_for(c))
+  trainer = pieces.trainer(c, distribute.strategy_for(c))
   # How many batches an epoch has, from the reviews' lengths alone: each
   # bucket's whole batches (its last partial one waits for no one).
   counts = {length: int(np.sum(_bucket_length(num_tokens) == length))
@@ -105,7 +105,7 @@ def test_train_pipeline_feeds_four_shapes(data):
   assert len(fed) == NUM_TRAIN - sum(n % BATCH for n in counts.values())
   # Two replicas: each gets half of every global batch, at its length.
   two = trainer.input.source(c.data.train_split).train(
-      tf.distribute.InputContext(1, 0, 2), global_batch_size=BATCH,
+      tf.distribute.InputContext(1, 0, 2), batch_size=BATCH,
       seed=c.seed, shuffle_buffer=c.data.shuffle_buffer, position=0)
   per_replica = [x.shape for x, _ in two.take(2 * epoch)]
   assert per_replica[::2] == per_replica[1::2]

@@ -23,7 +23,7 @@ from looper.errors import ConfigError
 from looper.train import dry_run
 from looper.options import losses
 from looper.train import evaluator as evaluator_lib
-from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures import tiny_keras
 from tests.fixtures.configs import configured
@@ -62,7 +62,7 @@ def _first_batch():
 def test_a_loss_object_trains_on_what_keras_computes(loss, fields, weighted):
   config = _config(loss, **fields)
   lc.validate(config)
-  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  trainer = pieces.trainer(config, tf.distribute.get_strategy())
   x, y = _first_batch()
   logits = trainer.model(x)
   weights = np.take(CLASS_WEIGHTS, y) if weighted else None
@@ -77,7 +77,7 @@ def test_a_loss_object_trains_on_what_keras_computes(loss, fields, weighted):
 def test_ignored_labels_count_nowhere_in_eval():
   loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                     ignore_class=3)
-  trainer = trainer_lib.Trainer(_config(loss), tf.distribute.get_strategy())
+  trainer = pieces.trainer(_config(loss), tf.distribute.get_strategy())
   logs = evaluator_lib.Evaluator(trainer).evaluate()
   x, y = tiny.make_data(tiny.get_config().model.num_examples, seed=1)
   logits = trainer.model(x).numpy()
@@ -91,7 +91,7 @@ def test_ignored_labels_count_nowhere_in_eval():
 def test_metric_objects_are_fresh_copies_and_report_what_numpy_does():
   config = tiny_keras.get_config()
   top2 = config.metrics[1]
-  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  trainer = pieces.trainer(config, tf.distribute.get_strategy())
   trainer.train(20)
   logs = evaluator_lib.Evaluator(trainer).evaluate()
   x, y = tiny.make_data(config.model.num_examples, seed=1)
@@ -186,7 +186,7 @@ def test_objects_that_do_not_fit_the_model_are_one_line_before_training(
   config = tiny.get_config()
   for field, value in change.items():
     config[field] = value
-  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  trainer = pieces.trainer(config, tf.distribute.get_strategy())
   with pytest.raises(ConfigError) as e:
     dry_run.check_inputs(trainer, trainer.input, "train")
   # The last Dense's name counts the layers the process made before.
@@ -210,10 +210,10 @@ def test_a_final_softmax_op_counts_as_a_softmax_layer():
   config = tiny.get_config()
   config.model_fn = _softmax_op_model
   config.loss = keras.losses.SparseCategoricalCrossentropy()  # probabilities
-  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  trainer = pieces.trainer(config, tf.distribute.get_strategy())
   dry_run.check_inputs(trainer, trainer.input, "train")  # fits
   config.loss = "sparse_categorical_crossentropy"  # logits
-  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  trainer = pieces.trainer(config, tf.distribute.get_strategy())
   with pytest.raises(ConfigError) as e:
     dry_run.check_inputs(trainer, trainer.input, "train")
   assert "applies softmax, but config.loss='sparse_categorical_crossentropy'" \

@@ -20,7 +20,7 @@ import tensorflow as tf
 from looper import run
 from looper.data import shards
 from looper.train import evaluator as evaluator_lib
-from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures import weighted
 from tests.fixtures.checkpoints import restored_trainer
 from tests.fixtures.configs import configured
@@ -47,7 +47,7 @@ _SCRIPT = """
 import json, os, sys
 import tensorflow as tf
 from looper.options import distribute
-from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures import weighted
 from tests.fixtures.configs import configured
 n = int(sys.argv[2])
@@ -58,7 +58,7 @@ for name, kind, fields, replicas in json.loads(sys.argv[1]):
     c = configured(weighted.get_config(kind), fields)
     if "data.shards_dir" in fields:
       c.data.virtual_shards = 8
-    t = trainer_lib.Trainer(c, strategy)
+    t = pieces.trainer(c, strategy)
     losses, _ = t.train(%d)
     out[f"{name}/{n}"] = dict(
         losses=losses.tolist(),
@@ -209,7 +209,7 @@ def test_eval_is_weighted_over_the_whole_split(tmp_path, kind, mode):
     c.data.shards_dir = str(tmp_path)
   else:
     c.data.mode = mode
-  t = trainer_lib.Trainer(c, tf.distribute.get_strategy())
+  t = pieces.trainer(c, tf.distribute.get_strategy())
   got = evaluator_lib.Evaluator(t).evaluate()
   outputs = tf.nest.map_structure(lambda o: o.numpy(), t.model(x))
   want = numpy_eval(kind, outputs, y, w)
@@ -223,7 +223,7 @@ def test_class_weights_and_sample_weights_multiply():
   """Step 1's loss (before any update) against NumPy, dict class weights."""
   c = weighted.get_config("examples")
   c.data.class_weights = {1: 3.0, 3: 2.0}  # classes 0 and 2 weigh 1
-  t = trainer_lib.Trainer(c, tf.distribute.get_strategy())
+  t = pieces.trainer(c, tf.distribute.get_strategy())
   x, y, w = weighted.make_data("examples", 1000, 0)
   ce = _softmax_ce(t.model(x[:32]).numpy(), y[:32])
   by_class = np.array([1.0, 3.0, 1.0, 2.0])[y[:32]]

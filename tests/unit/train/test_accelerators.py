@@ -20,7 +20,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper.train import layers
 from looper.options import precision
-from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.events import curve
@@ -49,7 +49,7 @@ def _compiled_step(monkeypatch):
 
 def _trainer(fields):
   strategy = tf.distribute.get_strategy()
-  return trainer_lib.Trainer(configured(tiny.get_config(), fields), strategy)
+  return pieces.trainer(configured(tiny.get_config(), fields), strategy)
 
 
 def test_the_whole_replica_step_compiles_and_matches_the_plain_step(

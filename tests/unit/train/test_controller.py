@@ -7,12 +7,14 @@ action fires, what a stop, an early end or a NaN roll-back does.
 import numpy as np
 import pytest
 
+from looper.data import batch as batch_lib
 from looper.train import actions
 from looper.train import controller as controller_lib
 
 
 class FakeTrainer:
-  """Steps are numbered; the loss of step s is 1/s (NaN at `nan_steps`)."""
+  """Steps are numbered; the loss of step s is 1/s (NaN at `nan_steps`).
+  It is the Controller's data too (`data_position`, `seek`)."""
   global_batch_size = 4
 
   def __init__(self, clock=None, secs_per_step=0.0, nan_steps=()):
@@ -52,14 +54,6 @@ class FakeTrainer:
     self.seeks.append(position)
     if position is not None:
       self.data_position = position
-
-  def roll_back(self, checkpointer):  # as looper's Trainer does
-    skip_to = self.data_position
-    path = checkpointer.restore()
-    if not path:
-      return None
-    self.seek(skip_to)
-    return path, skip_to
 
 
 class FakeStop:
@@ -114,8 +108,10 @@ def recorder(log, name):
 def make(total=40, steps_per_loop=7, trainer=None, **kwargs):
   trainer = trainer or FakeTrainer()
   ckpt = FakeCheckpointer(trainer)
-  ctl = controller_lib.Controller(trainer, ckpt, total_steps=total,
-                                  steps_per_loop=steps_per_loop, **kwargs)
+  ctl = controller_lib.Controller(
+      trainer, ckpt, data=trainer, batch=batch_lib.Batch(
+          micro_batch_size=trainer.global_batch_size, replicas=1),
+      total_steps=total, steps_per_loop=steps_per_loop, **kwargs)
   return ctl, trainer, ckpt
 
 

@@ -19,10 +19,9 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from looper.cli import describe
-from looper.data import input as input_lib
 from looper.train import epochs
-from looper.train import trainer as trainer_lib
 from looper.workdir import jsonl
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.events import curve
@@ -45,7 +44,7 @@ def _in_epochs(**fields):
 def _resolve(config, **kwargs):
   lc.validate(config)
   return epochs.resolve(
-      config, input_lib.Input(config, tf.distribute.get_strategy()), **kwargs)
+      config, pieces.input(config, tf.distribute.get_strategy()), **kwargs)
 
 
 @pytest.mark.parametrize("as_arrays", [True, False], ids=["array", "element"])
@@ -130,13 +129,13 @@ def test_warmup_and_profile_are_bounded_by_the_resolved_steps():
 def test_a_trainer_needs_the_resolved_steps():
   c = _in_epochs(**{"train.epochs": 2.0})
   with pytest.raises(lc.ConfigError) as e:
-    trainer_lib.Trainer(c, tf.distribute.get_strategy())
+    pieces.trainer(c, tf.distribute.get_strategy())
   assert str(e.value) == (
       "config.train.steps=0 reached the Trainer with train.epochs=2.0; build"
       " it from the config looper.train.epochs.resolve(config, input)"
       " returns (as looper.run does), or set config.train.steps")
   resolved, _ = _resolve(c)
-  assert trainer_lib.Trainer(resolved, tf.distribute.get_strategy())
+  assert pieces.trainer(resolved, tf.distribute.get_strategy())
 
 
 def test_the_header_says_what_the_steps_are_in_epochs():

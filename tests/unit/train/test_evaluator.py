@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from looper import errors
 from looper.train import evaluator as evaluator_lib
-from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 
 
@@ -24,7 +24,7 @@ def test_each_evaluation_takes_one_whole_pass_and_a_shrunk_split_is_named():
 
   c = tiny.get_config()
   c.dataset_fn = dataset_fn
-  trainer = trainer_lib.Trainer(c, tf.distribute.get_strategy())
+  trainer = pieces.trainer(c, tf.distribute.get_strategy())
   evaluator = evaluator_lib.Evaluator(trainer)
   first = evaluator.evaluate()
   assert first["examples"] == 1001

@@ -27,8 +27,8 @@ from looper import workdir as workdir_lib
 from looper.options import distribute
 from looper.train import flops
 from looper.train import peak_flops
-from looper.train import trainer as trainer_lib
 from looper.workdir import jsonl
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.events import scalars
@@ -53,7 +53,7 @@ def _corpus(tmp_path):
 def _step_flops(config) -> float:
   """FLOPs of one step, as the train loop counted them (its logs' flops
   are the steps run times the count)."""
-  trainer = trainer_lib.Trainer(config, distribute.strategy_for(config))
+  trainer = pieces.trainer(config, distribute.strategy_for(config))
   _, logs = trainer.train(2)
   return logs["flops"] / 2
 

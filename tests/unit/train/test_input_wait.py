@@ -12,12 +12,11 @@ import pytest
 import tensorflow as tf
 
 from looper import workdir
-from looper.data import input as input_lib
 from looper.data import shards
 from looper.data import sources
-from looper.train import trainer as trainer_lib
 from looper.workdir import summaries
 from looper.options import distribute
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.paths import ROOT
@@ -41,8 +40,7 @@ def _resident():
 
 
 def _fraction(config, strategy=None):
-  trainer = trainer_lib.Trainer(config,
-                                strategy or tf.distribute.get_strategy())
+  trainer = pieces.trainer(config, strategy or tf.distribute.get_strategy())
   trainer.train(5)  # the trace
   return np.median([trainer.train(20)[1]["input_wait_fraction"]
                     for _ in range(3)])
@@ -108,7 +106,7 @@ def _files(config, split):
     ("service", {"data.service": "localhost:5050"})])
 def test_the_hint_is_what_helps_in_the_run_s_input_mode(mode, fields):
   config = configured(tiny.get_config(), fields)
-  hint = input_lib.Input(config, tf.distribute.get_strategy()).faster()
+  hint = pieces.input(config, tf.distribute.get_strategy()).faster()
   assert hint == sources.FASTER[mode]
   assert hint.startswith(f"{mode} mode: " if mode != "service" else
                          "data.service: ")

@@ -17,7 +17,7 @@ from looper.options import distribute
 from looper.train import evaluator as evaluator_lib
 from looper.train import layers
 from looper.options import precision
-from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures import private_home
 from tests.fixtures.events import curve
@@ -45,7 +45,7 @@ def _trainer(**fields):
       c[section][name] = value
     else:
       c[key] = value
-  return trainer_lib.Trainer(c, tf.distribute.get_strategy())
+  return pieces.trainer(c, tf.distribute.get_strategy())
 
 
 def test_jit_compile_matches_the_plain_step():
@@ -83,6 +83,7 @@ _INF_ON_REPLICA_ONE = """
 import json, numpy as np, tensorflow as tf
 from looper.options import distribute
 from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 devices = distribute.split_cpu(2)
 strategy = tf.distribute.MirroredStrategy(devices)
@@ -98,7 +99,7 @@ class InfOnReplicaOne(trainer_lib.Trainer):
 
 c = tiny.get_config()
 c.train.precision = "mixed_float16"
-t = InfOnReplicaOne(c, strategy)
+t = pieces.trainer(c, strategy, InfOnReplicaOne)
 def weights():
   return [[r.numpy() for r in strategy.experimental_local_results(v.value)]
           for v in t.model.trainable_variables]

@@ -27,8 +27,8 @@ from looper import workdir
 from looper.cli import describe
 from looper.cli import tpu_check
 from looper.train import randomness
-from looper.train import trainer as trainer_lib
 from looper.workdir import checkpoint
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.paths import ROOT
@@ -52,7 +52,7 @@ def _checkpointer(trainer, root, items=None):
 
 
 def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
-  whole = trainer_lib.Trainer(_config(), tf.distribute.get_strategy())
+  whole = pieces.trainer(_config(), tf.distribute.get_strategy())
   start = [s.numpy().copy() for s in whole.random.states.values()]
   want = whole.train(12)[0]
   assert len(whole.random.states) == STATES
@@ -61,10 +61,10 @@ def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
   for before, state in zip(start, whole.random.states.values()):
     assert not np.array_equal(before, state.numpy())  # each layer drew
 
-  first = trainer_lib.Trainer(_config(), tf.distribute.get_strategy())
+  first = pieces.trainer(_config(), tf.distribute.get_strategy())
   np.testing.assert_array_equal(first.train(6)[0], want[:6])
   _checkpointer(first, tmp_path).save(6, sync=True)
-  resumed = trainer_lib.Trainer(_config(), tf.distribute.get_strategy())
+  resumed = pieces.trainer(_config(), tf.distribute.get_strategy())
   assert _checkpointer(resumed, tmp_path).restore()
   np.testing.assert_array_equal(resumed.train(6)[0], want[6:])
   for a, b in zip(whole.random.states.values(),
@@ -72,7 +72,7 @@ def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
 
   # What the checkpoint used to hold: the draws of step 1 again.
-  replayed = trainer_lib.Trainer(_config(), tf.distribute.get_strategy())
+  replayed = pieces.trainer(_config(), tf.distribute.get_strategy())
   items = replayed.checkpoint_items()
   del items["random"]
   _checkpointer(replayed, tmp_path, items).restore()
@@ -81,12 +81,12 @@ def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
 
 def test_a_workdir_saved_without_random_states_resumes_and_says_so(
     tmp_path, caplog):
-  old = trainer_lib.Trainer(_config(), tf.distribute.get_strategy())
+  old = pieces.trainer(_config(), tf.distribute.get_strategy())
   old.train(3)
   items = old.checkpoint_items()
   del items["random"]  # as looper wrote it before
   prefix = _checkpointer(old, tmp_path, items).save(3, sync=True)
-  new = trainer_lib.Trainer(_config(), tf.distribute.get_strategy())
+  new = pieces.trainer(_config(), tf.distribute.get_strategy())
   with caplog.at_level(logging.WARNING):
     assert _checkpointer(new, tmp_path).restore() == prefix
   assert new.global_step == 3
@@ -132,7 +132,7 @@ def test_draws_looper_cannot_reach_are_named_by_describe_and_check(
     tmp_path):
   config = configured(tiny.get_config(), {"train.batch_size": 64})
   config.model_fn = _unreachable_model
-  trainer = trainer_lib.Trainer(config, tf.distribute.get_strategy())
+  trainer = pieces.trainer(config, tf.distribute.get_strategy())
   # Their states are saved all the same: the LSTM's, the layer's, Dropout's.
   assert len(trainer.checkpoint_items()["random"]) == 3
   assert trainer.random.note() == NOTE
@@ -144,7 +144,7 @@ def test_draws_looper_cannot_reach_are_named_by_describe_and_check(
   assert lines[0].startswith("ready: ")  # a note, not a problem
   assert lines[1] == f"note: {NOTE}"
   # A model of adopted layers only has nothing to say.
-  assert trainer_lib.Trainer(
+  assert pieces.trainer(
       _config(), tf.distribute.get_strategy()).random.note() is None
 
 
@@ -231,7 +231,7 @@ def _main():
   for name, (make, x) in _layer_cases().items():
     layers[name] = (_apply(make, x, one), _apply(make, x, two))
     inputs[name] = [x.tolist(), x.tolist()]
-  curve = [trainer_lib.Trainer(_config(), s).train(8)[0].tolist()
+  curve = [pieces.trainer(_config(), s).train(8)[0].tolist()
            for s in (one, two)]
   said = []
   handler = logging.Handler()

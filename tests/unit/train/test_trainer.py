@@ -10,6 +10,7 @@ import tensorflow as tf
 from looper import run
 from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.events import curve, scalars
 
@@ -101,8 +102,8 @@ class WholeBatchTrainer(trainer_lib.Trainer):
   """Changes one thing: `train_step` takes its update's whole batch at
   once, with no micro-batches (and counts its calls)."""
 
-  def __init__(self, config, strategy):
-    super().__init__(config, strategy)
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
     self.calls = tf.Variable(0, trainable=False)
     self.rows = []  # the batch's rows, each time the step is traced
 
@@ -121,7 +122,7 @@ def test_an_overridden_train_step_is_called_under_accumulation():
     c = tiny.get_config()
     c.train.batch_size, c.train.grad_accum_steps = 16, 2
     c.model.l2 = 0.0  # compute_gradients splits a regularizer per micro-batch
-    return cls(c, tf.distribute.get_strategy())
+    return pieces.trainer(c, cls=cls)
 
   default, whole = trainer(trainer_lib.Trainer), trainer(WholeBatchTrainer)
   want, _ = default.train(6)
@@ -212,11 +213,11 @@ def conversions(monkeypatch):
 def test_autograph_converts_the_users_code_only(conversions):
   c = tiny.get_config()
   strategy = tf.distribute.get_strategy()
-  base = trainer_lib.Trainer(c, strategy)
+  base = pieces.trainer(c, strategy)
   want, _ = base.train(3)
   want_eval = evaluator_lib.Evaluator(base).evaluate()
   assert not conversions  # looper's loops, seams and helpers: plain
-  subclass = DeeperTrainer(c, strategy)
+  subclass = pieces.trainer(c, strategy, cls=DeeperTrainer)
   got, _ = subclass.train(3)
   np.testing.assert_array_equal(got, want)
   assert evaluator_lib.Evaluator(subclass).evaluate() == want_eval
@@ -224,7 +225,7 @@ def test_autograph_converts_the_users_code_only(conversions):
       "BranchingTrainer.compute_loss", "BranchingTrainer.eval_step",
       "DeeperTrainer.train_step", "_unflip"]
   conversions.clear()
-  got, _ = MixedTrainer(c, strategy).train(3)
+  got, _ = pieces.trainer(c, strategy, cls=MixedTrainer).train(3)
   np.testing.assert_array_equal(got, want)
   assert sorted(set(conversions)) == ["BranchingMixin.compute_loss"]
   for loss, names in ((branching_loss, ["_unflip", "branching_loss"]),
@@ -236,6 +237,6 @@ def test_autograph_converts_the_users_code_only(conversions):
                                                 "_unflip", "branching_loss"])):
     conversions.clear()
     c.loss = loss
-    got, _ = trainer_lib.Trainer(c, strategy).train(3)
+    got, _ = pieces.trainer(c, strategy).train(3)
     np.testing.assert_array_equal(got, want)
     assert sorted(set(conversions)) == names

@@ -18,6 +18,7 @@ from looper import workdir as workdir_lib
 from looper.train import evaluator as evaluator_lib
 from looper.workdir import checkpoint
 from tests.fixtures import checkpoints
+from tests.fixtures import pieces
 from tests.fixtures import processes
 from tests.fixtures import tiny
 
@@ -127,8 +128,7 @@ def test_tpu_export_of_a_local_workdir_goes_through_the_host(
 
 def test_export_in_process_serves_what_the_model_computes(tmp_path):
   from looper.workdir import export  # pylint: disable=g-import-not-at-top
-  from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  trainer = trainer_lib.Trainer(tiny.get_config(), tf.distribute.get_strategy())
+  trainer = pieces.trainer(tiny.get_config(), tf.distribute.get_strategy())
   trainer.train(3)
   path = export.export(trainer, evaluator_lib.Evaluator(trainer),
                        workdir_lib.Workdir(str(tmp_path)))

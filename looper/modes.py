@@ -1,0 +1,75 @@
+"""The modes a run runs: what each reads and writes (`MODES`), and export.
+
+Synopsis::
+
+    from looper import modes
+    modes.MODES["eval"].takes_checkpoint   # True: it reads --checkpoint
+    modes.start("train", restored=None, checkpoint_path=None)
+    # 'fresh start': what the header says the mode starts from or reads
+    modes.export_checkpoint(trainer, evaluator, ckpt, workdir, None,
+                            chief=True, on_tpu=False)  # --mode=export
+
+`looper.run.Run` runs them: every mode but export through a `Controller`
+method (train, train_and_eval, evaluate, continuous_eval), export here
+(restore one checkpoint, write its SavedModel: looper.workdir.export).
+"""
+
+import dataclasses
+from typing import Callable
+
+from looper import errors
+from looper import workdir as workdir_lib
+from looper.workdir import checkpoint
+from looper.workdir import export
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+  """What a mode reads and writes."""
+  trains: bool  # resumes from the workdir's latest checkpoint and trains
+  reads_eval_split: bool  # evaluates, or exports (the eval split's spec)
+  takes_checkpoint: bool  # reads --checkpoint=PATH
+  # Where its eval events go, of the workdir's; None: it writes none.
+  eval_events: Callable[[workdir_lib.Workdir], str] | None
+
+
+MODES = {
+    "train": Mode(trains=True, reads_eval_split=False,
+                  takes_checkpoint=False, eval_events=None),
+    "eval": Mode(trains=False, reads_eval_split=True, takes_checkpoint=True,
+                 eval_events=lambda wd: wd.eval_events),
+    "train_and_eval": Mode(trains=True, reads_eval_split=True,
+                           takes_checkpoint=False,
+                           eval_events=lambda wd: wd.eval_events),
+    "continuous_eval": Mode(trains=False, reads_eval_split=True,
+                            takes_checkpoint=False,
+                            eval_events=lambda wd: wd.continuous_eval_events),
+    "export": Mode(trains=False, reads_eval_split=True,
+                   takes_checkpoint=True, eval_events=None),
+}
+
+
+def start(mode: str, restored: str | None,
+          checkpoint_path: str | None) -> str:
+  """What the header says the mode starts from or reads."""
+  if MODES[mode].trains:
+    return f"resumed from {restored}" if restored else "fresh start"
+  if mode == "continuous_eval":
+    return "evaluates each new checkpoint"
+  verb = "exports" if mode == "export" else "evaluates"
+  return f"{verb} {checkpoint_path or 'the latest checkpoint'}"
+
+
+def export_checkpoint(trainer, evaluator, ckpt: checkpoint.Checkpointer,
+                      wd: workdir_lib.Workdir, path: str | None, *,
+                      chief: bool, on_tpu: bool) -> dict:
+  """--mode=export: restores `path` (default: the latest) and exports it."""
+  restored = ckpt.restore(path)
+  if not restored:
+    raise errors.CheckpointError(
+        f"--mode=export found no checkpoint in {ckpt.directory}; train"
+        " first, or point --workdir at a trained run")
+  result = {"step": trainer.global_step, "checkpoint": restored}
+  if chief:  # the other workers hold the same weights
+    result["export"] = export.export(trainer, evaluator, wd, on_tpu=on_tpu)
+  return result

@@ -1,0 +1,107 @@
+"""The actions every run gets from its config, each made from what it uses.
+
+Synopsis (what `looper.run.Run._build_actions` assembles)::
+
+    report = [standard_actions.train_summaries(out),
+              standard_actions.progress(out),
+              standard_actions.loop_end_hook(trainer)]
+    evaluate = [standard_actions.evaluations(eval_action, every_steps=1000)]
+    save = [standard_actions.checkpoints(ckpt, every_steps=1000,
+                                         every_secs=600),
+            standard_actions.export_at_end(trainer, evaluator, workdir,
+                                           on_tpu=False)]
+    controller.add_actions(report=report, evaluate=evaluate, save=save)
+    controller.add_actions(save=[standard_actions.accounting(ledger, out)])
+
+Each factory takes its collaborators as arguments (the Summaries writer,
+the Trainer, a `looper.train.eval_action.EvalAction`, the Checkpointer, a
+`looper.train.goodput.Ledger`) and returns one `looper.train.actions.Action`
+(the profiler window is one already: looper.train.profiler.Window). The
+groups run in that order after each loop: report (every loop), evaluate
+(train_and_eval only), save (the checkpoint, the profiler window, the
+export at the end, and last the goodput accounting, which times the
+others).
+"""
+
+from looper import workdir as workdir_lib
+from looper.train import actions
+from looper.train import eval_action
+from looper.train import goodput
+from looper.workdir import export
+from looper.workdir import summaries
+
+
+def train_summaries(out: summaries.Summaries) -> actions.Action:
+  """Each loop's per-step losses and logs to the events and
+  metrics.jsonl; on a (re)start, what a killed run wrote past the step is
+  dropped."""
+  return actions.Action(
+      lambda now: out.train(now.loop.first_step, now.loop.losses,
+                            now.loop.logs),
+      every_loop=True, on_start=lambda now: out.purge_after(now.step),
+      name="train_summaries")
+
+
+def progress(out: summaries.Summaries) -> actions.Action:
+  """The progress line after each loop."""
+  return actions.Action(lambda now: out.progress(now.step, now.loop.logs),
+                        every_loop=True, name="progress")
+
+
+def loop_end_hook(trainer) -> actions.Action:
+  """`Trainer.on_loop_end(step, logs)`, the host-side hook, each loop."""
+  return actions.Action(
+      lambda now: trainer.on_loop_end(now.step, now.loop.logs),
+      every_loop=True, name="on_loop_end")
+
+
+def evaluations(evaluate: eval_action.EvalAction, *,
+                every_steps: int) -> actions.Action:
+  """An evaluation every `every_steps` and at the end; on a (re)start the
+  evaluations past the step are forgotten. Its logs are the mode's
+  result["eval"]."""
+  return actions.Action(evaluate, every_steps=every_steps, at_end=True,
+                        on_start=evaluate.resume, name="eval")
+
+
+def checkpoints(ckpt, *, every_steps: int, every_secs: float
+                ) -> actions.Action:
+  """A save every `every_steps` / `every_secs`, at the end and on a stop
+  (synchronously then: the process exits next). `ckpt`: a
+  `looper.workdir.checkpoint.Checkpointer`."""
+
+  def save(now: actions.Moment) -> None:  # no result of its own
+    ckpt.save(now.step, sync=now.stopping)
+
+  return actions.Action(save, every_steps=every_steps, every_secs=every_secs,
+                        at_end=True, on_stop=True, name="checkpoint")
+
+
+def export_at_end(trainer, evaluator, wd: workdir_lib.Workdir, *,
+                  on_tpu: bool) -> actions.Action:
+  """The SavedModel of the last step (`export.at_end`); its path is the
+  mode's result["export"]."""
+  return actions.Action(
+      lambda now: export.export(trainer, evaluator, wd, on_tpu=on_tpu),
+      at_end=True, name="export")
+
+
+def accounting(ledger: goodput.Ledger, out: summaries.Summaries
+               ) -> actions.Action:
+  """The last action after each loop: the loop's and the actions' time to
+  the goodput ledger, its totals to TensorBoard when it writes them."""
+
+  def account(now: actions.Moment) -> None:
+    loop = now.loop
+    ledger.loop(loop.first_step, len(loop.losses), loop.seconds,
+                loop.logs.get("input_wait_fraction", 0.0))
+    for name, seconds in now.spent.items():
+      ledger.add(name, seconds)
+    # The last record is close()'s, after the final save's wait.
+    totals = None if now.end or now.stopping else ledger.write()
+    if totals:
+      out.goodput(now.step, totals.fractions())
+
+  return actions.Action(account, every_loop=True,
+                        on_start=lambda now: ledger.start(now.step),
+                        name="goodput")
