@@ -12,7 +12,7 @@ Synopsis (what `python -m looper.main` does, usable from a notebook)::
       def _build_checkpointer(self, guard): ...
     MyRun(config, "/tmp/exp", "train").run()
 
-Modes (the table MODES; each runs a `Controller` method):
+Modes (looper.modes.MODES; each but export runs a `Controller` method):
   train            train from the last checkpoint in `workdir` (if any)
   train_and_eval   the same, evaluating every `eval.every_steps` and at the end
   eval             evaluate the latest checkpoint (or `checkpoint=PATH`) once

@@ -1,12 +1,15 @@
 """The Trainer: model, optimizer and metrics in scope; the step seams.
 
-Synopsis (looper.run.Run builds it so; tests/fixtures/pieces.py too)::
+Synopsis (what looper.run.Run builds; tests/fixtures/pieces.py too)::
 
     batch = batch_lib.of(config, strategy.num_replicas_in_sync)
     data = Input(config, strategy, batch)      # looper.data.input
     trainer = Trainer(config, strategy, data, batch, steps_per_loop=100)
     losses, logs = trainer.train(steps=100)    # one tf.function call
     eval_logs = Evaluator(trainer).evaluate()  # looper.train.evaluator
+
+    trainer = run.Run(config, workdir).trainer  # a notebook's: as a run
+                                                # builds it, nothing written
 
 The data come from the `Input` the caller gives it; one `train` call runs
 `steps` steps inside one tf.function (`looper.train.loop.TrainLoop`, built

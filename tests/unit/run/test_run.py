@@ -33,6 +33,8 @@ def test_a_run_subclass_changes_the_piece_it_builds_and_nothing_else(
   plain = run.run(config(), str(tmp_path / "plain"), "train_and_eval",
                   verbose=False)
   changed = KeepOneRun(config(), str(tmp_path / "one"), "train_and_eval")
+  # Built and checked up to the evaluator: nothing written yet.
+  assert not (tmp_path / "one").exists() and not KeepOneRun.built
   result = changed.run()
   assert KeepOneRun.built == [40]  # built once
   saved = lambda name: sorted(
