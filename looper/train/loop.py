@@ -110,9 +110,9 @@ class TrainLoop:
   @property
   def _tokens(self) -> tf.Variable | None:
     """Sequences: each replica adds up the tokens of its steps here
-    (flops.tokens), read once per call; None for other inputs. Made when
-    first needed, not with the loop: `sequences` reads the data's spec,
-    so a bad split raises where the input is opened."""
+    (flops.tokens), read once per call; None for other inputs. Made by the
+    first call (before its trace), not with the loop: `sequences` reads
+    the data's spec, so a bad split raises where the input is opened."""
     if self._token_count is _UNCOUNTED:
       self._token_count = None
       # Out of a trace, if in one: the spec may open a dataset of the data.
@@ -153,6 +153,9 @@ class TrainLoop:
       self._make_loss_buffer(steps)
     if self._stop.before_loop():  # some worker got a signal: all stop here
       return np.zeros([0], np.float32), {}, True
+    # Before the trace: a variable made in a tf.function's first trace
+    # makes it trace twice (the LM's loop: 8 s more on 2 replicas here).
+    self._tokens  # pylint: disable=pointless-statement
     args = (self._iterator(),
             None if steps == 1 else tf.constant(steps, tf.int32))
     start = time.perf_counter()

@@ -133,9 +133,9 @@ def compare(reference: pathlib.Path, workdir: pathlib.Path) -> str:
 
 
 def trial(reference: pathlib.Path, workdir: pathlib.Path, kind: str,
-          rng: random.Random, max_kills: int = 3) -> Outcome:
+          rng: random.Random) -> Outcome:
   kills = []
-  for _ in range(rng.randint(1, max_kills)):
+  for _ in range(rng.randint(1, 3)):
     what = run_and_kill(workdir, kind, rng)
     kills.append(what)
     if what == "exited before the kill":

@@ -3,13 +3,15 @@
 One set of runs with every numerics option a replica step carries on: the
 dropout masks, an active clip (the tiny run's gradient norms are ~0.5-2),
 two micro-batches per update and the weight average (which eval uses).
-Each run is its own process: one MirroredStrategy per process, and logical
-CPU devices can only be set before TensorFlow starts.
+Each run of several replicas is its own process: one MirroredStrategy per
+process, and logical CPU devices can only be set before TensorFlow starts;
+the one-replica runs are the test's (`run_here`).
 """
 
 import numpy as np
 import pytest
 
+from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.processes import run_ok
 
@@ -26,14 +28,14 @@ NUMERICS = ("--config=tests/fixtures/tiny.py", "--config.model.dropout=0.3",
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  out = {}
-  for n in REPLICAS:
-    out[n] = tmp_path_factory.mktemp(f"replicas{n}")
+  out = {n: tmp_path_factory.mktemp(f"replicas{n}") for n in REPLICAS}
+  run_here(*NUMERICS, f"--workdir={out[1]}")
+  for n in REPLICAS[1:]:
     run_ok(*NUMERICS, f"--workdir={out[n]}",
            f"--config.distribution.num_cpu_devices={n}")
   out["plain"] = tmp_path_factory.mktemp("plain")
-  run_ok("--config=tests/fixtures/tiny.py", "--config.train.steps=20",
-         f"--workdir={out['plain']}")
+  run_here("--config=tests/fixtures/tiny.py", "--config.train.steps=20",
+           f"--workdir={out['plain']}")
   return out
 
 

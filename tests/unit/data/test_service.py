@@ -431,11 +431,11 @@ def _accuracy(workdir) -> float:
   return [l for l in lines if l["kind"] == "eval"][-1]["accuracy"]
 
 
-# Eval accuracy after 300 steps, local vs through the service (another
-# order, and a kill -9 whose resume starts a new pass): 0.960 vs 0.947 and
-# 0.9375 measured (2026-11-26, the machine shared with a soak run). Twice
-# the widest gap seen: two measurements do not bound the spread.
-TOLERANCE = 0.05
+# Eval accuracy after 200 steps, local vs through the service (another
+# order, and a kill -9 whose resume starts a new pass): 0.9405 vs 0.934,
+# 0.9275 and 0.912 measured (2026-11-27, AMD EPYC). Twice the widest gap
+# seen: three measurements do not bound the spread.
+TOLERANCE = 0.06
 
 
 @pytest.mark.slow
@@ -447,7 +447,7 @@ def test_mnist_through_two_workers_learns_as_a_local_run_and_resumes(
   list(shards_cli.write(mnist.get_config("bundled"), str(tmp_path / "shards"),
                         min_shards=16))
   fields = {"data.shards_dir": str(tmp_path / "shards"),
-            "data.virtual_shards": 16, "train.steps": 300,
+            "data.virtual_shards": 16, "train.steps": 200,
             "train.steps_per_loop": 50, "eval.every_steps": 0,
             "checkpoint.every_steps": 100}
   args = ("--config=experiments/mnist.py:bundled",
@@ -478,7 +478,7 @@ def test_mnist_through_two_workers_learns_as_a_local_run_and_resumes(
     resumed = processes.run_ok(*remote, timeout=180).stderr
   assert f"data.service={address}: the train split comes from" in resumed
   through = _accuracy(tmp_path / "remote")
-  print(f"accuracy after 300 steps: local {local:.4f}, service {through:.4f}")
+  print(f"accuracy after 200 steps: local {local:.4f}, service {through:.4f}")
   assert abs(through - local) <= TOLERANCE
   # Its checkpoint is a local run's: evaluated here, without the service.
   evaluated = here(tmp_path / "remote", "eval")
