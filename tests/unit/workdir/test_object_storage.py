@@ -33,6 +33,7 @@ from looper.cli import runs
 from looper.data import datasets
 from looper.errors import ConfigError
 from looper.errors import WorkdirError
+from looper.workdir import files
 from looper.workdir import jsonl
 from looper.workdir import lease
 from tests.fixtures import configs
@@ -275,7 +276,7 @@ def test_the_lease_on_an_object_store_refuses_a_second_taker(ram, raw_calls):
     first = held.record["renewed"]
     deadline = time.monotonic() + 30
     # Renewed every 0.1 s (a read meeting a rename under way finds none).
-    while (workdir_lib.read_json(wd.lease) or {}).get("renewed", 0) <= first:
+    while (files.read_json(wd.lease) or {}).get("renewed", 0) <= first:
       assert time.monotonic() < deadline, "the lease was never renewed"
       time.sleep(0.01)
     held.check()
