@@ -1,6 +1,10 @@
-"""looper.cli.parsing: what a config file's own error and an override typo
-end in on the command line (the traceback from the file's frame, or one
-line)."""
+"""looper.cli.parsing through a real `python -m looper.main`: a config
+file's own error keeps its traceback, from the file's frame, and the run
+ends with looper's line, the last on stderr; a field out of its declared
+bounds (checked by the run's validate) is one line. Each other way a
+config file fails is checked through the same parser in the test's
+process: tests/unit/cli/test_parsing.py.
+"""
 
 import pytest
 
@@ -10,8 +14,6 @@ from tests.fixtures.processes import run_looper
 # Subprocesses (the real command line): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
-
-# --- An error inside the user's get_config() keeps its traceback -----------
 
 _ENV_CONFIG = """\
 import os
@@ -41,30 +43,6 @@ def test_error_in_get_config_surfaces_with_traceback(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_attribute_error_at_config_module_level_is_not_an_override(tmp_path):
-  config = tmp_path / "typo_config.py"
-  config.write_text("from looper import config as lc\n"
-                    "DEFAULTS = lc.defualt_config()\n"
-                    "def get_config():\n  return DEFAULTS\n")
-  proc = run_looper(f"--config={config}", f"--workdir={tmp_path}/run")
-  assert proc.returncode == 1
-  assert "the config has no field" not in proc.stderr
-  assert f'File "{config}", line 2, in <module>' in proc.stderr
-  assert proc.stderr.strip().splitlines()[-1].startswith(
-      f"looper: --config={config}: loading the config file raised"
-      " AttributeError(")
-
-
-def test_override_errors_are_still_one_line(tmp_path):
-  proc = run_looper("--config", "tests/fixtures/tiny.py",
-                    f"--workdir={tmp_path}",
-                    "--config.train.step=5")
-  assert "Traceback" not in proc.stderr
-  assert proc.stderr.strip().splitlines()[-1] == (
-      "looper: --config.train.step: the config has no field 'step'; did you"
-      " mean --config.train.steps?")
-
-
 def test_an_experiment_field_out_of_its_declared_bounds_is_one_line(tmp_path):
   # mnist declares model.width as a whole number >= 2: the override is
   # parsed as an int and checked by validate before a file is written.
@@ -75,64 +53,3 @@ def test_an_experiment_field_out_of_its_declared_bounds_is_one_line(tmp_path):
       " --config.model.width")
   assert "Traceback" not in proc.stderr
   assert not (tmp_path / "run").exists()
-
-
-# --- A config file that does not load ends in one line naming it -----------
-
-
-def test_config_file_that_does_not_compile_is_one_line(tmp_path):
-  """Every mode that loads --config says so in one line (was 56 lines of
-  absl's and importlib's frames)."""
-  config = tmp_path / "bad.py"
-  config.write_text("from tests.fixtures import tiny\n\n"
-                    "def get_config(:\n"
-                    "  return tiny.get_config()\n")
-  line = (f"looper: --config={config}: invalid syntax at line 3"
-          " (def get_config(:); fix the config file")
-  for mode in ("train", "describe", "check"):
-    proc = run_looper(f"--config={config}", f"--workdir={tmp_path}/run",
-                      f"--mode={mode}")
-    assert stderr_lines(proc) == [line], (mode, proc.stderr[-2000:])
-  assert not (tmp_path / "run").exists()
-
-
-def test_config_file_that_raises_at_import_shows_its_line(tmp_path):
-  config = tmp_path / "undefined.py"
-  config.write_text("from tests.fixtures import tiny\n"
-                    "SIZE = undefined_name\n\n"
-                    "def get_config():\n"
-                    "  return tiny.get_config()\n")
-  lines = stderr_lines(run_looper(f"--config={config}",
-                                  f"--workdir={tmp_path}/run"))
-  # The traceback starts at the file's own frame: no absl or importlib.
-  assert lines[:3] == ["Traceback (most recent call last):",
-                       f'  File "{config}", line 2, in <module>',
-                       "    SIZE = undefined_name"], lines
-  assert lines[-2:] == [
-      "NameError: name 'undefined_name' is not defined",
-      f"looper: --config={config}: loading the config file raised"
-      " NameError(\"name 'undefined_name' is not defined\"); see the"
-      " traceback above"]
-  assert len(lines) <= 6, lines
-
-
-def test_config_file_without_a_config_or_missing_is_one_line(tmp_path):
-  config = tmp_path / "no_get_config.py"
-  config.write_text("from tests.fixtures import tiny\n")
-  proc = run_looper(f"--config={config}", f"--workdir={tmp_path}/run")
-  assert stderr_lines(proc) == [
-      f"looper: --config={config}: the file defines no get_config(); define"
-      " get_config() returning the experiment's config, as"
-      " experiments/mnist.py does"]
-  config.write_text("from tests.fixtures import tiny\n\n"
-                    "def get_config():\n"
-                    "  c = tiny.get_config()\n")
-  proc = run_looper(f"--config={config}", "--mode=describe")
-  # Before it, ml_collections' warning (absl's notice, then its line).
-  assert stderr_lines(proc)[-1] == (
-      f"looper: --config={config}: get_config() returned None; end it with"
-      " `return` and the config")
-  proc = run_looper(f"--config={tmp_path}/typo.py", "--mode=describe")
-  assert stderr_lines(proc) == [
-      f"looper: --config={tmp_path}/typo.py: no such file; give the path of"
-      " an experiment file, e.g. --config=experiments/mnist.py"]

@@ -38,7 +38,7 @@ def test_mnist_learns_offline(tmp_path):
   saved = json.loads((tmp_path / "config.json").read_text())
   assert saved["data"]["train_split"] == "test[:8000]"
   assert saved["data"]["dir"] == str(MNIST_DIR)
-  # By file, or by module once this process imported experiments.mnist as
-  # one (another test file on this worker may have): both load back.
+  # Named by its file, or by module if this process imported it as one
+  # (unit/floor/test_references.py).
   assert saved["model_fn"] in ("experiments/mnist.py:model_fn",
                                "experiments.mnist:model_fn")

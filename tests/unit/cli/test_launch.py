@@ -15,23 +15,28 @@ import pytest
 
 from looper import network
 from looper.cli import launch as launch_lib
+from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve
 from tests.fixtures.paths import ROOT
-from tests.fixtures.processes import LOOPBACK_ENV, run_ok
+from tests.fixtures.processes import LOOPBACK_ENV
 
 TINY = ("--config=tests/fixtures/tiny.py", "--config.train.steps_per_loop=10")
 
 
-def launch(*args, workers=2, reach="private", **env_vars):
-  """`looper launch` ARGS; its workers' reach declared `reach` (the test
+def launch(*args, workers=2, reach="private", script=False, **env_vars):
+  """`python -m looper.cli.launch` ARGS (`script`: the `looper launch`
+  console script); its workers' reach declared `reach` (the test
   machines' networks are private; None: launch's own, loopback)."""
   env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV, **env_vars)
   env.pop("TF_CONFIG", None)
   declared = [f"{launch_lib.REACH}={reach}"] if reach else []
+  command = [sys.executable, "-m", "looper.cli.launch"]
+  if script:
+    assert shutil.which("looper"), "no `looper`: pip install -e '.[test]'"
+    command = [shutil.which("looper"), "launch"]
   return subprocess.Popen(
-      [sys.executable, "-m", "looper.cli.launch", f"--workers={workers}", "--",
-       *args, *declared], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True)
+      [*command, f"--workers={workers}", "--", *args, *declared], cwd=ROOT,
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def read_until(proc, text, lines, timeout=120):
@@ -59,7 +64,7 @@ def pids(lines):
 
 
 @pytest.mark.slow  # workers
-def test_two_workers_train_like_two_replicas(tmp_path):
+def test_two_workers_train_like_one_process(tmp_path):
   # Two GPUs named the user's way: one each (a CPU-only TensorFlow ignores
   # the variable).
   proc = launch(*TINY, "--config.train.steps=20",
@@ -71,12 +76,11 @@ def test_two_workers_train_like_two_replicas(tmp_path):
   assert f"[launch] worker 0: pid {first}, CUDA_VISIBLE_DEVICES=3\n" in out
   assert f"[launch] worker 1: pid {second}, CUDA_VISIBLE_DEVICES=5\n" in out
   assert "train step 20/20" in out
-  run_ok(*TINY, "--config.train.steps=20",
-         "--config.distribution.num_cpu_devices=2",
-         f"--workdir={tmp_path}/mirrored")
+  # As one process (in this one): the replica count changes no curve
+  # (tests/e2e/replicas/test_replicas.py).
+  run_here(*TINY, "--config.train.steps=20", f"--workdir={tmp_path}/one")
   np.testing.assert_allclose(curve(tmp_path / "launched" / "train"),
-                             curve(tmp_path / "mirrored" / "train"),
-                             rtol=1e-5)
+                             curve(tmp_path / "one" / "train"), rtol=1e-5)
   assert sorted(p.name for p in (tmp_path / "launched").iterdir()) == [
       "checkpoints", "config.json", "eval", "goodput", "hparams",
       "metrics.jsonl", "train"]  # the chief's only
@@ -85,13 +89,13 @@ def test_two_workers_train_like_two_replicas(tmp_path):
       "attempt-1.json"]
 
 
-def launch_then(tmp_path, act, **env_vars):
+def launch_then(tmp_path, act, script=False, **env_vars):
   """A long 2-worker launch; `act(proc, pids)` once training runs.
 
   Returns (the launcher process, all its output, the worker pids).
   """
   proc = launch(*TINY, "--config.train.steps=100000",
-                f"--workdir={tmp_path}/run", **env_vars)
+                f"--workdir={tmp_path}/run", script=script, **env_vars)
   lines = []
   try:
     read_until(proc, "train step ", lines)
@@ -104,8 +108,10 @@ def launch_then(tmp_path, act, **env_vars):
 
 @pytest.mark.slow  # workers
 def test_a_failing_worker_ends_all_and_is_named(tmp_path):
+  # Through the `looper launch` console script.
   proc, out, workers = launch_then(
-      tmp_path, lambda proc, pids: os.kill(pids[1], signal.SIGKILL))
+      tmp_path, lambda proc, pids: os.kill(pids[1], signal.SIGKILL),
+      script=True)
   assert proc.returncode == 128 + signal.SIGKILL, out[-3000:]
   assert out.strip().splitlines()[-1] == (
       "[launch] worker 1 failed first (killed by SIGKILL); the others were"
@@ -128,20 +134,6 @@ def test_sigterm_to_the_launcher_stops_every_worker_saved(tmp_path):
   assert len(stopped) == 2, out[-3000:]  # both workers, at one step
   assert len({l.split(" at step ")[1].split(";")[0] for l in stopped}) == 1
   assert not any(alive(pid) for pid in workers)
-
-
-@pytest.mark.slow  # a worker
-def test_looper_launch_console_script(tmp_path):
-  script = shutil.which("looper")
-  assert script, "no `looper` console script: pip install -e '.[test]'"
-  proc = subprocess.run(
-      [script, "launch", "--workers=1", "--", *TINY,
-       "--config.train.steps=10", f"--workdir={tmp_path}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, **LOOPBACK_ENV))
-  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-  assert "[worker 0] " in proc.stdout and "train step 10/10" in proc.stdout
-  assert len(curve(tmp_path / "train")) == 10
 
 
 @pytest.mark.parametrize("args, added", [

@@ -505,7 +505,9 @@ def test_kill9_redoes_the_steps_since_the_checkpoint_bit_for_bit(tmp_path):
   then rerun, recomputes the steps since that checkpoint exactly (weights,
   optimizer and the position in the virtual windows restored) and ends
   with every step once. Two processes, not three: the killed run's own
-  events are the reference for the steps redone."""
+  events are the reference for the steps redone. Without XLA: the state
+  restored, not the compiler (XLA's curve: test_lm_remat), and each
+  process's compile was seconds."""
   folder = _write_corpus(tmp_path / "corpus")
   (folder / "more.txt").write_bytes(b"The quick brown fox. " * 60)
   workdir = tmp_path / "run"
@@ -517,7 +519,7 @@ def test_kill9_redoes_the_steps_since_the_checkpoint_bit_for_bit(tmp_path):
           "--config.train.steps_per_loop=4", "--config.train.batch_size=8",
           "--config.checkpoint.every_steps=8",
           "--config.optimizer.warmup_steps=5", "--mode=train",
-          f"--workdir={workdir}")
+          "--config.train.jit_compile=False", f"--workdir={workdir}")
   proc = popen_looper(*args)
   try:
     for line in proc.stderr:  # a loop's end between two saves: freeze

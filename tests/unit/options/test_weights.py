@@ -8,6 +8,7 @@ array and file input modes.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -43,30 +44,22 @@ CASES = [
     ("heads", "heads", {}, (1, 2)),
 ]
 
-_SCRIPT = """
-import json, os, sys
-import tensorflow as tf
-from looper.options import distribute
-from tests.fixtures import pieces
-from tests.fixtures import weighted
-from tests.fixtures.configs import configured
-n = int(sys.argv[2])
-strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(n))
-out, kept = {}, []
-for name, kind, fields, replicas in json.loads(sys.argv[1]):
-  if n in replicas:
-    c = configured(weighted.get_config(kind), fields)
-    if "data.shards_dir" in fields:
-      c.data.virtual_shards = 8
-    t = pieces.trainer(c, strategy)
-    losses, _ = t.train(%d)
-    out[f"{name}/{n}"] = dict(
-        losses=losses.tolist(),
-        weights=[v.numpy().tolist() for v in t.model.trainable_variables])
-    kept.append(t)  # a Mirrored iterator freed while others run stalls
-print(json.dumps(out), flush=True)
-os._exit(0)  # pylint: disable=protected-access  (the same at exit)
-""" % STEPS
+def results(strategy, n: int, cases) -> dict:
+  """{"case/n": losses and weights after STEPS} of each case run on `n`
+  replicas (`strategy`'s)."""
+  out, kept = {}, []
+  for name, kind, fields, replicas in cases:
+    if n in replicas:
+      c = configured(weighted.get_config(kind), fields)
+      if "data.shards_dir" in fields:
+        c.data.virtual_shards = 8
+      t = pieces.trainer(c, strategy)
+      losses, _ = t.train(STEPS)
+      out[f"{name}/{n}"] = dict(
+          losses=losses.tolist(),
+          weights=[v.numpy().tolist() for v in t.model.trainable_variables])
+      kept.append(t)  # a Mirrored iterator freed while others run stalls
+  return out
 
 
 def _fields(fields):
@@ -75,8 +68,8 @@ def _fields(fields):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """Every case on its replica counts: a process per count (one
-  MirroredStrategy per process: collectives of two would clash)."""
+  """Every case on its replica counts: 1 here, 2 and 4 in a process each
+  (one MirroredStrategy per process: collectives of two would clash)."""
   files = tmp_path_factory.mktemp("shards")
   x, y, w = weighted.make_data("examples", 1000, 0)
   shards.write(tf.data.Dataset.from_tensor_slices((x, y, w)),
@@ -86,11 +79,11 @@ def runs(tmp_path_factory):
                min_shards=8)
   cases = CASES + [("files", "examples", {"data.shards_dir": str(files)},
                     (1, 2, 4))]
-  out = {}
-  for n in (1, 2, 4):
+  out = results(tf.distribute.get_strategy(), 1, cases)
+  for n in (2, 4):
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT,
-         json.dumps([(n, k, _fields(f), r) for n, k, f, r in cases]), str(n)],
+        [sys.executable, "-m", "tests.unit.options.test_weights", str(n),
+         json.dumps([(n, k, _fields(f), r) for n, k, f, r in cases])],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -260,3 +253,12 @@ def test_two_heads_end_to_end(tmp_path, caplog):
   model = restored_trainer(c, tmp_path / "checkpoints" / "ckpt-20").model
   for name, value in model(x).items():
     np.testing.assert_allclose(served[name], value, rtol=1e-5, atol=1e-6)
+
+
+if __name__ == "__main__":  # `runs`' processes: N replicas, the cases
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  replicas = int(sys.argv[1])
+  print(json.dumps(results(
+      tf.distribute.MirroredStrategy(distribute.split_cpu(replicas)),
+      replicas, json.loads(sys.argv[2]))), flush=True)
+  os._exit(0)  # pylint: disable=protected-access  (the same at exit)
