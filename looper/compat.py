@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    compat.after_all_reduce(optimizer, clip)     # optimizers.clip_after_sum
+    compat.after_all_reduce(optimizer, clip)     # optimizers.after_sum
     compat.in_multi_worker_mode(strategy)        # the endless train stream
     compat.configure_coordination_service(       # distribute, multi-worker
         leader="/job:worker/replica:0/task:0", jobs={"worker": 2},
@@ -58,9 +58,9 @@ def after_all_reduce(optimizer,
   `call_for_each_replica`, the gradients unscaled and known finite), so
   the hook goes on the inner one.
 
-  Why: `optimizer.clip_global_norm` clips the global batch's gradient, after
-  the sum (Keras' clipnorm clips each replica's before it), without an
-  all-reduce of its own; Keras has no public hook after its sum.
+  Why: `optimizer.clip_global_norm` clips the global batch's gradient after
+  the sum (Keras' clipnorm: each replica's before it), the health figures
+  log its norm, with no all-reduce of their own; no public hook is there.
 
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """

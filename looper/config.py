@@ -113,9 +113,13 @@ def default_config() -> ml_collections.ConfigDict:
   # Steps run inside one tf.function call; evaluation, checkpoints and the
   # end clamp a loop so they land exactly on their step.
   c.train.steps_per_loop = whole(100)
-  # On a NaN/inf loss: restore the last checkpoint, skip the data that blew
-  # up and go on, at most this many times; 0 stops with an error at once.
+  # On a NaN/inf loss (or a spike): restore the last checkpoint, skip the data
+  # that blew up and go on, at most this many times; 0 stops with an error.
   c.train.nan_recovery_tries = whole(0, low=0)
+  # A loop whose largest step loss is above this times the median loss of
+  # the last steps is a spike (looper/train/spikes.py), rolled back as a NaN.
+  c.train.spike_factor = Field(0.0, float, "a factor", 1, above=True, off=0)
+  c.train.health_metrics = boolean(True)  # grad/weight norms: train/health.py
   # Stop after this many evals not bettering checkpoint.best_metric; 0: never.
   c.train.early_stop_patience = whole(0, low=0)
   # float32 | mixed_bfloat16 (TPU, CPU with AMX or AVX-512 BF16) |
@@ -154,7 +158,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.optimizer.weight_decay = 0.0  # adamw only
   # Clip the global-batch gradient to this global norm (0: off); applied
   # after the replicas' sum, unlike Keras' clipnorm.
-  c.optimizer.clip_global_norm = 0.0
+  c.optimizer.clip_global_norm = Field(0.0, float, "a norm")
   # Keep an exponential moving average of the weights with this decay
   # (e.g. 0.999; 0: off); eval and export use it. Checkpointed.
   c.optimizer.ema_decay = 0.0
@@ -370,9 +374,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _check(isinstance(c.optimizer.ema_decay, (int, float)) and
          0 <= c.optimizer.ema_decay < 1, "optimizer.ema_decay",
          c.optimizer.ema_decay, "must be in [0, 1), e.g. 0.999 (0: off)")
-  _check(isinstance(c.optimizer.clip_global_norm, (int, float)) and
-         c.optimizer.clip_global_norm >= 0, "optimizer.clip_global_norm",
-         c.optimizer.clip_global_norm, "must be a number >= 0 (0: no clipping)")
   _check_choice(c.optimizer.schedule, "optimizer.schedule",
                 optimizers.SCHEDULES)
   _check_choice(c.distribution.strategy, "distribution.strategy",

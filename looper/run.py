@@ -31,6 +31,7 @@ gets what it needs as arguments, from the pieces built before it:
   _build_input         the data (looper.data.input.Input)
       (epochs resolved as steps: looper.train.epochs)
   _build_trainer       config.trainer: state, step seams, its train loop
+  _build_spikes        train.spike_factor's loss spikes (training, if set)
   _build_evaluator     one exact pass over the eval split
       (everything checked; the workdir's lease taken, if training)
   _build_checkpointer  saves and restores (looper.workdir.checkpoint)
@@ -72,6 +73,7 @@ from looper.train import goodput
 from looper.train import peak_flops
 from looper.train import profiler
 from looper.train import signals
+from looper.train import spikes
 from looper.train import standard_actions
 from looper.train import vm_notices
 from looper.workdir import checkpoint
@@ -156,6 +158,8 @@ class Run:
     # The loop's buffer and the Controller's loops: one value, read once.
     self.steps_per_loop = self.config.train.steps_per_loop
     self.trainer = self._build_trainer()
+    self.spikes = (self._build_spikes()
+                   if self.trains and self.config.train.spike_factor else None)
     self.evaluator = self._build_evaluator()
     self._check()
 
@@ -175,14 +179,20 @@ class Run:
     return trainer_cls(self.config, self.strategy, self.input, self.batch,
                        steps_per_loop=self.steps_per_loop)
 
+  def _build_spikes(self) -> spikes.SpikeGuard:
+    """train.spike_factor's check; its recent losses join the checkpoint."""
+    return spikes.SpikeGuard(self.strategy, self.config.train.spike_factor)
+
   def _build_evaluator(self) -> evaluator_lib.Evaluator:
     return evaluator_lib.Evaluator(self.trainer, self.input)
 
   def _build_checkpointer(self, guard) -> checkpoint.Checkpointer:
     """`guard`: the lease's check before each save (None: not held)."""
-    c = self.config.checkpoint
+    c, items = self.config.checkpoint, self.trainer.checkpoint_items()
+    if self.spikes:
+      items.update(self.spikes.checkpoint_items())
     return checkpoint.Checkpointer(
-        self.workdir, self.trainer.checkpoint_items(), keep=c.keep,
+        self.workdir, items, keep=c.keep,
         chief=self.chief, task_id=distribute.task_id(self.strategy),
         async_save=c.async_save, on_tpu=self.on_tpu, guard=guard)
 
@@ -213,7 +223,8 @@ class Run:
     return controller_lib.Controller(
         self.trainer, self.checkpointer, data=self.input, batch=self.batch,
         total_steps=c.steps, steps_per_loop=self.steps_per_loop,
-        nan_recovery_tries=c.nan_recovery_tries, peak=self.peak)
+        nan_recovery_tries=c.nan_recovery_tries, spikes=self.spikes,
+        peak=self.peak)
 
   def _build_actions(self) -> dict[str, list]:
     """The Controller's actions by group ({'report', 'evaluate', 'save'}),

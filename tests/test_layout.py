@@ -83,6 +83,7 @@ TESTED_IN = {
     "looper.workdir.summaries": "unit/run/test_tensorboard.py",
     "looper.train.dry_run": "unit/options/test_keras_objects.py",
     "looper.train.eval_action": "unit/options/test_best.py",
+    "looper.train.health": "unit/train/test_math.py",
     "looper.train.layers": "unit/train/test_numerics.py",
     "looper.train.stopping": "unit/train/test_signals.py",
     "looper.modes": "e2e/commands/test_console.py",

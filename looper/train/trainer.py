@@ -52,6 +52,7 @@ from looper.options import metrics
 from looper.options import optimizers
 from looper.options import precision
 from looper.train import flops
+from looper.train import health
 from looper.train import loop
 from looper.train import randomness
 from looper.train import stopping
@@ -107,9 +108,14 @@ class Trainer:
       self.random = randomness.adopt(self.model, rows=batch.per_replica)
       self.optimizer = precision.wrap(self.build_optimizer(),
                                       config.train.precision)
-      if config.optimizer.clip_global_norm:  # after the replicas' sum
-        optimizers.clip_after_sum(self.optimizer,
-                                  config.optimizer.clip_global_norm)
+      # train.health_metrics: gradient and weight norms per loop (health).
+      self.health = (health.Health(strategy, self.model.trainable_variables)
+                     if config.train.health_metrics else None)
+      if config.optimizer.clip_global_norm or self.health:
+        # The summed gradient's norm, taken once: clipped by, logged.
+        optimizers.after_sum(
+            self.optimizer, clip_norm=config.optimizer.clip_global_norm,
+            observe=self.health.observe if self.health else None)
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here.
       self.optimizer.build(self.model.trainable_variables)
@@ -342,13 +348,17 @@ class Trainer:
   def _loop_start(self) -> None:
     """In the train function, before its steps."""
     self.train_metrics.reset()
+    if self.health:
+      self.health.start()
 
   @autograph.plain
   def _loop_end(self, ran) -> dict:
     """In the train function, after `ran` steps: the data they consumed
-    (the position the checkpoint holds) and the train metrics."""
+    (the position the checkpoint holds), the train metrics and the health
+    figures."""
     self.input.advance(ran * self.batch.accum_steps)
-    return self.train_metrics.results()
+    return {**self.train_metrics.results(),
+            **(self.health.end() if self.health else {})}
 
   # --- State ------------------------------------------------------------------
 

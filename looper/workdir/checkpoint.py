@@ -57,6 +57,9 @@ ADDED_LATER = {
     "random": "the model's random layers' state, so their draws start"
               " again from their seeds (exact resume holds from the next"
               " checkpoint on)",
+    "recent_losses": "the recent steps' losses train.spike_factor compares"
+                     " with, so spikes are looked for again after a few"
+                     " steps",
 }
 
 

@@ -1,4 +1,4 @@
-"""The same run on 1, 2 and 4 replicas: the same curve, the same eval.
+"""The same run on 1, 2 and 4 replicas: the same curve, eval and health.
 
 One set of runs with every numerics option a replica step carries on: the
 dropout masks, an active clip (the tiny run's gradient norms are ~0.5-2),
@@ -72,3 +72,18 @@ def test_train_metrics_agree_across_replicas(runs):
     assert got.keys() == want.keys(), n
     np.testing.assert_allclose(list(got.values()), list(want.values()),
                                atol=1e-6)
+
+
+def test_health_figures_are_the_global_update_s_on_every_replica_count(runs):
+  """grad_norm (before the clip: above its 0.3), grad_norm_max, weight_norm
+  and update_ratio are of the global batch's update, so 2 and 4 replicas
+  give 1's (which test_math checks against NumPy)."""
+  want = {tag: scalars(runs[1] / "train", tag) for tag in (
+      "grad_norm", "grad_norm_max", "weight_norm", "update_ratio")}
+  assert max(want["grad_norm_max"].values()) > 0.3
+  for n in REPLICAS[1:]:
+    for tag, values in want.items():
+      got = scalars(runs[n] / "train", tag)
+      assert got.keys() == values.keys() == {10, 20}, (tag, n)
+      np.testing.assert_allclose(list(got.values()), list(values.values()),
+                                 rtol=1e-5, err_msg=f"{tag} on {n}")

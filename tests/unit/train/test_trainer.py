@@ -40,8 +40,9 @@ def test_loops_end_exactly_on_eval_checkpoint_and_last_step(tmp_path):
   steps = [s for s, _ in RecordingTrainer.loop_ends]
   assert steps == [7, 14, 15, 20, 27, 30, 37, 40]
   assert RecordingTrainer.loop_ends[0][1] == [
-      "accuracy", "examples_per_sec", "flops_per_sec", "input_wait_fraction",
-      "learning_rate", "loss", "mfu", "steps_per_sec"]
+      "accuracy", "examples_per_sec", "flops_per_sec", "grad_norm",
+      "grad_norm_max", "input_wait_fraction", "learning_rate", "loss", "mfu",
+      "steps_per_sec", "update_ratio", "weight_norm"]
   assert sorted(scalars(tmp_path / "eval", "loss")) == [20, 40]
   assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.index")) == [
       "ckpt-15.index", "ckpt-30.index", "ckpt-40.index"]
