@@ -30,6 +30,11 @@ from tests.fixtures.paths import ROOT
 
 STEPS = 10
 CLASS_WEIGHTS = (1.0, 3.0, 0.5, 2.0)
+# Two eval sets, each with a padded last batch on every replica count: the
+# tokens case evaluates them after training, beside NumPy over the model's
+# outputs (the sets change nothing in training).
+SETS = {"val": "test[:30%]", "test": "test[30%:]"}
+ROWS = {"val": slice(0, 300), "test": slice(300, None)}
 
 # (name, kind, fields, replica counts)
 CASES = [
@@ -39,20 +44,16 @@ CASES = [
       "data.mode": "arrays"}, (1, 2, 4)),
     ("class-weights", "examples",
      {"data.class_weights": CLASS_WEIGHTS, "data.mode": "arrays"}, (1, 2)),
-    ("tokens", "tokens", {}, (1, 2, 4)),
+    ("tokens", "tokens", {"data.eval_splits": SETS, "eval.batch_size": 64},
+     (1, 2, 4)),
     ("tokens-accum", "tokens", {"train.grad_accum_steps": 2}, (2,)),
     ("heads", "heads", {}, (1, 2)),
 ]
-# Two eval sets, each with a padded last batch on every replica count: each
-# is evaluated after training, beside NumPy over the model's outputs.
-SETS = {"val": "test[:30%]", "test": "test[30%:]"}
-ROWS = {"val": slice(0, 300), "test": slice(300, None)}
-EVAL_SETS = ("eval-sets", "tokens", {"data.eval_splits": SETS,
-                                     "eval.batch_size": 64}, (1, 2, 4))
 
 def results(strategy, n: int, cases) -> dict:
-  """{"case/n": losses and weights after STEPS} of each case run on `n`
-  replicas (`strategy`'s)."""
+  """{"case/n": losses and weights after STEPS (with eval sets, then the
+  evaluation and the model's outputs on the test split)} of each case run
+  on `n` replicas (`strategy`'s)."""
   out, kept = {}, []
   for name, kind, fields, replicas in cases:
     if n in replicas:
@@ -89,7 +90,7 @@ def runs(tmp_path_factory):
       weighted.make_data("examples", 1000, 1)), str(files / "test"),
                min_shards=8)
   cases = CASES + [("files", "examples", {"data.shards_dir": str(files)},
-                    (1, 2, 4)), EVAL_SETS]
+                    (1, 2, 4))]
   out = results(tf.distribute.get_strategy(), 1, cases)
   for n in (2, 4):
     proc = subprocess.run(
@@ -240,10 +241,9 @@ def assert_each_set_exact(kind: str, got: dict, outputs, where: str = ""):
 
 @pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
 def test_each_eval_set_is_exact_on_1_2_4_replicas(runs):
-  name, kind, _, replicas = EVAL_SETS
-  for n in replicas:
-    got = runs[f"{name}/{n}"]
-    assert_each_set_exact(kind, got["eval"], np.array(got["outputs"]),
+  for n in (1, 2, 4):
+    got = runs[f"tokens/{n}"]
+    assert_each_set_exact("tokens", got["eval"], np.array(got["outputs"]),
                           f"on {n} replicas")
 
 
