@@ -33,12 +33,11 @@ from looper.errors import ConfigError
 # A split is a name with an optional TFDS-style slice: 'train', 'test[:8000]',
 # 'test[8000:]', 'train[10%:90%]'.
 _SPLIT_RE = re.compile(r"^(\w+)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?$")
-
-
 # An eval set's name: a word, so `<set>/<metric>` reads one way back.
 _SET_RE = re.compile(r"^[A-Za-z0-9_-]+$")
-# The split data.eval_split holds when data.eval_splits replaces it.
-UNSET_EVAL_SPLIT = ("", "test")
+# What data.eval_split may hold when data.eval_splits replaces it: its
+# default (looper.config's), or nothing.
+_UNSET_EVAL_SPLIT = ("", "test")
 
 
 def split_field(config, split: str) -> str:
@@ -100,7 +99,7 @@ def check_eval_sets(config, outputs=()) -> None:
     raise ConfigError(
         f"config.data.eval_splits={sets!r} is not a dict; give {{set name:"
         " split}, e.g. {'val': 'test[:50%]', 'test': 'test[50%:]'}")
-  if data.eval_split not in UNSET_EVAL_SPLIT:
+  if data.eval_split not in _UNSET_EVAL_SPLIT:
     raise ConfigError(
         f"config.data.eval_split={data.eval_split!r} and config.data."
         "eval_splits both name the eval data; set one: add it to the sets"
@@ -115,7 +114,7 @@ def check_eval_sets(config, outputs=()) -> None:
       raise ConfigError(
           f"config.data.eval_splits names a set {name!r}, as the model's"
           f" output {name!r} (config.loss): its metrics '{name}/<metric>'"
-          f" would collide with the output's train metrics; rename the set")
+          " would collide with the output's train metrics; rename the set")
     parse_split(split, f"data.eval_splits[{name!r}]")
   if chosen and chosen not in sets:
     raise ConfigError(
