@@ -31,7 +31,7 @@ gets what it needs as arguments, from the pieces built before it:
   _build_input         the data (looper.data.input.Input)
       (epochs resolved as steps: looper.train.epochs)
   _build_trainer       config.trainer: state, step seams, its train loop
-  _build_evaluator     one exact pass over the eval split
+  _build_evaluator     one exact pass over each eval set
       (everything checked; the workdir's lease taken, if training)
   _build_checkpointer  saves and restores (looper.workdir.checkpoint)
   _build_summaries     the writers: events, metrics.jsonl, config.json
@@ -251,9 +251,14 @@ class Run:
     if self.trains:
       dry_run.check_inputs(self.trainer, self.input, c.data.train_split)
     if MODES[self.mode].reads_eval_split:
-      dry_run.check_inputs(self.trainer, self.input, c.data.eval_split)
+      for split in self.evaluator.sets.values():
+        dry_run.check_inputs(self.trainer, self.input, split)
     best.check_best_metric(c.checkpoint.best_metric,
                            self.evaluator.metric_names)
+    if self.trains:
+      short = self.input.short_split(c.data.train_split)
+      if short:
+        logging.warning("%s", short)
     cores = distribute.tpu_cores(self.strategy, c.distribution)
     if cores and self.trains:
       warning = distribute.tpu_batch_warning(self.batch.micro_batch_size,
@@ -375,7 +380,7 @@ def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
   """config.json (training only) and the event writers, or one line."""
   table = hparams.Table.of(references.to_json(config),
                            references.to_json(config_lib.default_config()),
-                           ["loss", *eval_names])
+                           eval_names)
   try:
     if chief and mode.trains:
       with files.on_full_disk(wd.root, "config.json", wd.checkpoints):

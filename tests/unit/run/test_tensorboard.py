@@ -468,3 +468,62 @@ def test_metrics_jsonl_is_cut_back_to_the_resumed_step(tmp_path):
   log.truncate_after(20)
   log.write("train", 30, {"loss": 0.1})
   assert [l["step"] for l in jsonl.read(str(path))] == [0, 10, 20, 30]
+
+
+@pytest.mark.slow  # a whole run (3 s)
+def test_each_eval_set_is_named_set_slash_metric_everywhere(tmp_path, caplog,
+                                                            capsys):
+  """data.eval_splits: the eval line, TensorBoard, HParams, metrics.jsonl,
+  `looper runs`, the best checkpoint and early stopping all say
+  '<set>/<metric>', and '<set>/examples' counts the set."""
+  caplog.set_level(logging.INFO, logger="absl")
+  # Ranked the wrong way round (a loss, max): the second evaluation is no
+  # better than the first, so patience 1 ends training there.
+  c = tiny_config(train__steps=40, eval__every_steps=10, **{
+      "data.eval_splits": {"val": "test[:50%]", "test": "test[50%:]"},
+      "checkpoint.best_metric": "val/loss", "checkpoint.best_mode": "max",
+      "train.early_stop_patience": 1})
+  result = run.run(c, str(tmp_path))
+  assert result["step"] == 20 and "val/loss has not improved" in (
+      result["ended"])
+  names = [f"{s}/{m}" for s in ("test", "val")
+           for m in ("loss", "examples", "accuracy")]
+  evals = [l for l in jsonl.read(str(tmp_path / "metrics.jsonl"))
+           if l["kind"] == "eval"]
+  assert [l["step"] for l in evals] == [10, 20]
+  for line in evals:
+    assert set(line) == {"kind", "step", "time", *names}
+    assert (line["val/examples"], line["test/examples"]) == (500, 501)
+  for name in names:  # the events, read back
+    assert scalars(tmp_path / "eval", name) == {
+        l["step"]: pytest.approx(l[name]) for l in evals}
+  assert list(result["eval"]) == names  # the sets in name order
+  lines = [r.getMessage() for r in caplog.records
+           if r.getMessage().startswith("eval at step 10: ")]
+  assert lines == ["eval at step 10: " + " ".join(
+      f"{n}={evals[0][n]:.4g}" if "examples" not in n
+      else f"{n}={evals[0][n]:.0f}" for n in names)]
+  # HParams: a column per set and metric, each set's loss last, the best.
+  acc = accumulator(tmp_path / "hparams")
+  experiment = metadata.parse_experiment_plugin_data(
+      acc.SummaryMetadata(metadata.EXPERIMENT_TAG).plugin_data.content)
+  tags = [m.name.tag for m in experiment.metric_infos]
+  assert tags == ["hparams/eval_test/accuracy", "hparams/eval_test/loss",
+                  "hparams/eval_val/accuracy", "hparams/eval_val/loss",
+                  "hparams/best_eval_val/loss", "hparams/train_loss"]
+  for tag in tags[:4]:
+    name = tag[len("hparams/eval_"):]
+    assert scalars(tmp_path / "hparams", tag) == {
+        l["step"]: pytest.approx(l[name]) for l in evals}
+  assert scalars(tmp_path / "hparams", "hparams/best_eval_val/loss") == {
+      10: pytest.approx(evals[0]["val/loss"]),
+      20: pytest.approx(evals[0]["val/loss"])}
+  history = json.loads((tmp_path / "checkpoints" / "best" /
+                        "history.json").read_text())
+  assert history["metric"] == "val/loss"
+  assert runs.main([str(tmp_path)]) == 0
+  [row] = rows(capsys.readouterr().out).values()
+  assert list(row)[2:7] == ["test/accuracy", "test/loss", "val/accuracy",
+                            "val/loss", "best val/loss"]
+  assert row["val/accuracy"] == f"{evals[1]['val/accuracy']:.4g}"
+  assert row["best val/loss"] == f"{evals[0]['val/loss']:.4g} @10"
