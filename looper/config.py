@@ -101,6 +101,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Metrics on logits, by name (metrics.METRICS) or zero-arg factories;
   # for outputs, a dict of such tuples by output (logged 'output/name').
   c.metrics = fields.object_field(("accuracy",))
+  # Keras callbacks, called as fit(steps_per_execution=train.steps_per_loop):
+  # a list, or 'module:fn', fn(config) -> list (looper/train/callbacks.py).
+  c.callbacks = fields.object_field(())
 
   c.train = ml_collections.ConfigDict()
   # How long to train: optimizer updates, or epochs of the train split
@@ -108,8 +111,7 @@ def default_config() -> ml_collections.ConfigDict:
   # rounded up. Set one, the other 0 (IN_EPOCHS).
   c.train.steps = whole(0, low=0)
   c.train.epochs = fields.epochs()
-  # GLOBAL batch, split evenly over the replicas.
-  c.train.batch_size = whole(128)
+  c.train.batch_size = whole(128)  # GLOBAL, split evenly over the replicas
   # Steps run inside one tf.function call; evaluation, checkpoints and the
   # end clamp a loop so they land exactly on their step.
   c.train.steps_per_loop = whole(100)
@@ -175,9 +177,8 @@ def default_config() -> ml_collections.ConfigDict:
   # Write checkpoints in a background thread (TensorFlow's async saving);
   # not `async`, a Python keyword (`c.checkpoint.async` would not parse).
   c.checkpoint.async_save = boolean(False)
-  # Keep the checkpoint with the best value of this eval metric (e.g.
-  # 'accuracy', or 'loss' with best_mode='min') in checkpoints/best/.
-  c.checkpoint.best_metric = ""
+  # Keep the best checkpoint by this eval metric in checkpoints/best/.
+  c.checkpoint.best_metric = ""  # e.g. 'accuracy', or 'loss' (best_mode min)
   c.checkpoint.best_mode = "max"  # max | min
   # A training run holds workdir/lease.json while it writes (looper.workdir.lease):
   # a second writer is refused. A holder on another host that has not
