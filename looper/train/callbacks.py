@@ -44,9 +44,12 @@ or a callback with `chief_only = True`) only the chief's.
 What survives a restart is saved with the checkpoint, as the state at that
 step (`looper.train.callback_state`): the epoch count, the train logs since
 the epoch began, the learning-rate scale, the counts of EarlyStopping and
-ReduceLROnPlateau (callback_state.SAVED) and the attributes a callback names in its
-`checkpointed` tuple; a CSVLogger's file drops the rows written after it.
-A callback that raises ends the run in one line naming it and its method;
+ReduceLROnPlateau (callback_state.SAVED) and the attributes a callback
+names in its `checkpointed` tuple; a CSVLogger's file drops the rows
+written after it. A resumed run calls on_train_begin, then sets the saved
+state; an epoch the checkpoint fell inside does not begin again. With
+several eval sets, on_epoch_end has each as '<set>/<metric>' and the first
+also as 'val_<metric>' (`val_logs`). A callback that raises ends the run in one line naming it and its method;
 the last checkpoint is kept.
 """
 
@@ -84,12 +87,20 @@ def build(config, value, trainer, *, chief: bool) -> "Callbacks":
   or its 'module:name') checked, one line each (none: no actions).
 
   Raises:
-    ConfigError: an entry is no keras.callbacks.Callback, or is REFUSED.
+    ConfigError: the factory raised, an entry is no keras.callbacks.Callback,
+      or it is REFUSED.
   """
   if isinstance(value, str) and value:
     value = references.resolve(value, "callbacks")
   if callable(value) and not isinstance(value, keras.callbacks.Callback):
-    value = value(config)
+    try:
+      value = value(config)
+    except Exception as e:  # pylint: disable=broad-except
+      name = getattr(value, "__qualname__", repr(value))
+      raise errors.ConfigError(
+          f"config.callbacks: {name}(config) raised {type(e).__name__}:"
+          f" {errors.first_line(e)}; fix it, or give config.callbacks a list"
+          ) from e
   if isinstance(value, keras.callbacks.Callback):
     value = [value]
   if not isinstance(value, (list, tuple)):

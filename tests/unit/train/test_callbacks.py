@@ -4,7 +4,7 @@ The reference is Keras' own `model.fit(steps_per_execution=5)` on the same
 model, data and callbacks (tests/fixtures/callbacks.py): a recording
 callback sees the same calls with the same logs, EarlyStopping and
 ReduceLROnPlateau act at the same epochs, and the CSVLogger files agree.
-On 2 replicas and 2 workers: tests/e2e/replicas/test_callbacks_replicas.py.
+On 2 replicas and 2 workers: tests/e2e/multiworker/test_callbacks_topologies.py.
 """
 
 import csv
@@ -56,7 +56,8 @@ def fitted(tmp_path_factory):
   out = tmp_path_factory.mktemp("callbacks")
   runs = {}
   for name in ("looper", "fit"):
-    c = configured(fixture.get_config(), {"model.csv": str(out / f"{name}.csv")})
+    c = configured(fixture.get_config(),
+                   {"model.csv": str(out / f"{name}.csv")})
     recorder = fixture.Recorder()
     c.callbacks = [*fixture.fit_like(c), recorder]
     if name == "looper":
@@ -216,6 +217,18 @@ def test_callbacks_looper_does_itself_are_refused_in_one_line(
   assert str(e.value).startswith(line)
   assert str(e.value).endswith("; remove it from config.callbacks") or (
       "Callback; give Callback objects" in str(e.value))
+
+
+def test_a_factory_that_raises_is_one_line():
+  def broken(config):
+    return [config.model.nothing]
+
+  with pytest.raises(errors.ConfigError) as e:
+    callbacks_lib.build(tiny.get_config(), broken, trainer=None, chief=True)
+  assert str(e.value) == (
+      "config.callbacks: test_a_factory_that_raises_is_one_line.<locals>."
+      "broken(config) raised AttributeError: \"'nothing'\"; fix it, or give"
+      " config.callbacks a list")
 
 
 def test_eval_sets_are_given_as_sets_and_one_as_val():
