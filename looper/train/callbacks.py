@@ -244,7 +244,7 @@ class Callbacks:
     self._state = callback_state.State(
         callbacks, trainer.learning_rate_scale,
         trainer.train_metrics.names) if callbacks else None
-    callback_state.resolve_modes(callbacks, trainer.train_metrics)
+    self._metrics = trainer.train_metrics
     self._eval_logs = self._latest = None  # given by `actions`
     self._begun = False  # on_train_begin was called
     self._val = None  # (step, eval logs as val_*) of the last evaluation
@@ -290,6 +290,8 @@ class Callbacks:
         for c in self._active:
           if isinstance(c, keras.callbacks.CSVLogger):
             callback_state.trim_csv(c, state.epoch)
+      # At the start, not before: config.json holds the mode as given.
+      callback_state.resolve_modes(self._active, self._metrics)
       self._each("set_model", self.model)
       self._each("set_params", self._params)
       self._each("on_train_begin", {})

@@ -111,7 +111,7 @@ def test_config_json_names_the_callbacks_objects(fitted):
   assert saved["callbacks"][1] == (
       "<unloadable: keras.src.callbacks.early_stopping:EarlyStopping("
       "monitor='val_accuracy', min_delta=0.0015, patience=2, verbose=0,"
-      " mode='max', baseline=None, restore_best_weights=False,"
+      " mode='auto', baseline=None, restore_best_weights=False,"
       " start_from_epoch=0)>")
   assert saved["callbacks"][3].startswith(
       "<unloadable: instance of tests.fixtures.callbacks:Recorder")
