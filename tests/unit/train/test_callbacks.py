@@ -126,22 +126,25 @@ def test_model_optimizer_is_not_saved_with_the_model(fitted):
 
 def test_a_resumed_run_keeps_the_counts_and_the_csv_rows(fitted, tmp_path):
   # A callback raising after the CSVLogger wrote epoch 6's row, before the
-  # checkpoint of its step: as a kill there. One line, ckpt-60 kept. Saved
-  # in the background: a save holds the state of its step, not a later one.
+  # checkpoint of its step: as a kill there. One line, ckpt-65 kept, inside
+  # epoch 6 (steps 61-70). Saved in the background: a save holds the state
+  # of its step, not a later one.
   c = configured(fixture.get_config(), {"model.csv": str(tmp_path / "a.csv"),
-                                        "checkpoint.async_save": True})
+                                        "checkpoint.async_save": True,
+                                        "checkpoint.every_steps": 5})
   c.callbacks = [*fixture.fit_like(c), Boom(epoch=6)]
   wd = tmp_path / "run"
   with pytest.raises(errors.ConfigError) as e:
     run.run(c, str(wd), verbose=False)
   assert str(e.value) == (
       "config.callbacks: Boom.on_epoch_end raised RuntimeError at step 70:"
-      f" boom; {wd}/checkpoints/ckpt-60 is kept; fix the callback or remove"
+      f" boom; {wd}/checkpoints/ckpt-65 is kept; fix the callback or remove"
       " it from config.callbacks")
-  assert tf.train.latest_checkpoint(str(wd / "checkpoints")).endswith("-60")
+  assert tf.train.latest_checkpoint(str(wd / "checkpoints")).endswith("-65")
   assert len(read_csv(tmp_path / "a.csv")) == 7  # epochs 0-6
-  # Rerun without it: epoch 6 again, from ckpt-60; ReduceLROnPlateau's and
-  # EarlyStopping's counts go on: the file is the uninterrupted run's.
+  # Rerun without it, from ckpt-65: epoch 6's train logs of steps 61-65 go
+  # on, its row is written again, ReduceLROnPlateau's and EarlyStopping's
+  # counts go on: the file is the uninterrupted run's.
   c.callbacks = fixture.fit_like(c)
   assert run.run(c, str(wd), verbose=False)["step"] == (
       fitted["looper"]["result"]["step"])
