@@ -48,8 +48,9 @@ ReduceLROnPlateau (callback_state.SAVED) and the attributes a callback
 names in its `checkpointed` tuple; a CSVLogger's file drops the rows
 written after it. A resumed run calls on_train_begin, then sets the saved
 state; an epoch the checkpoint fell inside does not begin again. With
-several eval sets, on_epoch_end has each as '<set>/<metric>' and the first
-also as 'val_<metric>' (`val_logs`). A callback that raises ends the run in one line naming it and its method;
+several eval sets, on_epoch_end has each as '<set>/<metric>' and the
+monitor set (eval.monitor_set) as 'val_<metric>' (`val_logs`), which
+on_test_end has. A callback that raises ends the run in one line naming it and its method;
 the last checkpoint is kept.
 """
 
@@ -61,6 +62,7 @@ import keras
 
 from looper import errors
 from looper import references
+from looper.data import splits
 from looper.train import actions as actions_lib
 from looper.train import callback_state
 
@@ -121,7 +123,7 @@ def build(config, value, trainer, *, chief: bool) -> "Callbacks":
                    every_steps=config.eval.every_steps,
                    total_steps=config.train.steps,
                    eval_batch_size=config.eval.batch_size,
-                   sets=tuple(config.data.get("eval_splits") or ()))
+                   monitor=splits.monitor_set(config))
 
 
 class OptimizerView:
@@ -223,19 +225,19 @@ class Callbacks:
     total_steps: train.steps.
     eval_batch_size: eval.batch_size (the eval pass' steps, from its
       examples).
-    sets: the eval sets' names, if several (`val_logs`).
+    monitor: the eval set seen as fit's validation data (`val_logs`).
   """
 
   def __init__(self, callbacks: list, trainer, *, chief: bool,
                every_steps: int, total_steps: int, eval_batch_size: int,
-               sets=()):
+               monitor: str = ""):
     self._all = callbacks
     self._active = [c for c in callbacks if chief or not (
         isinstance(c, keras.callbacks.CSVLogger) or
         getattr(c, "chief_only", False))]
     self._chief = chief
     self._every = every_steps
-    self._eval_batch, self._sets = eval_batch_size, tuple(sets)
+    self._eval_batch, self._monitor = eval_batch_size, monitor
     self.model = ModelView(trainer.model, OptimizerView(
         trainer.optimizer, trainer.learning_rate_scale))
     self._params = {"verbose": 0, "epochs": math.ceil(
@@ -263,17 +265,16 @@ class Callbacks:
     if not self._all:
       return Groups()
     self._eval_logs, self._latest = eval_logs, latest
-    period = dict(every_steps=self._every, at_end=True)
+    # Every worker's: callbacks run everywhere, and agree on a stop.
+    every = dict(all_workers=True, name="callbacks")
+    period = dict(every_steps=self._every, at_end=True, **every)
     return Groups(
         report=[actions_lib.Action(self._batch_end, every_loop=True,
-                                   on_start=self._start, name="callbacks")],
-        before_eval=[actions_lib.Action(self._test_begin, **period,
-                                        name="callbacks")],
-        after_eval=[actions_lib.Action(self._test_end, **period,
-                                       name="callbacks")],
-        before_save=[actions_lib.Action(self._epoch_end, **period,
-                                        name="callbacks")],
-        after_save=[_EveryCall(self._next, on_stop=True, name="callbacks")])
+                                   on_start=self._start, **every)],
+        before_eval=[actions_lib.Action(self._test_begin, **period)],
+        after_eval=[actions_lib.Action(self._test_end, **period)],
+        before_save=[actions_lib.Action(self._epoch_end, **period)],
+        after_save=[_EveryCall(self._next, on_stop=True, **every)])
 
   # --- The actions ------------------------------------------------------------
 
@@ -313,11 +314,11 @@ class Callbacks:
 
   def _test_end(self, now: actions_lib.Moment) -> None:
     logs = self._eval_logs(now.step)  # the evaluation just run
-    steps = math.ceil(logs.get("examples", 0) / self._eval_batch)
-    logs = {k: v for k, v in logs.items() if not _is_count(k)}
-    self._each("on_test_batch_end", max(steps - 1, 0), dict(logs))
-    self._each("on_test_end", dict(logs))
-    self._val = now.step, val_logs(logs, self._sets)
+    watched = splits.set_logs(logs, self._monitor)  # fit's validation logs
+    steps = math.ceil(watched.pop("examples", 0) / self._eval_batch)
+    self._each("on_test_batch_end", max(steps - 1, 0), dict(watched))
+    self._each("on_test_end", dict(watched))
+    self._val = now.step, val_logs(logs, self._monitor)
 
   def _epoch_end(self, now: actions_lib.Moment) -> None:
     state = self._state
@@ -370,17 +371,12 @@ class Callbacks:
                        f" model.stop_training at step {self._step}")
 
 
-def val_logs(logs: dict, sets=()) -> dict:
-  """Eval logs as on_epoch_end has them: 'val_<metric>' (fit's names) of
-  one split; of several (`sets`: their names), '<set>/<metric>' of every
-  set, and the first set's also as 'val_<metric>'."""
-  if not sets:
-    return {f"val_{k}": v for k, v in logs.items()}
-  return {**logs, **{f"val_{k.split('/', 1)[1]}": v for k, v in logs.items()
-                     if k.split("/", 1)[0] == sets[0]}}
-
-
-def _is_count(name: str) -> bool:
-  """Eval logs' example counts ('examples', '<set>/examples'): not a
-  metric, which is all fit's logs hold."""
-  return name.rsplit("/", 1)[-1] == "examples"
+def val_logs(logs: dict, monitor: str = "") -> dict:
+  """Eval logs as on_epoch_end has them: fit's 'val_<metric>' of the
+  monitor set (`looper.data.splits.monitor_set`: '' for data.eval_split's
+  one set) and, of several sets, every '<set>/<metric>' too; no example
+  counts (not metrics: fit has none)."""
+  val = {f"val_{k}": v for k, v in splits.set_logs(logs, monitor).items()}
+  every = logs if monitor else {}
+  return {k: v for k, v in {**every, **val}.items()
+          if k.rsplit("/", 1)[-1] not in ("examples", "val_examples")}

@@ -4,7 +4,7 @@ Training is compared with plain single-device SGD on the same global
 batches (`weighted.reference_losses`: the loss written out from BUILD.md
 "Losses", not looper's code) on 1, 2 and 4 replicas and under
 accumulation; evaluation with NumPy over the whole split, in the element,
-array and file input modes.
+array and file input modes, and over each of several eval sets.
 """
 
 import json
@@ -30,6 +30,11 @@ from tests.fixtures.paths import ROOT
 
 STEPS = 10
 CLASS_WEIGHTS = (1.0, 3.0, 0.5, 2.0)
+# Two eval sets, each with a padded last batch on every replica count: the
+# tokens case evaluates them after training, beside NumPy over the model's
+# outputs (the sets change nothing in training).
+SETS = {"val": "test[:30%]", "test": "test[30%:]"}
+ROWS = {"val": slice(0, 300), "test": slice(300, None)}
 
 # (name, kind, fields, replica counts)
 CASES = [
@@ -39,14 +44,16 @@ CASES = [
       "data.mode": "arrays"}, (1, 2, 4)),
     ("class-weights", "examples",
      {"data.class_weights": CLASS_WEIGHTS, "data.mode": "arrays"}, (1, 2)),
-    ("tokens", "tokens", {}, (1, 2, 4)),
+    ("tokens", "tokens", {"data.eval_splits": SETS, "eval.batch_size": 64},
+     (1, 2, 4)),
     ("tokens-accum", "tokens", {"train.grad_accum_steps": 2}, (2,)),
     ("heads", "heads", {}, (1, 2)),
 ]
 
 def results(strategy, n: int, cases) -> dict:
-  """{"case/n": losses and weights after STEPS} of each case run on `n`
-  replicas (`strategy`'s)."""
+  """{"case/n": losses and weights after STEPS (with eval sets, then the
+  evaluation and the model's outputs on the test split)} of each case run
+  on `n` replicas (`strategy`'s)."""
   out, kept = {}, []
   for name, kind, fields, replicas in cases:
     if n in replicas:
@@ -58,6 +65,11 @@ def results(strategy, n: int, cases) -> dict:
       out[f"{name}/{n}"] = dict(
           losses=losses.tolist(),
           weights=[v.numpy().tolist() for v in t.model.trainable_variables])
+      if "data.eval_splits" in fields:
+        x, _, _ = weighted.make_data(kind, c.model.num_examples, 1)
+        out[f"{name}/{n}"].update(
+            eval=evaluator_lib.Evaluator(t).evaluate(),
+            outputs=t.model(x).numpy().tolist())
       kept.append(t)  # a Mirrored iterator freed while others run stalls
   return out
 
@@ -210,6 +222,45 @@ def test_eval_is_weighted_over_the_whole_split(tmp_path, kind, mode):
   assert set(got) == {"examples", *want}
   for name, value in want.items():
     assert got[name] == pytest.approx(value, rel=1e-5), name
+
+
+def assert_each_set_exact(kind: str, got: dict, outputs, where: str = ""):
+  """`got`, eval logs of the sets SETS names, against NumPy over `outputs`
+  (the model's, of the whole test split) sliced by each set's ROWS."""
+  _, y, w = weighted.make_data(kind, 1000, 1)
+  want = {}
+  for name, rows in ROWS.items():
+    part = tf.nest.map_structure(lambda a, r=rows: a[r], (outputs, y, w))
+    want[f"{name}/examples"] = len(part[2])
+    want.update({f"{name}/{k}": v
+                 for k, v in numpy_eval(kind, *part).items()})
+  assert set(got) == set(want), where
+  for name, value in want.items():
+    assert got[name] == pytest.approx(value, rel=1e-5), f"{name} {where}"
+
+
+@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
+def test_each_eval_set_is_exact_on_1_2_4_replicas(runs):
+  for n in (1, 2, 4):
+    got = runs[f"tokens/{n}"]
+    assert_each_set_exact("tokens", got["eval"], np.array(got["outputs"]),
+                          f"on {n} replicas")
+
+
+def test_each_eval_set_is_exact_with_several_outputs():
+  """Per-output names under each set: 'val/class/accuracy'."""
+  c = configured(weighted.get_config("heads"), {"data.eval_splits": SETS,
+                                                 "eval.batch_size": 64})
+  t = pieces.trainer(c, tf.distribute.get_strategy())
+  evaluator = evaluator_lib.Evaluator(t)
+  assert evaluator.metric_names == [
+      f"{s}/{n}" for s in ("test", "val") for n in (
+          "loss", "class/loss", "value/loss", "class/accuracy",
+          "value/mean_squared_error")]
+  got = evaluator.evaluate()
+  x, _, _ = weighted.make_data("heads", 1000, 1)
+  outputs = tf.nest.map_structure(lambda o: o.numpy(), t.model(x))
+  assert_each_set_exact("heads", got, outputs)
 
 
 def test_class_weights_and_sample_weights_multiply():

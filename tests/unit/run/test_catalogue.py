@@ -142,7 +142,25 @@ def assert_fails(c, workdir, want, mode="train_and_eval", **kwargs):
     pytest.param("train.early_stop_patience", 2,
                  "config.train.early_stop_patience=2: early stopping watches"
                  " checkpoint.best_metric; set --config.checkpoint.best_metric"
-                 " (e.g. accuracy)", id="patience-without-best-metric"),
+                 " (e.g. accuracy, val/accuracy)",
+                 id="patience-without-best-metric"),
+    pytest.param("data.eval_splits", "test[:50%]",
+                 "config.data.eval_splits='test[:50%]' is not a dict; give"
+                 " {set name: split}, e.g. {'val': 'test[:50%]', 'test':"
+                 " 'test[50%:]'}", id="eval-splits-not-a-dict"),
+    pytest.param("data.eval_splits", {"val/a": "test"},
+                 "config.data.eval_splits names a set 'val/a': its metrics"
+                 " 'val/a/<metric>' would not read back as one set's; name it"
+                 " with letters, digits, '_' or '-'", id="eval-set-slash"),
+    pytest.param("data.eval_splits", {"val": "test[:x]"},
+                 "config.data.eval_splits['val']='test[:x]' is not a split;"
+                 " write 'train', 'test[:8000]', 'test[8000:]' or"
+                 " 'train[:90%]'", id="eval-set-split-syntax"),
+    pytest.param("eval.monitor_set", "val",
+                 "config.eval.monitor_set='val' names no eval set:"
+                 " config.data.eval_splits is not set; set --config.eval."
+                 "monitor_set='' or name the sets in config.data.eval_splits",
+                 id="monitor-set-without-sets"),
 ])
 def test_bad_field_value(workdir, field, value, message):
   assert_fails(config({field: value}), workdir, message)
@@ -158,6 +176,55 @@ def test_checkpoint_flag_outside_eval_mode(workdir):
   assert_fails(config(), workdir, f"--checkpoint={path} is only read by"
                " --mode=eval and --mode=export; to start training from it set"
                " --config.init.checkpoint instead", checkpoint_path=str(path))
+
+
+SETS = {"val": "test[:50%]", "test": "test[50%:]"}
+
+
+def test_eval_sets_that_collide_or_name_nothing(workdir):
+  assert_fails(config({"data.eval_splits": SETS,
+                       "data.eval_split": "test[:10]"}), workdir,
+               "config.data.eval_split='test[:10]' and config.data.eval_splits"
+               " both name the eval data; set one: add it to the sets and set"
+               " --config.data.eval_split=''")
+  assert_fails(config({"data.eval_splits": SETS,
+                       "eval.monitor_set": "valid"}), workdir,
+               "config.eval.monitor_set='valid' is not one of the eval sets"
+               " (test, val); set --config.eval.monitor_set")
+  # A set named as an output: 'class/accuracy' would be both the set's
+  # eval accuracy and the output's train accuracy.
+  assert_fails(config({"loss": {"class": "sparse_categorical_crossentropy"},
+                       "metrics": {"class": ("accuracy",)},
+                       "data.eval_splits": {"class": "test"}}), workdir,
+               "config.data.eval_splits names a set 'class', as the model's"
+               " output 'class' (config.loss): its metrics 'class/<metric>'"
+               " would collide with the output's train metrics; rename the"
+               " set")
+  # With sets, best_metric (and so early stopping) names a set's metric.
+  assert_fails(config({"data.eval_splits": SETS,
+                       "checkpoint.best_metric": "accuracy"}), workdir,
+               "config.checkpoint.best_metric='accuracy' is not an eval"
+               " metric; use one of test/loss, test/accuracy, val/loss,"
+               " val/accuracy")
+
+
+def test_a_train_split_smaller_than_an_update_is_one_warning(workdir, caplog):
+  """512 examples under a batch of 1024 would train on repeated examples
+  without a word: one warning line before training, nothing refused."""
+  caplog.set_level(logging.WARNING, logger="absl")
+  before = run_files(workdir)
+  run.Run(config({"data.train_split": "train[:24]",
+                  "train.grad_accum_steps": 2}), str(workdir), "train")
+  assert [r.getMessage() for r in caplog.records] == [
+      "config.data.train_split='train[:24]' holds 24 examples, fewer than one"
+      " update's 64 (train.batch_size=32 x train.grad_accum_steps=2): every"
+      " update repeats examples; lower --config.train.batch_size or widen"
+      " the split"]
+  assert run_files(workdir) == before
+  caplog.clear()
+  run.Run(config({"data.train_split": "train[:64]",
+                  "train.grad_accum_steps": 2}), str(workdir), "train")
+  assert not caplog.records
 
 
 def test_unknown_loss_and_metric_names(workdir):

@@ -234,11 +234,14 @@ def test_a_factory_that_raises_is_one_line():
       " config.callbacks a list")
 
 
-def test_eval_sets_are_given_as_sets_and_one_as_val():
-  logs = {"val/loss": 1.0, "val/digit/accuracy": 0.5, "test/loss": 2.0}
-  assert callbacks_lib.val_logs(logs, ("val", "test")) == {
-      **logs, "val_loss": 1.0, "val_digit/accuracy": 0.5}
-  assert callbacks_lib.val_logs({"loss": 1.0}) == {"val_loss": 1.0}
+def test_eval_sets_are_given_as_sets_and_the_monitored_one_as_val():
+  logs = {"val/loss": 1.0, "val/digit/accuracy": 0.5, "val/examples": 8,
+          "test/loss": 2.0, "test/examples": 9}
+  assert callbacks_lib.val_logs(logs, "val") == {
+      "val/loss": 1.0, "val/digit/accuracy": 0.5, "test/loss": 2.0,
+      "val_loss": 1.0, "val_digit/accuracy": 0.5}
+  assert callbacks_lib.val_logs({"loss": 1.0, "examples": 8}) == {
+      "val_loss": 1.0}
 
 
 def test_mode_auto_follows_the_monitored_metric():
@@ -248,3 +251,22 @@ def test_mode_auto_follows_the_monitored_metric():
   callback_state.resolve_modes(stops, metrics.Metrics(
       ("accuracy", "mean_squared_error", "top5_accuracy")))
   assert [s.mode for s in stops] == ["max", "min", "min", "max", "auto"]
+
+
+def test_several_eval_sets_reach_on_epoch_end_and_the_monitored_is_val(
+    tmp_path):
+  c = configured(tiny.get_config(), train__steps=20, eval__monitor_set="test")
+  c.data.eval_split = ""
+  c.data.eval_splits = {"val": "test[:50%]", "test": "test[50%:]"}
+  recorder = fixture.Recorder()
+  c.callbacks = [recorder]
+  result = run.run(c, str(tmp_path), verbose=False)
+  ((_, _, tested),) = [r for r in recorder.calls if r[0] == "on_test_end"]
+  ((_, _, epoch),) = [r for r in recorder.calls if r[0] == "on_epoch_end"]
+  assert tested == {"loss": result["eval"]["test/loss"],
+                    "accuracy": result["eval"]["test/accuracy"]}
+  assert epoch == {"loss": epoch["loss"], "accuracy": epoch["accuracy"],
+                   **{k: v for k, v in result["eval"].items()
+                      if not k.endswith("/examples")},
+                   "val_loss": tested["loss"],
+                   "val_accuracy": tested["accuracy"]}
