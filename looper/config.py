@@ -98,6 +98,8 @@ def default_config() -> ml_collections.ConfigDict:
   # The user's looper.Actions beside looper's (README "Hooks of your own"):
   # a list, or a factory f(config) returning one (or its 'module:name').
   c.actions = fields.object_field(())
+  # Keras callbacks as fit() calls them: a list, or a factory as for actions.
+  c.callbacks = fields.object_field(())  # (looper/train/callbacks.py)
 
   c.train = ml_collections.ConfigDict()
   # How long to train: optimizer updates, or epochs of the train split
@@ -105,8 +107,7 @@ def default_config() -> ml_collections.ConfigDict:
   # rounded up. Set one, the other 0 (IN_EPOCHS).
   c.train.steps = whole(0, low=0)
   c.train.epochs = fields.epochs()
-  # GLOBAL batch, split evenly over the replicas.
-  c.train.batch_size = whole(128)
+  c.train.batch_size = whole(128)  # GLOBAL, split evenly over the replicas
   # Steps run inside one tf.function call; evaluation, checkpoints and the
   # end clamp a loop so they land exactly on their step.
   c.train.steps_per_loop = whole(100)
@@ -182,8 +183,7 @@ def default_config() -> ml_collections.ConfigDict:
   # renewed it (every lease_secs / 4) for this long is taken to be gone.
   c.checkpoint.lease_secs = seconds(60, positive=True)
 
-  # Warm start: weights from another run's checkpoint before step 0 (only
-  # when the workdir has no checkpoint of its own).
+  # Warm start (a workdir with no checkpoint): another run's weights first.
   c.init = ml_collections.ConfigDict()
   c.init.checkpoint = ""  # a checkpoint prefix or a checkpoints/ directory
   c.init.optimizer = boolean(False)  # also restore the optimizer slots

@@ -26,6 +26,7 @@ gets what it needs as arguments, from the pieces built before it:
       (epochs resolved as steps: looper.train.epochs)
   _build_trainer       config.trainer: state, step seams, its train loop
   _build_evaluator     one exact pass over each eval set
+  _build_callbacks     config.callbacks, Keras' (looper.train.callbacks)
       (everything checked; the workdir's lease taken, if training)
   _build_checkpointer  saves and restores (looper.workdir.checkpoint)
   _build_summaries     the writers: events, metrics.jsonl, config.json,
@@ -60,6 +61,7 @@ from looper.options import best
 from looper.options import distribute
 from looper.options import precision
 from looper.train import actions as actions_lib
+from looper.train import callbacks
 from looper.train import controller as controller_lib
 from looper.train import dry_run
 from looper.train import epochs
@@ -114,7 +116,7 @@ class Run:
   """One mode run in one workdir, built piece by piece (see module doc).
 
   The constructor builds and checks what needs no file (strategy to
-  evaluator): a bad config or eval split fails before anything in
+  callbacks): a bad config or eval split fails before anything in
   `workdir` is touched. `run()` takes the workdir (its lease, if
   training), builds the rest and runs the mode; call it once.
   """
@@ -156,6 +158,7 @@ class Run:
     # The user's actions (config.actions), a factory's called once, now:
     # a bad one fails before anything is written.
     self.user_actions = actions_lib.of_config(self.config)
+    self.callbacks = self._build_callbacks()
     self._check()
 
   # --- The pieces: each built once, overridable -------------------------------
@@ -177,11 +180,18 @@ class Run:
   def _build_evaluator(self) -> evaluator_lib.Evaluator:
     return evaluator_lib.Evaluator(self.trainer, self.input)
 
+  def _build_callbacks(self) -> callbacks.Callbacks:
+    """config.callbacks (Keras'), of a run that trains."""
+    return callbacks.build(
+        self.config, self.config.callbacks if self.trains else (),
+        self.trainer, chief=self.chief)
+
   def _build_checkpointer(self, guard) -> checkpoint.Checkpointer:
     """`guard`: the lease's check before each save (None: not held)."""
     c = self.config.checkpoint
     return checkpoint.Checkpointer(
-        self.workdir, self.trainer.checkpoint_items(), keep=c.keep,
+        self.workdir, {**self.trainer.checkpoint_items(),
+                       **self.callbacks.checkpoint_items()}, keep=c.keep,
         chief=self.chief, task_id=distribute.task_id(self.strategy),
         async_save=c.async_save, on_tpu=self.on_tpu, guard=guard)
 
@@ -220,16 +230,19 @@ class Run:
     """The Controller's actions by group ({'report', 'evaluate', 'save'}),
     in the order they run after a loop. The user's actions run first in
     'save': after the evaluation, and before the checkpoint that covers
-    what they wrote. Keras callbacks and experiment trackers join these
-    lists here."""
+    what they wrote; Keras callbacks around the standard ones (their
+    places: looper.train.callbacks). Experiment trackers join here."""
     c, wd, out = self.config, self.workdir, self.summaries
+    calls = self.callbacks.actions(eval_logs=self.evaluation.evaluate,
+                                   latest=self.checkpointer.latest)
     report = [standard_actions.train_summaries(out),
-              standard_actions.loop_end_hook(self.trainer)]
-    evaluate = [standard_actions.evaluations(
-        self.evaluation, every_steps=c.eval.every_steps)]
-    save = [*self.user_actions, standard_actions.checkpoints(
-        self.checkpointer, every_steps=c.checkpoint.every_steps,
-        every_secs=c.checkpoint.every_secs)]
+              standard_actions.loop_end_hook(self.trainer), *calls.report]
+    evaluate = [*calls.before_eval, standard_actions.evaluations(
+        self.evaluation, every_steps=c.eval.every_steps), *calls.after_eval]
+    save = [*calls.before_save, *self.user_actions,
+            standard_actions.checkpoints(
+                self.checkpointer, every_steps=c.checkpoint.every_steps,
+                every_secs=c.checkpoint.every_secs), *calls.after_save]
     if c.profile.start_step:
       save.append(profiler.Window(wd if self.chief else None,
                                   start_step=c.profile.start_step,

@@ -57,6 +57,8 @@ ADDED_LATER = {
     "random": "the model's random layers' state, so their draws start"
               " again from their seeds (exact resume holds from the next"
               " checkpoint on)",
+    "callbacks": "config.callbacks' state (looper.train.callbacks), so"
+                 " their epochs, counts and learning-rate scale start over",
 }
 
 
