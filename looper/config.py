@@ -21,18 +21,12 @@ experiment's own in its get_config(); `validate` checks each declared field
 ("config.model.width=0: must be a whole number >= 2; set
 --config.model.width"). Later assignments (`c.train.steps = 500`) keep the kind.
 
-A length is given in steps or in epochs of the train split, one of each
-pair of IN_EPOCHS (train.steps or train.epochs, eval.every_steps or
-every_epochs, checkpoint.every_steps or every_epochs); looper.train.epochs
-turns epochs into steps once the data are known.
-
-`validate` checks every field looper reads. The names an option accepts are not
-listed here: each comes from the table of the module that builds it
-(`distribute.STRATEGIES` and `ALL_REDUCES`, `optimizers.OPTIMIZERS` and
-`SCHEDULES`, `precision.PRECISIONS`, `losses.LOSSES` and `METRICS`,
-`best.BEST_MODES`), so a new option is added in one place. Every error is
-one line naming the field, the value and the fix ("did you mean" for a misspelt
-name), so a bad `--config.*` override fails before TensorFlow touches a device.
+`validate` checks every field looper reads. The names an option accepts
+come from the table of the module that builds it (`distribute.STRATEGIES`,
+`optimizers.OPTIMIZERS`, `losses.LOSSES`, `best.BEST_MODES`, ...), so a
+new option is added
+in one place. Every error is one line naming the field, the value and the
+fix ("did you mean" for a misspelt name), before TensorFlow touches a device.
 
 Also here for experiments: the field kinds `whole`, `seconds`, `boolean`
 (looper.fields), `ConfigError` and `first_line` (what their loaders raise,
@@ -101,6 +95,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Metrics on logits, by name (metrics.METRICS) or zero-arg factories;
   # for outputs, a dict of such tuples by output (logged 'output/name').
   c.metrics = fields.object_field(("accuracy",))
+  # The user's looper.Actions beside looper's (README "Hooks of your own"):
+  # a list, or a factory f(config) returning one (or its 'module:name').
+  c.actions = fields.object_field(())
 
   c.train = ml_collections.ConfigDict()
   # How long to train: optimizer updates, or epochs of the train split

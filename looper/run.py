@@ -12,15 +12,9 @@ Synopsis (what `python -m looper.main` does, usable from a notebook)::
       def _build_checkpointer(self, guard): ...
     MyRun(config, "/tmp/exp", "train").run()
 
-Modes (looper.modes.MODES; each but export runs a `Controller` method):
-  train            train from the last checkpoint in `workdir` (if any)
-  train_and_eval   the same, evaluating every `eval.every_steps` and at the end
-  eval             evaluate the latest checkpoint (or `checkpoint=PATH`) once
-  continuous_eval  beside a training process: evaluate each new checkpoint
-                   once, into `workdir/eval_continuous/`
-  export           write the latest checkpoint (or `checkpoint=PATH`) as a
-                   SavedModel for serving, to `workdir/export/<step>/`
-(Every path in `workdir` is named by looper.workdir.Workdir.)
+Modes: train, train_and_eval, eval, continuous_eval, export (what each
+reads and writes: looper.modes.MODES; every path in `workdir` is named by
+looper.workdir.Workdir).
 
 A `Run` builds each piece once, in this order, each in a method a
 subclass may override (as Model Garden's OrbitExperimentRunner); a piece
@@ -34,11 +28,13 @@ gets what it needs as arguments, from the pieces built before it:
   _build_evaluator     one exact pass over the eval split
       (everything checked; the workdir's lease taken, if training)
   _build_checkpointer  saves and restores (looper.workdir.checkpoint)
-  _build_summaries     the writers: events, metrics.jsonl, config.json
+  _build_summaries     the writers: events, metrics.jsonl, config.json,
+                       the lines
   _build_evaluation    evaluation as an action (best checkpoint, early stop)
   _build_controller    the outer loop (looper.train.controller)
   _build_actions       what runs after each loop, by group
-                       (looper.train.standard_actions)
+                       (looper.train.standard_actions), with the user's
+                       (config.actions, looper.train.actions)
 
 A signal (looper.train.signals) or, on a Google Cloud VM, a preemption or
 maintenance notice (looper.train.vm_notices) asks the trainer's `stop` to
@@ -59,10 +55,11 @@ from looper import references
 from looper import workdir as workdir_lib
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
-from looper.modes import MODES, Mode
+from looper.modes import MODES
 from looper.options import best
 from looper.options import distribute
 from looper.options import precision
+from looper.train import actions as actions_lib
 from looper.train import controller as controller_lib
 from looper.train import dry_run
 from looper.train import epochs
@@ -77,7 +74,6 @@ from looper.train import vm_notices
 from looper.workdir import checkpoint
 from looper.workdir import contents
 from looper.workdir import files
-from looper.workdir import hparams
 from looper.workdir import lease
 from looper.workdir import summaries
 
@@ -157,6 +153,9 @@ class Run:
     self.steps_per_loop = self.config.train.steps_per_loop
     self.trainer = self._build_trainer()
     self.evaluator = self._build_evaluator()
+    # The user's actions (config.actions), a factory's called once, now:
+    # a bad one fails before anything is written.
+    self.user_actions = actions_lib.of_config(self.config)
     self._check()
 
   # --- The pieces: each built once, overridable -------------------------------
@@ -187,12 +186,13 @@ class Run:
         async_save=c.async_save, on_tpu=self.on_tpu, guard=guard)
 
   def _build_summaries(self) -> summaries.Summaries:
-    """The writers (TensorBoard events, metrics.jsonl, the progress line)
-    and config.json. The next writers (experiment trackers) join here."""
-    return _open_workdir(
+    """The writers (TensorBoard events, metrics.jsonl, the lines) and
+    config.json. The next writers (experiment trackers) join here."""
+    return modes.open_workdir(
         self.workdir, self.config, MODES[self.mode], self.chief,
         eval_names=self.evaluator.metric_names,
-        input_hint=self.input.faster() if self.trains else "")
+        input_hint=self.input.faster() if self.trains else "",
+        trackers=())
 
   def _build_evaluation(self) -> eval_action.EvalAction:
     """The evaluations: what --mode=eval runs, and train_and_eval's eval
@@ -213,19 +213,21 @@ class Run:
     return controller_lib.Controller(
         self.trainer, self.checkpointer, data=self.input, batch=self.batch,
         total_steps=c.steps, steps_per_loop=self.steps_per_loop,
-        nan_recovery_tries=c.nan_recovery_tries, peak=self.peak)
+        nan_recovery_tries=c.nan_recovery_tries, peak=self.peak,
+        writer=self.summaries.writer, chief=self.chief)
 
   def _build_actions(self) -> dict[str, list]:
     """The Controller's actions by group ({'report', 'evaluate', 'save'}),
-    in the order they run after a loop. User actions, Keras callbacks and
-    experiment trackers join these lists here."""
+    in the order they run after a loop. The user's actions run first in
+    'save': after the evaluation, and before the checkpoint that covers
+    what they wrote. Keras callbacks and experiment trackers join these
+    lists here."""
     c, wd, out = self.config, self.workdir, self.summaries
     report = [standard_actions.train_summaries(out),
-              standard_actions.progress(out),
               standard_actions.loop_end_hook(self.trainer)]
     evaluate = [standard_actions.evaluations(
         self.evaluation, every_steps=c.eval.every_steps)]
-    save = [standard_actions.checkpoints(
+    save = [*self.user_actions, standard_actions.checkpoints(
         self.checkpointer, every_steps=c.checkpoint.every_steps,
         every_secs=c.checkpoint.every_secs)]
     if c.profile.start_step:
@@ -367,23 +369,3 @@ def _close_failed(ledger: goodput.Ledger, error: Exception) -> None:
   except (tf.errors.OpError, OSError, errors.WorkdirError) as e:
     logging.warning("Could not write the goodput record: %s",
                     errors.first_line(e))
-
-
-def _open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
-                  *, eval_names: list[str],
-                  input_hint: str) -> summaries.Summaries:
-  """config.json (training only) and the event writers, or one line."""
-  table = hparams.Table.of(references.to_json(config),
-                           references.to_json(config_lib.default_config()),
-                           ["loss", *eval_names])
-  try:
-    if chief and mode.trains:
-      with files.on_full_disk(wd.root, "config.json", wd.checkpoints):
-        files.makedirs(wd.root)
-        files.write_text(wd.config, references.to_json(config))
-    return summaries.Summaries(
-        wd, chief=chief, total_steps=config.train.steps, trains=mode.trains,
-        eval_dir=mode.eval_events(wd) if mode.eval_events else None,
-        table=table, input_hint=input_hint)
-  except (tf.errors.OpError, OSError) as e:
-    raise errors.unwritable_workdir(wd.root, e) from None

@@ -146,6 +146,10 @@ class Controller:
     nan_recovery_tries: `train.nan_recovery_tries`.
     peak: the FLOP/s of the run's devices that `mfu` is the share of
       (`PeakSurface`: looper.train.peak_flops.Peak); None: no mfu.
+    writer: the run's writers, given to actions as `Moment.writer`
+      (looper.workdir.summaries.Summaries.writer).
+    chief: whether this process is the chief (`Moment.chief`: an action
+      not for all workers runs there only).
     clock: times each loop (steps_per_sec), injectable for tests.
   """
 
@@ -156,7 +160,8 @@ class Controller:
                eval_actions: Sequence[actions_lib.Action] = (),
                save_actions: Sequence[actions_lib.Action] = (),
                nan_recovery_tries: int = 0,
-               peak: PeakSurface | None = None,
+               peak: PeakSurface | None = None, writer=None,
+               chief: bool = True,
                clock: Callable[[], float] = time.perf_counter):
     self.trainer = trainer
     self.checkpointer = checkpointer
@@ -168,6 +173,7 @@ class Controller:
                      save=save_actions)
     self._nan_tries = nan_recovery_tries
     self._peak = peak
+    self._writer, self._chief = writer, chief
     self._above_peak = False  # said once that a loop beat the peak
     self._clock = clock
 
@@ -245,7 +251,9 @@ class Controller:
                    step, self.total_steps)
       return result
     stop = self.trainer.stop
-    now = actions_lib.Moment(step, self.total_steps, agree=stop.agree)
+    now = actions_lib.Moment(step, self.total_steps, agree=stop.agree,
+                             writer=self._writer, trainer=self.trainer,
+                             chief=self._chief)
     self._start(now, actions)
     tries = 0
     while not (now.end or now.stopping):

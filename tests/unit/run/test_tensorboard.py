@@ -12,16 +12,20 @@ import contextlib
 import importlib.util
 import json
 import logging
+import re
 import sys
 import time
 
 from absl import logging as absl_logging
+import numpy as np
 import pytest
 from tensorboard import plugin_util
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import metadata
+import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+import looper
 from looper import console
 from looper import main
 from looper import run
@@ -34,6 +38,7 @@ from looper.workdir import summaries
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.events import scalars
+from tests.fixtures.paths import ROOT
 from tests.fixtures.servers import fetch, tensorboard_server
 
 
@@ -61,9 +66,17 @@ def sweep(tmp_path_factory):
   RecordingTrainer.loop_ends.clear()
   run.run(tiny_config(train__steps=40, profile__start_step=10), str(root / "a"))
   resumed = list(RecordingTrainer.loop_ends)
+  # b also runs README's action (its block as written) every 10 steps.
+  [block] = re.findall(r"```python\n(import looper\n.*?)```",
+                       (ROOT / "README.md").read_text(), re.S)
+  namespace = {}
+  exec(block, namespace)  # pylint: disable=exec-used
+  action = looper.Action(namespace["log_first_layer"], every_steps=10)
   run.run(tiny_config(train__steps=20, optimizer__learning_rate=0.02,
-                      optimizer__warmup_steps=5), str(root / "b"))
-  return root, {"first": first, "resumed": resumed, "model": model}
+                      optimizer__warmup_steps=5, actions=[action]),
+          str(root / "b"))
+  return root, {"first": first, "resumed": resumed, "model": model,
+                "b": RecordingTrainer.last.model}
 
 
 def accumulator(logdir):
@@ -113,6 +126,32 @@ def test_hparams_are_the_set_fields_and_the_compared_ones_written_once(
   for field in ("checkpoint.keep", "checkpoint.async_save",
                 "eval.timeout_secs", "data.bucket"):
     assert field not in settings, field
+
+
+def test_readme_s_action_writes_through_the_run_s_writers(sweep):
+  """Images, a histogram and a scalar at steps 10 and 20, in train/ and
+  (the scalar) metrics.jsonl; step 20's from b's final weights."""
+  root, record = sweep
+  kernel = record["b"].layers[0].kernel.numpy()
+  acc = accumulator(root / "b" / "train")
+  images = {e.step: e.tensor_proto.string_val
+            for e in acc.Tensors("first_layer/image")}
+  assert sorted(images) == [10, 20]
+  [_, weights] = acc.Tensors("first_layer/weights")
+  counts = tf.make_ndarray(weights.tensor_proto)[:, 2]
+  assert weights.step == 20 and counts.sum() == kernel.size
+  width, height, png = images[20]
+  assert (int(width), int(height)) == (16, 8)  # units x inputs
+  expected = (kernel - kernel.min()) / np.ptp(kernel)
+  np.testing.assert_allclose(tf.io.decode_png(png).numpy()[..., 0] / 255,
+                             expected, atol=1 / 255 + 1e-6)
+  norms = scalars(root / "b" / "train", "first_layer/norm")
+  assert sorted(norms) == [10, 20]
+  assert norms[20] == pytest.approx(np.linalg.norm(kernel), rel=1e-6)
+  actions = [l for l in jsonl.read(str(root / "b" / "metrics.jsonl"))
+             if l["kind"] == "action"]
+  assert [(l["step"], l["first_layer/norm"]) for l in actions] == [
+      (10, pytest.approx(norms[10])), (20, pytest.approx(norms[20]))]
 
 
 def test_model_summary_and_config_render_as_code_blocks(sweep):
@@ -243,9 +282,9 @@ def test_counts_print_whole_in_the_lines_the_summary_and_the_table(
   out.start_run("{}", "model")
   logs = {"loss": 0.312561, "examples": 10000.0, "accuracy": 0.90512,
           "true_positives": 12345.0}
-  with caplog.at_level(logging.INFO):
-    out.train(1, [1.0, 0.5], {"loss": 0.75, "steps_per_sec": 20.0})
-    out.progress(2, {"loss": 0.75, "examples": 64000.0, "steps_per_sec": 20.0})
+  with caplog.at_level(logging.INFO):  # train: its progress line
+    out.train(1, [1.0, 0.5], {"loss": 0.75, "examples": 64000.0,
+                              "steps_per_sec": 20.0})
     out.eval(2, logs)
   out.close()
   shown = "loss=0.3126 examples=10000 accuracy=0.9051 true_positives=12345"
