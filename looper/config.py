@@ -23,8 +23,8 @@ experiment's own in its get_config(); `validate` checks each declared field
 
 `validate` checks every field looper reads. The names an option accepts
 come from the table of the module that builds it (`distribute.STRATEGIES`,
-`optimizers.OPTIMIZERS`, `losses.LOSSES`, `best.BEST_MODES`, ...), so a
-new option is added
+`optimizers.OPTIMIZERS`, `losses.LOSSES`, `best.BEST_MODES`, ...,
+`looper.trackers.TRACKERS`, checked by the Run), so a new option is added
 in one place. Every error is one line naming the field, the value and the
 fix ("did you mean" for a misspelt name), before TensorFlow touches a device.
 
@@ -98,6 +98,9 @@ def default_config() -> ml_collections.ConfigDict:
   # The user's looper.Actions beside looper's (README "Hooks of your own"):
   # a list, or a factory f(config) returning one (or its 'module:name').
   c.actions = fields.object_field(())
+  # Experiment trackers, each set up by its own environment variables:
+  # '' | mlflow | wandb | mlflow,wandb (README "Experiment trackers").
+  c.trackers = ""
 
   c.train = ml_collections.ConfigDict()
   # How long to train: optimizer updates, or epochs of the train split
