@@ -1,6 +1,7 @@
 """MLflow as the run's tracker, against a real `mlflow server` on 127.0.0.1
 (tests/fixtures/servers.py), read back with MlflowClient: a run and its
-rerun are one MLflow run holding exactly metrics.jsonl's lines; a kill -9
+rerun are one MLflow run holding exactly metrics.jsonl's lines (and, with
+no MLflow variable, the store is the workdir's); a kill -9
 in the middle of a send, resumed, leaves no step twice and none lost; a
 server that does not answer is one line before training, asked once; a
 server that dies mid-run does not stop training (last: it ends the
@@ -125,6 +126,28 @@ def test_a_run_and_its_rerun_are_one_run_holding_metrics_jsonl(
       {**state, "delivered": 0, "sending": [1, 40]}))
   assert run.run(config, wd.root, verbose=False)["step"] == 40
   assert in_mlflow(client, found.info.run_id, expected) == expected
+
+
+def test_with_no_mlflow_variable_the_store_is_in_the_workdir(
+    tmp_path, monkeypatch):
+  """MLflow's own default would be ./mlflow.db and ./mlruns, in whatever
+  folder the run was started from."""
+  monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+  monkeypatch.chdir(tmp_path)
+  wd = workdir_lib.Workdir(str(tmp_path / "run"))
+  note = looper.Action(lambda now: now.writer.write_texts(
+      now.step, {"note": f"step {now.step}"}), at_end=True)
+  run.run(configured(tiny.get_config(), trackers="mlflow", actions=[note]),
+          wd.root, verbose=False)
+  client = mlflow.MlflowClient(f"sqlite:///{wd.mlflow_db}")
+  experiment = client.get_experiment_by_name("looper")
+  [found] = client.search_runs([experiment.experiment_id])
+  expected = in_jsonl(wd)
+  assert in_mlflow(client, found.info.run_id, expected) == expected
+  [text] = (tmp_path / "run" / "mlruns").rglob("step-40.txt")
+  assert text.read_text() == "step 40"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
 def test_a_server_that_does_not_answer_is_one_line_asked_once(
