@@ -21,11 +21,11 @@ experiment's own in its get_config(); `validate` checks each declared field
 ("config.model.width=0: must be a whole number >= 2; set
 --config.model.width"). Later assignments (`c.train.steps = 500`) keep the kind.
 
-`validate` checks every field looper reads. The names an option accepts
-come from the table of the module that builds it (`distribute.STRATEGIES`,
-`optimizers.OPTIMIZERS`, `losses.LOSSES`, `best.BEST_MODES`, ...), so a
-new option is added in one place. Every error is one line naming the field, the value and the
-fix ("did you mean" for a misspelt name), before TensorFlow touches a device.
+`validate` checks every field looper reads; an option's names come from
+the table of the module that builds it (`distribute.STRATEGIES`,
+`losses.LOSSES`, ..., `looper.trackers.TRACKERS` checked by the Run), so a
+new option is added in one place. Every error is one line naming the
+field, the value and the fix ("did you mean"), before TensorFlow runs.
 
 Also here for experiments: the field kinds `whole`, `seconds`, `boolean`
 (looper.fields), `ConfigError` and `first_line` (what their loaders raise,
@@ -56,10 +56,9 @@ from looper.fields import Field, boolean, declared, seconds, whole  # pylint: di
 from looper.errors import ConfigError, first_line  # pylint: disable=unused-import
 
 
-# Lengths a config gives in steps or in epochs of the train split: (the
-# steps field, the epochs field, what they set). A config sets one of each
-# pair, the other 0, so no value is silently ignored; looper.train.epochs
-# turns the epochs into steps once the train split's size is known.
+# Lengths in steps or in epochs of the train split: (steps field, epochs
+# field, what they set). One of each pair is set, the other 0 (no value is
+# silently ignored); looper.train.epochs makes steps of epochs.
 IN_EPOCHS = (("train.steps", "train.epochs", "how long to train"),
              ("eval.every_steps", "eval.every_epochs", "when to evaluate"),
              ("checkpoint.every_steps", "checkpoint.every_epochs",
@@ -87,10 +86,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.loss = fields.object_field("sparse_categorical_crossentropy")
   # Outputs: {output: factor} in the sum of their losses (missing: 1).
   c.loss_weights = fields.object_field(None)
-  # How the global batch's weighted losses are averaged
-  # (losses.NORMALIZATIONS): batch_size (Keras' rule: by the number of
-  # loss values) | weights (by the sum of the weights: per-token losses
-  # with a mask average over the real tokens of the global batch).
+  # How the global batch's weighted losses are averaged (losses.NORMALIZATIONS):
+  # batch_size (Keras': by the number of loss values) | weights (by the sum
+  # of the weights: masked per-token losses average over the real tokens).
   c.loss_normalization = "batch_size"
   # Metrics on logits, by name (metrics.METRICS) or zero-arg factories;
   # for outputs, a dict of such tuples by output (logged 'output/name').
@@ -100,6 +98,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.actions = fields.object_field(())
   # Keras callbacks as fit() calls them: a list, or a factory as for actions.
   c.callbacks = fields.object_field(())  # (looper/train/callbacks.py)
+  # Experiment trackers, each set up by its own environment variables:
+  c.trackers = ""  # '' | mlflow | wandb | mlflow,wandb (README)
 
   c.train = ml_collections.ConfigDict()
   # How long to train: optimizer updates, or epochs of the train split

@@ -27,19 +27,19 @@ gets what it needs as arguments, from the pieces built before it:
   _build_trainer       config.trainer: state, step seams, its train loop
   _build_evaluator     one exact pass over each eval set
   _build_callbacks     config.callbacks, Keras' (looper.train.callbacks)
+  _build_trackers      config.trackers: installed, answering (looper.trackers)
       (everything checked; the workdir's lease taken, if training)
   _build_checkpointer  saves and restores (looper.workdir.checkpoint)
   _build_summaries     the writers: events, metrics.jsonl, config.json,
-                       the lines
+                       the lines, the trackers
   _build_evaluation    evaluation as an action (best checkpoint, early stop)
   _build_controller    the outer loop (looper.train.controller)
   _build_actions       what runs after each loop, by group
                        (looper.train.standard_actions), with the user's
                        (config.actions, looper.train.actions)
 
-A signal (looper.train.signals) or, on a Google Cloud VM, a preemption or
-maintenance notice (looper.train.vm_notices) asks the trainer's `stop` to
-stop.
+A signal (looper.train.signals) or a Google Cloud VM's preemption or
+maintenance notice (looper.train.vm_notices) asks the trainer to stop.
 """
 
 import time
@@ -53,6 +53,7 @@ from looper import console
 from looper import errors
 from looper import modes
 from looper import references
+from looper import trackers as trackers_lib
 from looper import workdir as workdir_lib
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
@@ -159,6 +160,7 @@ class Run:
     # a bad one fails before anything is written.
     self.user_actions = actions_lib.of_config(self.config)
     self.callbacks = self._build_callbacks()
+    self.trackers = self._build_trackers()
     self._check()
 
   # --- The pieces: each built once, overridable -------------------------------
@@ -195,14 +197,20 @@ class Run:
         chief=self.chief, task_id=distribute.task_id(self.strategy),
         async_save=c.async_save, on_tpu=self.on_tpu, guard=guard)
 
+  def _build_trackers(self) -> list:
+    """config.trackers (looper.trackers), each checked now (installed, its
+    server answering): a training run's chief's; [] elsewhere."""
+    names = trackers_lib.parse(self.config.trackers)  # a typo: everywhere
+    return (trackers_lib.build(self.config.trackers, self.workdir)
+            if names and self.trains and self.chief else [])
+
   def _build_summaries(self) -> summaries.Summaries:
-    """The writers (TensorBoard events, metrics.jsonl, the lines) and
-    config.json. The next writers (experiment trackers) join here."""
+    """The writers (events, metrics.jsonl, lines, trackers), config.json."""
     return modes.open_workdir(
         self.workdir, self.config, MODES[self.mode], self.chief,
         eval_names=self.evaluator.metric_names,
         input_hint=self.input.faster() if self.trains else "",
-        trackers=())
+        trackers=self.trackers)
 
   def _build_evaluation(self) -> eval_action.EvalAction:
     """The evaluations: what --mode=eval runs, and train_and_eval's eval
@@ -231,7 +239,7 @@ class Run:
     in the order they run after a loop. The user's actions run first in
     'save': after the evaluation, and before the checkpoint that covers
     what they wrote; Keras callbacks around the standard ones (their
-    places: looper.train.callbacks). Experiment trackers join here."""
+    places: looper.train.callbacks); the trackers' deliveries last."""
     c, wd, out = self.config, self.workdir, self.summaries
     calls = self.callbacks.actions(eval_logs=self.evaluation.evaluate,
                                    latest=self.checkpointer.latest)
@@ -250,6 +258,9 @@ class Run:
     if c.export.at_end and self.chief:  # its path: result["export"]
       save.append(standard_actions.export_at_end(
           self.trainer, self.evaluator, wd, on_tpu=self.on_tpu))
+    if self.trackers:  # after every save: what it made durable goes out
+      save.append(standard_actions.deliveries(self.trackers,
+                                              self.checkpointer))
     return {"report": report, "evaluate": evaluate, "save": save}
 
   # --- Running ----------------------------------------------------------------
@@ -270,14 +281,10 @@ class Run:
         dry_run.check_inputs(self.trainer, self.input, split)
     best.check_best_metric(c.checkpoint.best_metric,
                            self.evaluator.metric_names)
-    if self.trains:
-      short = self.input.short_split(c.data.train_split)
-      if short:
-        logging.warning("%s", short)
     cores = distribute.tpu_cores(self.strategy, c.distribution)
-    if cores and self.trains:
-      warning = distribute.tpu_batch_warning(self.batch.micro_batch_size,
-                                             cores)
+    for warning in (self.trains and self.input.short_split(c.data.train_split),
+                    self.trains and cores and distribute.tpu_batch_warning(
+                        self.batch.micro_batch_size, cores)):
       if warning:
         logging.warning("%s", warning)
 
@@ -315,6 +322,7 @@ class Run:
     self.summaries = out = self._build_summaries()
     ledger = None
     try:
+      trackers_lib.open_runs(self.trackers, references.to_json(config))
       self.evaluation = self._build_evaluation()
       self.controller = ctl = self._build_controller()
       ctl.add_actions(**self._build_actions())
@@ -339,12 +347,16 @@ class Run:
         ledger.add("checkpoint", time.monotonic() - waited)
         totals = ledger.close(_how_it_ended(result))
         out.goodput(result["step"], totals.fractions())
+        closed = trackers_lib.close_runs(
+            self.trackers, ckpt.durable_step, stopped=result.get("stopped"),
+            figures=out.figures)
         # The attempt's time as its record holds it: `looper runs` adds up
         # the records (its "wall (all attempts)"), so one attempt agrees.
         logging.info("%s", console.summary(
             result, wd, ledger.wall,
             best=self.evaluation.best, checkpoint=ckpt.latest(),
-            export=result.get("export"), goodput=totals.line()))
+            export=result.get("export"), goodput=totals.line(),
+            trackers=closed))
       return result
     except Exception as e:
       # A background save in flight ends before the process does: what it
@@ -353,6 +365,7 @@ class Run:
       ckpt.wait()
       if ledger:
         _close_failed(ledger, e)
+      trackers_lib.close_runs(self.trackers, ckpt.durable_step, failed=True)
       raise
     finally:
       out.close()
@@ -372,11 +385,9 @@ class Run:
 
 
 def _how_it_ended(result: dict) -> str:
-  if result.get("stopped"):
-    return f"stopped by {result['stopped']}"
-  if result.get("ended"):
-    return f"ended early: {result['ended']}"
-  return "finished"
+  return (f"stopped by {result['stopped']}" if result.get("stopped") else
+          f"ended early: {result['ended']}" if result.get("ended") else
+          "finished")
 
 
 def _close_failed(ledger: goodput.Ledger, error: Exception) -> None:

@@ -20,13 +20,14 @@ GROUPS = (
     ("looper.config",),
     ("looper.data",),
     ("looper.workdir",),
+    ("looper.trackers",),
     ("looper.train",),
     ("looper.run", "looper.modes", "looper.console"),
     ("looper.main", "looper.cli"),
 )
 # Each group's folder of unit tests (tests/unit/NAME), in GROUPS' order.
-GROUP_FOLDERS = ("floor", "options", "config", "data", "workdir", "train",
-                 "run", "cli")
+GROUP_FOLDERS = ("floor", "options", "config", "data", "workdir", "trackers",
+                 "train", "run", "cli")
 
 
 def _module(path: pathlib.Path) -> str:
