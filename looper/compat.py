@@ -20,6 +20,7 @@ Synopsis::
     compat.sublayers(model)                      # randomness: nested layers
     compat.seed_generators(layer)                # randomness: their states
     compat.output_operation(model)               # dry_run: the last op
+    compat.metric_direction(metric)              # callbacks: mode 'auto'
     with compat.keras_variables_deferred(): ...  # parsing: metric objects
 
 Each function reaches into a name TensorFlow or Keras may move or reshape in
@@ -82,7 +83,6 @@ def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
   `_endless`). The public route, counting the tasks in the spec of
   `strategy.cluster_resolver`, would restate for each strategy which jobs
   train and that a TPU pod counts as one worker.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return strategy.extended._in_multi_worker_mode()  # pylint: disable=protected-access
@@ -109,7 +109,6 @@ def configure_coordination_service(*, leader: str, jobs: dict[str, int],
   peer whose host went silent until heartbeats time out; no public API or
   environment variable sets either. Without the barrier the leader waits
   regardless of the timeout.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # pylint: disable=g-import-not-at-top
@@ -133,7 +132,6 @@ def disable_op_determinism() -> None:
   Why: `train.deterministic=False` undoes what an earlier deterministic run
   in the same process (a notebook, a test) turned on; op determinism
   refuses `tf.timestamp`, which times the input.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.python.framework import config  # pylint: disable=g-import-not-at-top
@@ -152,7 +150,6 @@ def patch_keras_async_copy() -> None:
   on every save, so the second async save fails with "tf.function only
   supports singleton tf.Variables created on the first call"; the wrapped
   tf.Variable updates its CPU copy in place.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from keras.src.backend.tensorflow import core  # pylint: disable=g-import-not-at-top
@@ -176,7 +173,6 @@ def raise_async_save_error(checkpoint: tf.train.Checkpoint) -> None:
 
   Why: `sync()` does not raise a failed background write; it would surface
   only at the next save, or be lost at exit.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   helper = checkpoint._async_checkpointer_impl  # pylint: disable=protected-access
@@ -196,7 +192,6 @@ def mark_expected_partial(value) -> bool:
   before it returns the status, and the record lives on in the frames of
   the error's traceback: deleted at exit, after looper's one error line,
   it logs "deleted with unrestored values" warnings unless marked.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.python.checkpoint import checkpoint  # pylint: disable=g-import-not-at-top
@@ -214,7 +209,6 @@ def dataset_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
   Why: `looper check` names the ops that call back into Python
   (`py_function`, `numpy_function`, `from_generator`), which a TPU host
   cannot run; tf.data has no public view of a pipeline's graph.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return tf.compat.v1.GraphDef.FromString(
@@ -230,7 +224,6 @@ def function_graphs(graph) -> list:
 
   Why: `looper check` finds ops with data-dependent output shapes inside
   loops too (a train loop's body); a FuncGraph lists them nowhere public.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   bodies = (getattr(f, "graph", None) for f in graph._functions.values())  # pylint: disable=protected-access
@@ -247,7 +240,6 @@ def function_graph(graph, name: str):
   the functions it calls, with their shapes; the library of
   `graph.as_graph_def()` has no shapes, and no public API maps a call to
   its graph.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return getattr(graph._get_function(name), "graph", None)  # pylint: disable=protected-access
@@ -268,7 +260,6 @@ def on_gce() -> bool:
   Why: looper watches the metadata server's preemption and maintenance
   notices (looper.train.vm_notices) exactly where TensorFlow would; no public
   API says whether this is a GCE VM.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.python.distribute.failure_handling import failure_handling_util  # pylint: disable=g-import-not-at-top
@@ -291,7 +282,6 @@ def ask_dispatcher(address: str, method: str, timeout_secs: float) -> bytes:
   Why: `tf.data.experimental.service.distribute` waits an hour for a
   dispatcher that does not answer, and forever for a worker, with no
   timeout to set; looper's start-up check says what is missing at once.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   import grpc  # pylint: disable=g-import-not-at-top
@@ -313,7 +303,6 @@ def shared_value(key: str, value: str | None) -> str:
   Why: every worker of a run must read one tf.data service job, under one
   name that no earlier attempt used: the chief draws it, the others read
   it; no public API shares a string between the workers.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
@@ -321,7 +310,6 @@ def shared_value(key: str, value: str | None) -> str:
     context.context().set_config_key_value(key, value)
     return value
   return context.context().get_config_key_value(key)
-
 
 
 def sublayers(model) -> list:
@@ -332,7 +320,6 @@ def sublayers(model) -> list:
 
   Why: `model.layers` lists only the top level; the random layers looper
   adopts sit anywhere (looper.train.randomness).
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return list(model._flatten_layers(include_self=True, recursive=True))  # pylint: disable=protected-access
@@ -346,7 +333,6 @@ def seed_generators(layer) -> list:
 
   Why: a SeedGenerator's state is a variable `tf.train.Checkpoint(model=)`
   does not reach; looper checkpoints it (looper.train.randomness).
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return list(getattr(layer, "_seed_generators", []))
@@ -366,7 +352,6 @@ def keras_variables_deferred():
   config loads, starting TensorFlow before looper sets the devices up
   (logical CPU devices, multi-worker collectives). Looper rebuilds the
   metric from its class and config in the strategy's scope.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   import keras  # pylint: disable=g-import-not-at-top
@@ -390,7 +375,6 @@ def output_operation(model):
 
   Why: `model.layers` leaves out ops, so a model ending in
   `keras.ops.softmax(x)` would look linear to the dry run's logits check.
-
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   outputs = getattr(model, "outputs", None)
@@ -398,3 +382,16 @@ def output_operation(model):
     return None
   history = getattr(outputs[0], "_keras_history", None)
   return history.operation if history is not None else None
+
+
+def metric_direction(metric) -> str | None:
+  """'up' or 'down': which way a Keras metric gets better; None if unsaid.
+
+  Touches: the `_direction` Keras' metrics set in their constructors,
+  which a MonitorCallback's mode 'auto' reads through a compiled model.
+
+  Why: EarlyStopping(monitor="val_accuracy") on looper's model, which is
+  not compiled (looper.train.callback_state.resolve_modes).
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  return getattr(metric, "_direction", None)

@@ -21,18 +21,11 @@ experiment's own in its get_config(); `validate` checks each declared field
 ("config.model.width=0: must be a whole number >= 2; set
 --config.model.width"). Later assignments (`c.train.steps = 500`) keep the kind.
 
-A length is given in steps or in epochs of the train split, one of each
-pair of IN_EPOCHS (train.steps or train.epochs, eval.every_steps or
-every_epochs, checkpoint.every_steps or every_epochs); looper.train.epochs
-turns epochs into steps once the data are known.
-
-`validate` checks every field looper reads. The names an option accepts are not
-listed here: each comes from the table of the module that builds it
-(`distribute.STRATEGIES` and `ALL_REDUCES`, `optimizers.OPTIMIZERS` and
-`SCHEDULES`, `precision.PRECISIONS`, `losses.LOSSES` and `METRICS`,
-`best.BEST_MODES`), so a new option is added in one place. Every error is
-one line naming the field, the value and the fix ("did you mean" for a misspelt
-name), so a bad `--config.*` override fails before TensorFlow touches a device.
+`validate` checks every field looper reads; an option's names come from
+the table of the module that builds it (`distribute.STRATEGIES`,
+`losses.LOSSES`, ..., `looper.trackers.TRACKERS` checked by the Run), so a
+new option is added in one place. Every error is one line naming the
+field, the value and the fix ("did you mean"), before TensorFlow runs.
 
 Also here for experiments: the field kinds `whole`, `seconds`, `boolean`
 (looper.fields), `ConfigError` and `first_line` (what their loaders raise,
@@ -56,16 +49,16 @@ from looper.options import losses
 from looper.options import metrics
 from looper.options import optimizers
 from looper.options import precision
+from looper.data import splits
 # Public names for experiments (see the module doc).
 from looper.data.splits import parse_split, split_field, split_slice  # pylint: disable=unused-import
 from looper.fields import Field, boolean, declared, seconds, whole  # pylint: disable=unused-import
 from looper.errors import ConfigError, first_line  # pylint: disable=unused-import
 
 
-# Lengths a config gives in steps or in epochs of the train split: (the
-# steps field, the epochs field, what they set). A config sets one of each
-# pair, the other 0, so no value is silently ignored; looper.train.epochs
-# turns the epochs into steps once the train split's size is known.
+# Lengths in steps or in epochs of the train split: (steps field, epochs
+# field, what they set). One of each pair is set, the other 0 (no value is
+# silently ignored); looper.train.epochs makes steps of epochs.
 IN_EPOCHS = (("train.steps", "train.epochs", "how long to train"),
              ("eval.every_steps", "eval.every_epochs", "when to evaluate"),
              ("checkpoint.every_steps", "checkpoint.every_epochs",
@@ -93,14 +86,20 @@ def default_config() -> ml_collections.ConfigDict:
   c.loss = fields.object_field("sparse_categorical_crossentropy")
   # Outputs: {output: factor} in the sum of their losses (missing: 1).
   c.loss_weights = fields.object_field(None)
-  # How the global batch's weighted losses are averaged
-  # (losses.NORMALIZATIONS): batch_size (Keras' rule: by the number of
-  # loss values) | weights (by the sum of the weights: per-token losses
-  # with a mask average over the real tokens of the global batch).
+  # How the global batch's weighted losses are averaged (losses.NORMALIZATIONS):
+  # batch_size (Keras': by the number of loss values) | weights (by the sum
+  # of the weights: masked per-token losses average over the real tokens).
   c.loss_normalization = "batch_size"
   # Metrics on logits, by name (metrics.METRICS) or zero-arg factories;
   # for outputs, a dict of such tuples by output (logged 'output/name').
   c.metrics = fields.object_field(("accuracy",))
+  # The user's looper.Actions beside looper's (README "Hooks of your own"):
+  # a list, or a factory f(config) returning one (or its 'module:name').
+  c.actions = fields.object_field(())
+  # Keras callbacks as fit() calls them: a list, or a factory as for actions.
+  c.callbacks = fields.object_field(())  # (looper/train/callbacks.py)
+  # Experiment trackers, each set up by its own environment variables:
+  c.trackers = ""  # '' | mlflow | wandb | mlflow,wandb (README)
 
   c.train = ml_collections.ConfigDict()
   # How long to train: optimizer updates, or epochs of the train split
@@ -108,16 +107,14 @@ def default_config() -> ml_collections.ConfigDict:
   # rounded up. Set one, the other 0 (IN_EPOCHS).
   c.train.steps = whole(0, low=0)
   c.train.epochs = fields.epochs()
-  # GLOBAL batch, split evenly over the replicas.
-  c.train.batch_size = whole(128)
+  c.train.batch_size = whole(128)  # GLOBAL, split evenly over the replicas
   # Steps run inside one tf.function call; evaluation, checkpoints and the
   # end clamp a loop so they land exactly on their step.
   c.train.steps_per_loop = whole(100)
   # On a NaN/inf loss (or a spike): restore the last checkpoint, skip the data
   # that blew up and go on, at most this many times; 0 stops with an error.
   c.train.nan_recovery_tries = whole(0, low=0)
-  # A loop whose largest step loss is above this times the median loss of
-  # the last steps is a spike (looper/train/spikes.py), rolled back as a NaN.
+  # Roll back a loop whose top step loss > this x the recent median; 0: off.
   c.train.spike_factor = Field(0.0, float, "a factor", 1, above=True, off=0)
   c.train.health_metrics = boolean(True)  # grad/weight norms: train/health.py
   # Stop after this many evals not bettering checkpoint.best_metric; 0: never.
@@ -147,6 +144,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval.steps = config_dict.placeholder(int)  # None: the whole eval split.
   # --mode=continuous_eval stops after this long without a new checkpoint.
   c.eval.timeout_secs = seconds(3600)
+  c.eval.monitor_set = ""  # the eval set callbacks see (looper.data.splits)
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adam"  # sgd | adam | adamw
@@ -179,8 +177,8 @@ def default_config() -> ml_collections.ConfigDict:
   # Write checkpoints in a background thread (TensorFlow's async saving);
   # not `async`, a Python keyword (`c.checkpoint.async` would not parse).
   c.checkpoint.async_save = boolean(False)
-  # Keep the checkpoint with the best value of this eval metric (e.g.
-  # 'accuracy', or 'loss' with best_mode='min') in checkpoints/best/.
+  # Keep the checkpoint with the best value of this eval metric ('accuracy',
+  # a set's 'val/accuracy', 'loss' with best_mode='min') in checkpoints/best/.
   c.checkpoint.best_metric = ""
   c.checkpoint.best_mode = "max"  # max | min
   # A training run holds workdir/lease.json while it writes (looper.workdir.lease):
@@ -188,8 +186,7 @@ def default_config() -> ml_collections.ConfigDict:
   # renewed it (every lease_secs / 4) for this long is taken to be gone.
   c.checkpoint.lease_secs = seconds(60, positive=True)
 
-  # Warm start: weights from another run's checkpoint before step 0 (only
-  # when the workdir has no checkpoint of its own).
+  # Warm start (a workdir with no checkpoint): another run's weights first.
   c.init = ml_collections.ConfigDict()
   c.init.checkpoint = ""  # a checkpoint prefix or a checkpoints/ directory
   c.init.optimizer = boolean(False)  # also restore the optimizer slots
@@ -220,6 +217,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.data.dir = ""  # where the experiment's dataset_fn reads its files
   c.data.train_split = "train"
   c.data.eval_split = "test"
+  # Eval sets {name: split}, each exact, logged '<name>/<metric>' (see
+  # looper.data.splits); replaces eval_split (leave it 'test' or '').
+  c.data.eval_splits = fields.object_field(None)
   c.data.shuffle_buffer = whole(10_000, low=0)  # 0: keep the dataset's order
   # Read each split from shards_dir/<split>, written by `python -m
   # looper.cli.shards write`, instead of calling dataset_fn (file mode).
@@ -368,7 +368,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _check(not c.train.early_stop_patience or bool(c.checkpoint.best_metric),
          "train.early_stop_patience", c.train.early_stop_patience,
          "early stopping watches checkpoint.best_metric; set"
-         " --config.checkpoint.best_metric (e.g. accuracy)")
+         " --config.checkpoint.best_metric (e.g. accuracy, val/accuracy)")
   _check_choice(c.optimizer.name, "optimizer.name", optimizers.OPTIMIZERS)
   _check_choice(c.train.precision, "train.precision", precision.PRECISIONS)
   _check(isinstance(c.optimizer.ema_decay, (int, float)) and
@@ -387,7 +387,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
            "strategy 'tpu' needs the TPU name or address (use 'local' on a"
            " TPU VM)")
   parse_split(c.data.train_split, "data.train_split")
-  parse_split(c.data.eval_split, "data.eval_split")
+  splits.check_eval_sets(c, c.loss if isinstance(c.loss, dict) else ())
 
 
 def check_steps(c: ml_collections.ConfigDict) -> None:

@@ -8,6 +8,9 @@ Synopsis::
     # 'fresh start': what the header says the mode starts from or reads
     modes.export_checkpoint(trainer, evaluator, ckpt, workdir, None,
                             chief=True, on_tpu=False)  # --mode=export
+    out = modes.open_workdir(wd, config, modes.MODES["train"], chief=True,
+                             eval_names=["accuracy"], input_hint="",
+                             trackers=[])  # config.json, the writers
 
 `looper.run.Run` runs them: every mode but export through a `Controller`
 method (train, train_and_eval, evaluate, continuous_eval), export here
@@ -17,10 +20,17 @@ method (train, train_and_eval, evaluate, continuous_eval), export here
 import dataclasses
 from typing import Callable
 
+import tensorflow as tf
+
+from looper import config as config_lib
 from looper import errors
+from looper import references
 from looper import workdir as workdir_lib
 from looper.workdir import checkpoint
 from looper.workdir import export
+from looper.workdir import files
+from looper.workdir import hparams
+from looper.workdir import summaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,3 +83,24 @@ def export_checkpoint(trainer, evaluator, ckpt: checkpoint.Checkpointer,
   if chief:  # the other workers hold the same weights
     result["export"] = export.export(trainer, evaluator, wd, on_tpu=on_tpu)
   return result
+
+
+def open_workdir(wd: workdir_lib.Workdir, config, mode: Mode, chief: bool,
+                  *, eval_names: list[str], input_hint: str,
+                  trackers: list) -> summaries.Summaries:
+  """config.json (training only) and the writers (`trackers`: the
+  chief's), or one line."""
+  table = hparams.Table.of(references.to_json(config),
+                           references.to_json(config_lib.default_config()),
+                           eval_names)
+  try:
+    if chief and mode.trains:
+      with files.on_full_disk(wd.root, "config.json", wd.checkpoints):
+        files.makedirs(wd.root)
+        files.write_text(wd.config, references.to_json(config))
+    return summaries.Summaries(
+        wd, chief=chief, total_steps=config.train.steps, trains=mode.trains,
+        eval_dir=mode.eval_events(wd) if mode.eval_events else None,
+        table=table, input_hint=input_hint, trackers=tuple(trackers))
+  except (tf.errors.OpError, OSError) as e:
+    raise errors.unwritable_workdir(wd.root, e) from None

@@ -44,6 +44,14 @@ def pytest_configure(config):  # pylint: disable=unused-argument
   absl_logging.set_verbosity(absl_logging.INFO)
 
 
+@pytest.fixture(autouse=True)
+def _absl_logs_info():
+  """Each test starts with absl's INFO lines on, whatever ran before it in
+  this worker: saving a SavedModel sets absl's logger to WARNING and leaves
+  it there (TensorFlow 2.21), and a test's caplog would then see nothing."""
+  absl_logging.set_verbosity(absl_logging.INFO)
+
+
 def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
   _SESSION["status"] = int(exitstatus)
   appeared = private_home.leave()

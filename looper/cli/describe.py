@@ -19,6 +19,7 @@ from looper import console
 from looper import references
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
+from looper.data import splits
 from looper.options import distribute
 from looper.train import epochs
 from looper.workdir import summaries
@@ -40,8 +41,8 @@ def describe(config) -> str:
                           trainer.model, batch, epoch=epoch,
                           note=trainer.random.note()),
            "", "data"]
-  for field in ("data.train_split", "data.eval_split"):
-    split = config.data[field.split(".")[1]]
+  for split in (config.data.train_split, *splits.eval_sets(config).values()):
+    field = splits.split_field(config, split)
     source = data.source(split)
     size = data.size(split)  # element mode: counted by one pass
     inputs, labels, weights = batch_lib.parts(

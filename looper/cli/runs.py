@@ -13,9 +13,10 @@ Synopsis::
 
 One row per workdir (a directory holding `train/` or `eval/`), from its
 `metrics.jsonl` (see `looper.workdir.jsonl`; no event file is read): the last
-step, the last value of every eval metric, the best evaluation by
-`best.Best.of` (`checkpoint.best_metric` from its config.json; else
-`accuracy`; else the loss) with its step, the goodput of its training
+step, the last value of every eval metric (each eval set's as
+`<set>/<metric>`), the best evaluation by `best.Best.of`
+(`checkpoint.best_metric` from its config.json; else `accuracy`; else the
+loss; of the monitor set) with its step, the goodput of its training
 attempts and their wall time added up (from its goodput/ records:
 looper.train.goodput): each attempt from its process' start to its end,
 the time between attempts (a stopped run waiting for its rerun) not
@@ -37,13 +38,15 @@ import tensorflow as tf
 
 from looper import workdir as workdir_lib
 from looper.cli import parsing
+from looper.data import splits
 from looper.options import best
 from looper.train import goodput
 from looper.workdir import files
 from looper.workdir import jsonl
 from looper.workdir import formats
 
-# What an eval line holds beside its metrics: not a column.
+# What an eval line holds beside its metrics (and each set's
+# '<set>/examples'): not a column.
 _NOT_METRICS = ("kind", "step", "time", "examples")
 # The column of the training attempts' wall time, added up (module doc).
 WALL = "wall (all attempts)"
@@ -80,12 +83,14 @@ def summarize(workdir: str) -> dict[str, str] | None:
     return None
   row = {"run": workdir, "step": str(max(l["step"] for l in logged))}
   evals = [l for l in logged if l["kind"] == "eval"]
-  names = [k for k in evals[-1] if k not in _NOT_METRICS] if evals else []
+  names = [k for k in evals[-1] if k not in _NOT_METRICS and
+           not k.endswith("/examples")] if evals else []
   for name in sorted(names):
     row[name] = formats.number(evals[-1][name])
   # No config.json, or unreadable: the defaults.
   saved = files.read_json(wd.config) or {}
-  rule = best.Best.of(saved.get("checkpoint", {}), names)
+  rule = best.Best.of(saved.get("checkpoint", {}), names,
+                      splits.monitor_set(saved))
   top = rule.first_best((l["step"], l[rule.metric]) for l in evals
                         if rule.metric in l)
   if rule.metric in names and top:

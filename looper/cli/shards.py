@@ -18,6 +18,7 @@ import sys
 from looper import references
 from looper.cli import parsing
 from looper.data import shards
+from looper.data import splits as splits_lib
 from looper.errors import ConfigError
 
 
@@ -34,7 +35,7 @@ def main(argv):
       " --config.data.shards_dir=<out>.")
   splits = flags.DEFINE_list(
       "splits", None, "Splits to write (default: config.data.train_split"
-      " and config.data.eval_split).")
+      " and config.data.eval_split, or each of config.data.eval_splits).")
   shard_mb = flags.DEFINE_float("shard_mb", shards.DEFAULT_SHARD_BYTES / 2**20,
                                 "Target size of one shard, in MiB.")
   min_shards = flags.DEFINE_integer(
@@ -58,11 +59,12 @@ def main(argv):
 
 
 def write(config, out: str, splits=None, **options):
-  """Writes each of `splits` (default: the train and eval split) of
+  """Writes each of `splits` (default: the train and eval splits) of
   `config`'s dataset_fn to out/<split>; yields a line per split.
   `options`: `shard_bytes`, `min_shards` of `looper.data.shards.write`."""
   dataset_fn = references.resolve(config.dataset_fn, "dataset_fn")
-  for split in splits or (config.data.train_split, config.data.eval_split):
+  default = [config.data.train_split, *splits_lib.eval_sets(config).values()]
+  for split in splits or dict.fromkeys(default):
     directory = os.path.join(out, split)
     index = shards.write(shards.as_dataset(dataset_fn(config, split), split),
                          directory, **options)

@@ -48,6 +48,7 @@ from looper import references
 from looper.data import batch as batch_lib
 from looper.data import checks
 from looper.data import input as input_lib
+from looper.data import splits
 from looper.options import distribute
 from looper.train import epochs
 from looper.options import precision
@@ -86,14 +87,15 @@ def check(config, *, cores: int = 8, batches: int = 20,
                         steps_per_loop=config.train.steps_per_loop)
   if notes is not None and trainer.random.note():
     notes.append(trainer.random.note())
-  splits = {"train": config.data.train_split, "eval": config.data.eval_split}
+  read = [config.data.train_split, *splits.eval_sets(config).values()]
   try:
-    examples = {k: data.examples(split) for k, split in splits.items()}
+    examples = {split: data.examples(split) for split in read}
   except errors.ConfigError as e:  # e.g. examples of dynamic shape
     return problems + [str(e)]
-  for kind, split in splits.items():
-    problems += _dtype_problems(examples[kind].element_spec, split)
-    problems += _python_in_pipeline(examples[kind], split, f"data.{kind}_split")
+  for split, dataset in examples.items():
+    problems += _dtype_problems(dataset.element_spec, split)
+    problems += _python_in_pipeline(dataset, split,
+                                    splits.split_field(config, split))
   ctx = tf.distribute.InputContext(1, 0, cores)  # one core's batches
   source = data.source(config.data.train_split)
   try:  # e.g. file mode: the files must split over the cores
@@ -115,7 +117,7 @@ def check(config, *, cores: int = 8, batches: int = 20,
         f" padded lengths remain (see experiments/text_classifier.py)")
   inputs, labels, weights = batch_lib.parts(first)
   # padded_batch: variable-length examples (data.bucket) batch too.
-  eval_inputs = next(iter(examples["eval"].padded_batch(
+  eval_inputs = next(iter(examples[read[-1]].padded_batch(
       per_core.eval_per_replica, drop_remainder=True)))[0]
   steps = {
       "train step": (trainer.compute_gradients, (inputs, labels) if

@@ -6,12 +6,13 @@ Synopsis::
     input = Input(config, strategy, batch)  # data.*: batches of `batch`
     input.examples("test")               # one checked pass of (inputs, label)
     input.size("train")                  # examples in one pass (counted once)
+    input.short_split("train")           # a warning: a batch repeats examples
     input.faster()                       # what to try if training waits
     batches = input.train_iterator()     # per-replica train batches, from
                                          # the data position on; kept
     input.advance(batches=k)             # in the loop: k batches consumed
     input.seek(position)                 # reopen at `position` examples
-    count, steps, data = input.eval_data()  # one eval pass, repeated
+    count, steps, data = input.eval_data("test")  # one eval pass, repeated
 
 The data position is the count of global train examples consumed: a
 variable the checkpoint holds (`checkpoint_items`), so a resumed run opens
@@ -80,6 +81,24 @@ class Input:
       self._sizes[split] = self.source(split).size or checks.num_examples(
           self.examples(split), split, splits.split_field(self.config, split))
     return self._sizes[split]
+
+  def short_split(self, split: str) -> str:
+    """One warning line if an update holds more examples than the train
+    split `split` has, so each repeats some (its size if known without a
+    pass: the source's, counted, or tf.data's cardinality); else ''."""
+    size = self._sizes.get(split) or self.source(split).size
+    if size is None:
+      size = max(int(self.examples(split).cardinality()), 0) or None
+    update = self.batch.global_batch_size
+    if size is None or size >= update:
+      return ""
+    batch = ("train.batch_size" if self.batch.accum_steps == 1 else
+             f"train.batch_size={self.batch.micro_batch_size} x"
+             f" train.grad_accum_steps={self.batch.accum_steps}")
+    return (f"config.{splits.split_field(self.config, split)}={split!r} holds"
+            f" {size} examples, fewer than one update's {update} ({batch}):"
+            " every update repeats examples; lower --config.train.batch_size"
+            " or widen the split")
 
   def faster(self) -> str:
     """What to try when training waits for its batches, in the train
@@ -156,17 +175,17 @@ class Input:
 
   # --- Eval -------------------------------------------------------------------
 
-  def eval_data(self, *, recount: bool = False
+  def eval_data(self, split: str, *, recount: bool = False
                 ) -> tuple[int, int, tf.distribute.DistributedDataset]:
-    """(count, steps, data): one eval pass is `steps` batches of
-    batch.eval_batch_size, holding `count` real examples (the rest padding
-    with mask 0); `data` repeats the pass without end. `recount`: count the
-    split again, not the size counted before (see `size`)."""
-    c = self.config
-    source = self.source(c.data.eval_split)
+    """(count, steps, data): one eval pass over `split` (an eval set's) is
+    `steps` batches of batch.eval_batch_size, holding `count` real examples
+    (the rest padding with mask 0); `data` repeats the pass without end.
+    `recount`: count the split again, not the size counted before (see
+    `size`)."""
+    source = self.source(split)
     count, steps = elements.eval_plan(
-        self.size(c.data.eval_split, recount=recount),
-        self.batch.eval_batch_size, c.eval.steps)
+        self.size(split, recount=recount), self.batch.eval_batch_size,
+        self.config.eval.steps)
     return count, steps, self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(source.eval(
             ctx, batch_size=self.batch.eval_batch_size, count=count,

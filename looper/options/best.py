@@ -6,7 +6,8 @@ Synopsis::
     rule.better(0.91, than=0.90)             # True; a NaN beats nothing
     rule.first_best([(100, 0.8), (200, 0.9)])  # (200, 0.9)
     best.Best.of(config_json["checkpoint"], eval_names)  # a run's rule
-    best.check_best_metric("accuracy", evaluator.metric_names)
+    best.Best.of({}, ["val/loss", "val/accuracy"], eval_set="val")
+    best.check_best_metric("val/accuracy", evaluator.metric_names)
 
 The same rule picks the best checkpoint and counts early stopping's
 patience (looper.train.eval_action), and fills the best columns of
@@ -18,6 +19,7 @@ import math
 import operator
 from typing import Iterable, Mapping
 
+from looper.data import splits
 from looper.errors import ConfigError
 
 
@@ -27,12 +29,11 @@ BEST_MODES = {"max": operator.gt, "min": operator.lt}
 
 def check_best_metric(best_metric: str, metric_names: list[str]) -> None:
   """`checkpoint.best_metric` must be one of the values evaluation reports
-  (`metric_names`: the Evaluator's, besides the loss)."""
-  names = ["loss"] + metric_names
-  if best_metric and best_metric not in names:
+  (`metric_names`: the Evaluator's; with eval sets, '<set>/<metric>')."""
+  if best_metric and best_metric not in metric_names:
     raise ConfigError(
         f"config.checkpoint.best_metric={best_metric!r} is not an eval"
-        f" metric; use one of {', '.join(names)}")
+        f" metric; use one of {', '.join(metric_names)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,15 +43,18 @@ class Best:
   mode: str = "max"  # a key of BEST_MODES
 
   @classmethod
-  def of(cls, checkpoint: Mapping, eval_names: Iterable[str]) -> "Best":
+  def of(cls, checkpoint: Mapping, eval_names: Iterable[str],
+         eval_set: str = "") -> "Best":
     """The rule of a run, from its config's `checkpoint` section (as in
     config.json): `best_metric` and `best_mode` if set; else the accuracy
-    (max) if it is evaluated; else the loss (min)."""
+    (max) if it is evaluated; else the loss (min), of `eval_set` (with
+    data.eval_splits, the monitor set: looper.data.splits)."""
     if checkpoint.get("best_metric"):
       return cls(checkpoint["best_metric"], checkpoint.get("best_mode", "max"))
-    if "accuracy" in eval_names:
-      return cls("accuracy", "max")
-    return cls("loss", "min")
+    accuracy = splits.metric_name(eval_set, "accuracy")
+    if accuracy in eval_names:
+      return cls(accuracy, "max")
+    return cls(splits.metric_name(eval_set, "loss"), "min")
 
   def better(self, value: float, than: float | None) -> bool:
     """Whether `value` beats `than` (None: no value yet). A NaN beats

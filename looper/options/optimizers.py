@@ -11,7 +11,9 @@ Schedules are Keras' (keras.optimizers.schedules), functions of the
 optimizer's step: `constant`, `cosine` (to 0 at `total_steps`) and `linear`
 (to 0 at `total_steps`), each optionally after `warmup_steps` of linear
 warmup (update k of the warmup uses k/warmup_steps of the rate; see
-`Warmup`, the one piece Keras cannot express). With `scale_lr_with_batch`
+`Warmup`, the one piece Keras cannot express); with config.callbacks,
+times the Trainer's `learning_rate_scale` (`Scaled`: how a Keras callback
+sets the rate, looper.train.callbacks). With `scale_lr_with_batch`
 the peak rate is `learning_rate * batch / reference_batch_size` (the linear
 scaling rule of large-batch and TPU training, meant with warmup).
 
@@ -107,6 +109,23 @@ class Warmup(schedules.LearningRateSchedule):
                 decay=self.decay, total_steps=self.total_steps)
 
 
+class Scaled(schedules.LearningRateSchedule):
+  """`schedule` times `scale`, a float32 variable: how a Keras callback
+  (ReduceLROnPlateau, LearningRateScheduler) sets the rate of a run whose
+  rate is a schedule, which Keras' optimizer does not let it set. At
+  scale 1 every rate is the schedule's, bit for bit."""
+
+  def __init__(self, schedule: schedules.LearningRateSchedule,
+               scale: tf.Variable):
+    self.schedule, self.scale = schedule, scale
+
+  def __call__(self, step):
+    return self.schedule(step) * self.scale
+
+  def get_config(self):
+    return {"schedule": schedules.serialize(self.schedule)}
+
+
 def peak_rate(opt: ml_collections.ConfigDict, global_batch_size: int) -> float:
   """The configured rate, scaled linearly with the batch if asked to."""
   if not opt.scale_lr_with_batch:
@@ -115,15 +134,17 @@ def peak_rate(opt: ml_collections.ConfigDict, global_batch_size: int) -> float:
 
 
 def build(opt: ml_collections.ConfigDict, total_steps: int,
-          global_batch_size: int) -> keras.optimizers.Optimizer:
-  """Returns the Keras optimizer for `config.optimizer` (call inside scope)."""
+          global_batch_size: int, scale: tf.Variable | None = None
+          ) -> keras.optimizers.Optimizer:
+  """Returns the Keras optimizer for `config.optimizer` (call inside scope),
+  its rate times `scale` if given (`Scaled`)."""
   # Always a schedule, even for a constant rate: Keras checkpoints a plain
   # float rate as a variable, so a resumed run would silently keep the old
   # rate over a new --config.optimizer.learning_rate. A schedule is a
   # function of the restored step and the config alone.
   lr = schedule(peak_rate(opt, global_batch_size), opt.warmup_steps,
                 opt.schedule, total_steps)
-  return OPTIMIZERS[opt.name](lr, opt)
+  return OPTIMIZERS[opt.name](lr if scale is None else Scaled(lr, scale), opt)
 
 
 def after_sum(optimizer: keras.optimizers.Optimizer, *,

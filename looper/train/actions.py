@@ -1,4 +1,4 @@
-"""Periodic actions: what the Controller does between train loops, and when.
+"""Periodic actions: what the Controller does between train loops, and when (public: `looper.Action`, `looper.Moment`).
 
 Synopsis::
 
@@ -6,8 +6,12 @@ Synopsis::
       ckpt.save(now.step, sync=now.stopping)
 
     save = actions.Action(save, every_steps=1000, every_secs=600,
-                          at_end=True, on_stop=True)
+                          at_end=True, on_stop=True, all_workers=True)
     controller = Controller(trainer, ..., save_actions=[save])
+
+    def log_samples(now):            # a user's: config.actions = [...]
+      now.writer.write_images(now.step, {"samples": images(now.step)})
+    looper.Action(log_samples, every_steps=500)
 
 An action is a function of a `Moment` plus a trigger. It fires after a
 train loop when any of these holds:
@@ -22,15 +26,25 @@ train loop when any of these holds:
 - `on_stop`: training is stopping early on a signal (preemption).
 `on_start(moment)`, if given, runs when training starts, resumes or rolls
 back to `moment.step` (e.g. to forget what a killed run wrote past it).
+Under multi-worker an action runs on the chief only (`fn` and `on_start`;
+its trigger is kept on every worker, so `every_secs` agrees) unless
+`all_workers=True` (what takes part in a collective: a save, an
+evaluation).
 
 The `Moment` is all an action is given and all it may change: the step,
 the `Loop` just run (its first step, per-step losses, logs, seconds), the
 time each action before it took after that loop (`spent`), whether
-training ends or stops there, and `end_training(reason)` (an early stop).
+training ends or stops there, `end_training(reason)` (an early stop),
+`writer`, the run's writers (looper.workdir.writers: TensorBoard's train/,
+metrics.jsonl, the experiment trackers) to write scalars, images,
+histograms and texts through, and `trainer`, the run's Trainer (its model,
+optimizer, strategy).
 What the function returns, if not None, is the mode's result under the
 action's `name` (the last value: the evaluation's logs, the export's path).
 New behaviour (export, a profiler window, an early stop) is a new action:
-the Controller's loop does not change.
+the Controller's loop does not change. A user's join the run's through
+`config.actions` (`of_config`): after the evaluation, before the save, so
+that what they write is covered by the checkpoint that follows.
 """
 
 import dataclasses
@@ -38,6 +52,9 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+
+from looper import errors
+from looper import references
 
 
 @dataclasses.dataclass
@@ -69,6 +86,11 @@ class Moment:
   agree: Callable[[bool], bool] = bool
   # Seconds each action (by name) took after this loop, so far.
   spent: dict[str, float] = dataclasses.field(default_factory=dict)
+  # The run's writers (a looper.workdir.writers.Writer; no-ops but on the
+  # chief); None outside a run.
+  writer: Any = None
+  trainer: Any = None  # the run's looper.Trainer; None outside a run
+  chief: bool = True  # this process is the one that writes files
 
   @property
   def end(self) -> bool:
@@ -93,6 +115,7 @@ class Action:
                every_loop: bool = False, at_end: bool = False,
                on_stop: bool = False,
                on_start: Callable[[Moment], None] | None = None,
+               all_workers: bool = False,
                clock: Callable[[], float] = time.monotonic,
                name: str | None = None):
     if every_steps < 0 or every_secs < 0:
@@ -105,6 +128,7 @@ class Action:
     self.at_end = at_end
     self.on_stop = on_stop
     self._on_start = on_start
+    self.all_workers = all_workers
     self.name = name or getattr(fn, "__name__", type(fn).__name__)
     self._clock = clock
     self._last_step = 0
@@ -114,7 +138,7 @@ class Action:
     """Resets the trigger at the step training starts (or resumes) from."""
     self._last_step = now.step
     self._last_time = self._clock()
-    if self._on_start is not None:
+    if self._on_start is not None and (self.all_workers or now.chief):
       self._on_start(now)
 
   def boundary(self, step: int) -> int | None:
@@ -140,11 +164,28 @@ class Action:
     return late
 
   def __call__(self, now: Moment) -> Any:
-    """Fires if due; returns what `fn` returned (None if not due)."""
+    """Fires if due; returns what `fn` returned (None if not due, or not
+    run here: a chief's action on another worker)."""
     if not self.due(now):
       self._last_step = now.step
       return None
-    result = self.fn(now)
+    result = self.fn(now) if self.all_workers or now.chief else None
     self._last_step = now.step
     self._last_time = self._clock()
     return result
+
+
+def of_config(config) -> list[Action]:
+  """The actions `config.actions` holds: a list of Actions, or a factory
+  (a callable or a 'module:name' string) `f(config)` returning one; one
+  line naming the field if it is something else."""
+  value = config.actions
+  if isinstance(value, str) or (callable(value) and
+                                not isinstance(value, Action)):
+    value = references.resolve(value, "actions")(config)
+  if not (isinstance(value, (list, tuple)) and
+          all(isinstance(a, Action) for a in value)):
+    raise errors.ConfigError(
+        f"config.actions={value!r}: give a list of looper.Action, or a"
+        " factory f(config) returning one ('module:name' or a function)")
+  return list(value)

@@ -159,6 +159,10 @@ class Controller:
     spikes: which loops spike (`SpikeSurface`); None: none do.
     peak: the FLOP/s of the run's devices that `mfu` is the share of
       (`PeakSurface`: looper.train.peak_flops.Peak); None: no mfu.
+    writer: the run's writers, given to actions as `Moment.writer`
+      (looper.workdir.summaries.Summaries.writer).
+    chief: whether this process is the chief (`Moment.chief`: an action
+      not for all workers runs there only).
     clock: times each loop (steps_per_sec), injectable for tests.
   """
 
@@ -170,7 +174,8 @@ class Controller:
                save_actions: Sequence[actions_lib.Action] = (),
                nan_recovery_tries: int = 0,
                spikes: SpikeSurface | None = None,
-               peak: PeakSurface | None = None,
+               peak: PeakSurface | None = None, writer=None,
+               chief: bool = True,
                clock: Callable[[], float] = time.perf_counter):
     self.trainer = trainer
     self.checkpointer = checkpointer
@@ -183,6 +188,7 @@ class Controller:
     self._nan_tries = nan_recovery_tries
     self._spikes = spikes
     self._peak = peak
+    self._writer, self._chief = writer, chief
     self._above_peak = False  # said once that a loop beat the peak
     self._clock = clock
 
@@ -260,7 +266,9 @@ class Controller:
                    step, self.total_steps)
       return result
     stop = self.trainer.stop
-    now = actions_lib.Moment(step, self.total_steps, agree=stop.agree)
+    now = actions_lib.Moment(step, self.total_steps, agree=stop.agree,
+                             writer=self._writer, trainer=self.trainer,
+                             chief=self._chief)
     self._start(now, actions)
     tries = 0
     while not (now.end or now.stopping):

@@ -59,7 +59,8 @@ class Window(actions.Action):
     if start_step < 1 or num_steps < 1:
       raise ValueError(f"profiler window: start_step={start_step} and"
                        f" num_steps={num_steps} must be >= 1")
-    super().__init__(self._update, at_end=True, on_stop=True, name="profile")
+    super().__init__(self._update, at_end=True, on_stop=True,
+                     all_workers=True, name="profile")
     self._workdir = workdir
     self._edges = (start_step, start_step + num_steps)
     self._start, self._stop = start, stop

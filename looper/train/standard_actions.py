@@ -3,7 +3,6 @@
 Synopsis (what `looper.run.Run._build_actions` assembles)::
 
     report = [standard_actions.train_summaries(out),
-              standard_actions.progress(out),
               standard_actions.loop_end_hook(trainer)]
     evaluate = [standard_actions.evaluations(eval_action, every_steps=1000)]
     save = [standard_actions.checkpoints(ckpt, every_steps=1000,
@@ -13,14 +12,16 @@ Synopsis (what `looper.run.Run._build_actions` assembles)::
     controller.add_actions(report=report, evaluate=evaluate, save=save)
     controller.add_actions(save=[standard_actions.accounting(ledger, out)])
 
-Each factory takes its collaborators as arguments (the Summaries writer,
+Each runs on every worker (`all_workers`: the writers are no-ops but on
+the chief; a save and an evaluation are collectives). Each factory takes
+its collaborators as arguments (the Summaries writer,
 the Trainer, a `looper.train.eval_action.EvalAction`, the Checkpointer, a
 `looper.train.goodput.Ledger`) and returns one `looper.train.actions.Action`
 (the profiler window is one already: looper.train.profiler.Window). The
 groups run in that order after each loop: report (every loop), evaluate
-(train_and_eval only), save (the checkpoint, the profiler window, the
-export at the end, and last the goodput accounting, which times the
-others).
+(train_and_eval only), save (the user's actions, the checkpoint, the
+profiler window, the export at the end, the trackers' deliveries, and last
+the goodput accounting, which times the others).
 """
 
 from looper import workdir as workdir_lib
@@ -32,27 +33,21 @@ from looper.workdir import summaries
 
 
 def train_summaries(out: summaries.Summaries) -> actions.Action:
-  """Each loop's per-step losses and logs to the events and
-  metrics.jsonl; on a (re)start, what a killed run wrote past the step is
-  dropped."""
+  """Each loop's per-step losses and logs to the train writer (events,
+  metrics.jsonl, the progress line, the trackers); on a (re)start, what a
+  killed run wrote past the step is dropped."""
   return actions.Action(
       lambda now: out.train(now.loop.first_step, now.loop.losses,
                             now.loop.logs),
       every_loop=True, on_start=lambda now: out.purge_after(now.step),
-      name="train_summaries")
-
-
-def progress(out: summaries.Summaries) -> actions.Action:
-  """The progress line after each loop."""
-  return actions.Action(lambda now: out.progress(now.step, now.loop.logs),
-                        every_loop=True, name="progress")
+      all_workers=True, name="train_summaries")
 
 
 def loop_end_hook(trainer) -> actions.Action:
   """`Trainer.on_loop_end(step, logs)`, the host-side hook, each loop."""
   return actions.Action(
       lambda now: trainer.on_loop_end(now.step, now.loop.logs),
-      every_loop=True, name="on_loop_end")
+      every_loop=True, all_workers=True, name="on_loop_end")
 
 
 def evaluations(evaluate: eval_action.EvalAction, *,
@@ -61,7 +56,8 @@ def evaluations(evaluate: eval_action.EvalAction, *,
   evaluations past the step are forgotten. Its logs are the mode's
   result["eval"]."""
   return actions.Action(evaluate, every_steps=every_steps, at_end=True,
-                        on_start=evaluate.resume, name="eval")
+                        on_start=evaluate.resume, all_workers=True,
+                        name="eval")
 
 
 def checkpoints(ckpt, *, every_steps: int, every_secs: float
@@ -74,7 +70,8 @@ def checkpoints(ckpt, *, every_steps: int, every_secs: float
     ckpt.save(now.step, sync=now.stopping)
 
   return actions.Action(save, every_steps=every_steps, every_secs=every_secs,
-                        at_end=True, on_stop=True, name="checkpoint")
+                        at_end=True, on_stop=True, all_workers=True,
+                        name="checkpoint")
 
 
 def export_at_end(trainer, evaluator, wd: workdir_lib.Workdir, *,
@@ -83,7 +80,25 @@ def export_at_end(trainer, evaluator, wd: workdir_lib.Workdir, *,
   mode's result["export"]."""
   return actions.Action(
       lambda now: export.export(trainer, evaluator, wd, on_tpu=on_tpu),
-      at_end=True, name="export")
+      at_end=True, all_workers=True, name="export")
+
+
+def deliveries(trackers: list, ckpt) -> actions.Action:
+  """After each loop, after the saves: each tracker (looper.trackers)
+  sends what the newest complete checkpoint covers; on a (re)start, what
+  a killed run had not sent, from metrics.jsonl. `ckpt`: the
+  Checkpointer (its `durable_step`)."""
+
+  def deliver(now: actions.Moment) -> None:
+    for tracker in trackers:
+      tracker.deliver(ckpt.durable_step)
+
+  def start(now: actions.Moment) -> None:
+    for tracker in trackers:
+      tracker.start(now.step)
+
+  return actions.Action(deliver, every_loop=True, on_start=start,
+                        name="trackers")
 
 
 def accounting(ledger: goodput.Ledger, out: summaries.Summaries
@@ -104,4 +119,4 @@ def accounting(ledger: goodput.Ledger, out: summaries.Summaries
 
   return actions.Action(account, every_loop=True,
                         on_start=lambda now: ledger.start(now.step),
-                        name="goodput")
+                        all_workers=True, name="goodput")

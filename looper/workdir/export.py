@@ -15,7 +15,7 @@ Synopsis::
 
 Training feeds static shapes (every batch `train.batch_size`, XLA's rule);
 serving takes any batch. The export traces `Trainer.serve` once on an input
-signature made from one EXAMPLE's spec (the eval split's) with a leading
+signature made from one EXAMPLE's spec (the first eval set's) with a leading
 None, so the train batch size appears nowhere in the graph. The weights are
 the moving average when `optimizer.ema_decay` is set (as eval sees them).
 
@@ -38,6 +38,7 @@ import keras
 import tensorflow as tf
 
 from looper import workdir as workdir_lib
+from looper.data import splits
 from looper.workdir import checkpoint
 from looper.workdir import files
 
@@ -75,7 +76,8 @@ def export(trainer, evaluator, workdir: workdir_lib.Workdir, *,
   final = workdir.export_version(step)
   partial = workdir.export_partial(step)
   data = evaluator.input
-  spec = data.examples(data.config.data.eval_split).element_spec[0]
+  split = next(iter(splits.eval_sets(data.config).values()))
+  spec = data.examples(split).element_spec[0]
   signature = input_signature(spec)
   archive = keras.export.ExportArchive()
   archive.track(trainer.model)

@@ -3,6 +3,7 @@
 Synopsis (what `run` and `summaries` do)::
 
     table = hparams.Table.of(config_json, defaults_json, ["loss", "accuracy"])
+    # or, with data.eval_splits: ["test/loss", ..., "val/accuracy"]
     with writer.as_default():                   # Workdir.hparams_events
       table.write_start(trial_id=workdir)          # once, at step 0
     table.eval_results(eval_logs, best_so_far)     # metric columns
@@ -16,8 +17,9 @@ One row per run, written in the run's own directory (`workdir/hparams/`):
   optimizer.schedule=cosine train.precision=float32 seed=0
   data.train_split=test[:8000] model.width=32`);
 * metric columns: `hparams/eval_<metric>` (the last evaluation, the
-  configured metrics first, then the loss), `hparams/best_eval_<metric>`
-  (by `looper.train.eval_action.Best.of`) and `hparams/train_loss` (the last
+  configured metrics first, then the loss; of each eval set in turn as
+  `hparams/eval_<set>/<metric>`), `hparams/best_eval_<metric>`
+  (by `looper.options.best.Best.of`) and `hparams/train_loss` (the last
   loop's mean):
   scalars written in the same directory as the run goes, so a single run
   has metric columns too.
@@ -46,6 +48,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 import tensorflow as tf
 
 from looper import references
+from looper.data import splits
 from looper.options import best
 
 PREFIX = "hparams"  # of the metric columns' tags
@@ -101,10 +104,15 @@ class Table:
     config, defaults = flat(config_json), flat(defaults_json)
     values = {k: config[k] for k in COLUMNS if k in config}
     values[SETTINGS] = settings(config, defaults)
-    names = [n for n in eval_names if n not in ("loss", "examples")]
-    names.append("loss")
-    checkpoint = json.loads(config_json).get("checkpoint", {})
-    return cls(values, names, best.Best.of(checkpoint, names))
+    whole = json.loads(config_json)
+    names = []
+    for eval_set in splits.eval_sets(whole):  # each set's loss last
+      prefix = splits.metric_name(eval_set, "")  # 'val/', or ''
+      names += [n for n in eval_names if n.startswith(prefix) and
+                n[len(prefix):] not in ("loss", "examples")]
+      names.append(prefix + "loss")
+    return cls(values, names, best.Best.of(whole.get("checkpoint", {}), names,
+                                           splits.monitor_set(whole)))
 
   def metric_tags(self) -> list[str]:
     """The metric columns' scalar tags, in column order."""

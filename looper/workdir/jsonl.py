@@ -8,16 +8,20 @@ Synopsis::
     log.write("eval", step=100, logs={"loss": 0.2, "accuracy": 0.93, ...})
     log.truncate_after(step)                   # a resume or a roll-back
     jsonl.read(workdir.metrics)                # the lines, as dicts
+    jsonl.named(line)                          # {"train/loss": 0.3, ...}
 
     import pandas as pd
     pd.read_json("/tmp/mnist/metrics.jsonl", lines=True)   # a DataFrame
 
-Each line is {"kind": "start" | "train" | "eval", "step": the global step,
-"time": seconds since the epoch, then every logged value}. Train lines
-hold the loop's mean loss, the train metrics, learning_rate,
+Each line is {"kind": "start" | "train" | "eval" | "action", "step": the
+global step, "time": seconds since the epoch, then every logged value}.
+Train lines hold the loop's mean loss, the train metrics, learning_rate,
 steps_per_sec, examples_per_sec, tokens_per_sec (sequences), flops_per_sec,
 mfu and input_wait_fraction at the loop's
-last step; eval lines every eval metric and `examples`. The file is
+last step; eval lines every eval metric and `examples`; action lines the
+scalars an action wrote (`Moment.writer`). Outside the run (experiment
+trackers) the names are prefixed by kind, `named(line)`: `train/loss`,
+`eval/loss`, an action's as it wrote them. The file is
 written as the run goes (a line is flushed when written) and truncated on
 resume exactly like the event files, so no step appears twice. `looper
 runs` reads it. Only training runs write it (the chief); an evaluator
@@ -44,6 +48,17 @@ from looper.workdir import files
 
 # Lines in a part: a write uploads at most this many (~30 KB).
 PART_LINES = 100
+# A line's names outside the run, where train and eval metrics share one
+# namespace (a tracker's run): prefixed by the line's kind.
+PREFIXES = {"train": "train/", "eval": "eval/", "action": ""}
+NOT_VALUES = ("kind", "step", "time")
+
+
+def named(line: dict) -> dict[str, float]:
+  """The values of a train, eval or action line under their names outside
+  the run (PREFIXES)."""
+  return {PREFIXES[line["kind"]] + k: v for k, v in line.items()
+          if k not in NOT_VALUES}
 
 
 def read(path: str) -> list[dict]:

@@ -188,7 +188,9 @@ def test_mnist_is_ready():
   from experiments import mnist  # pylint: disable=g-import-not-at-top
   c = mnist.get_config()
   c.data.dir = str(paths.MNIST_DIR)
-  c.data.train_split, c.data.eval_split = "test[:8000]", "test[8000:]"
+  c.data.train_split, c.data.eval_split = "test[:8000]", ""
+  # Each eval set's input is checked (as a run evaluates each).
+  c.data.eval_splits = {"val": "test[8000:9000]", "test": "test[9000:]"}
   c.model.width = 8
   assert tpu_check.check(c, cores=8) == []
 
@@ -197,12 +199,15 @@ def test_describe_names_the_modes_sizes_and_specs_in_process():
   from looper.cli import describe  # pylint: disable=g-import-not-at-top
   c = tiny.get_config()
   c.data.as_arrays = True
+  c.data.eval_splits = {"val": "test[:50%]", "test": "test[50%:]"}
   text = describe.describe(c)
-  # tiny: 1001 examples per split, 8 float features, an int32 class id.
-  assert ("  data.train_split='train': 1,001 examples, array mode; inputs"
-          " float32[8], labels int32[]") in text.splitlines()
-  assert ("  data.eval_split='test': 1,001 examples, array mode; inputs"
-          " float32[8], labels int32[]") in text.splitlines()
+  # tiny: 1001 examples per split, 8 float features, an int32 class id;
+  # each eval set named by its field (the bare data.eval_split: test_cli).
+  spec = "array mode; inputs float32[8], labels int32[]"
+  assert [l for l in text.splitlines() if l.startswith("  data.")] == [
+      f"  data.train_split='train': 1,001 examples, {spec}",
+      f"  data.eval_splits['test']='test[50%:]': 501 examples, {spec}",
+      f"  data.eval_splits['val']='test[:50%]': 500 examples, {spec}"]
   assert json.loads(text.split("\nconfig\n", 1)[1])["train"]["steps"] == 40
 
 

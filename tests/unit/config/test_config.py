@@ -11,6 +11,7 @@ import pytest
 
 from looper import config as lc
 from looper import references
+from looper.data import splits
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 
@@ -198,6 +199,28 @@ def test_empty_split_is_an_error():
   with pytest.raises(lc.ConfigError, match=r"selects no examples of the 10 in"
                      r" 'test'; widen the slice"):
     lc.split_slice("test[20:]", 10, field="data.eval_split")
+
+
+def test_eval_sets_their_order_and_the_monitor_set():
+  """One set of bare names without data.eval_splits; else the sets by name
+  (as any copy of the config has them), the same from config.json."""
+  c = tiny.get_config()
+  assert splits.eval_sets(c) == {"": "test"}
+  assert splits.monitor_set(c) == ""
+  c.data.eval_splits = {"val": "test[:50%]", "test": "test[50%:]"}
+  for each in (c, copy.deepcopy(c), json.loads(references.to_json(c))):
+    assert list(splits.eval_sets(each).items()) == [
+        ("test", "test[50%:]"), ("val", "test[:50%]")]
+    assert splits.monitor_set(each) == "val"  # 'val' if a set has it
+    assert lc.split_field(each, "test[:50%]") == "data.eval_splits['val']"
+  c.data.eval_splits = {"ood": "test[:50%]", "dev": "test[50%:]"}
+  assert splits.monitor_set(c) == "dev"  # else the first by name
+  c.eval.monitor_set = "ood"
+  lc.validate(c)
+  assert splits.monitor_set(c) == "ood"
+  logs = {"dev/loss": 1.0, "dev/accuracy": 0.5, "ood/loss": 2.0}
+  assert splits.set_logs(logs, "ood") == {"loss": 2.0}
+  assert splits.set_logs({"loss": 1.0}, "") == {"loss": 1.0}
 
 
 def test_json_names_functions_so_resolve_loads_them_back():

@@ -45,9 +45,28 @@ def test_advance_in_a_tf_function_counts_batches_of_train_batch_size():
   assert data.data_position == 5 * 16
 
 
+@pytest.mark.parametrize("as_arrays", [False, True])
+def test_a_train_split_smaller_than_an_update_is_said(as_arrays):
+  """Known without a pass (arrays, tf.data's cardinality): one line."""
+  data = _input(train__batch_size=64, data__as_arrays=as_arrays,
+                data__train_split="train[:40]")
+  assert data.short_split("train[:40]") == (
+      "config.data.train_split='train[:40]' holds 40 examples, fewer than"
+      " one update's 64 (train.batch_size): every update repeats examples;"
+      " lower --config.train.batch_size or widen the split")
+  assert data.short_split("train[:64]") == ""
+
+
+def test_a_split_of_unknown_size_is_not_counted_for_the_warning():
+  unknown = lambda c, split: tiny.dataset_fn(c, split).filter(
+      lambda x, y: True)  # cardinality unknown: finding it takes a pass
+  data = _input(train__batch_size=64, dataset_fn=unknown)
+  assert data.short_split("train[:40]") == ""
+
+
 def test_one_eval_pass_holds_every_example_once_then_repeats():
   data = _input()
-  count, steps, dataset = data.eval_data()
+  count, steps, dataset = data.eval_data("test")
   x, y = tiny.make_data(1001, seed=1)
   assert (count, steps) == (1001, 16)  # 15 full batches of 64 + 41
   iterator = iter(dataset)

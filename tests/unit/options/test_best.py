@@ -85,6 +85,33 @@ def test_the_rule_of_a_run(checkpoint, names, want):
   assert table.best == best.Best(*want)
 
 
+def test_without_best_metric_eval_sets_rank_the_monitor_set(tmp_path):
+  """data.eval_splits: the monitor set's accuracy, else its loss; the
+  HParams columns of each set (its loss last) and `looper runs` agree."""
+  names = ["test/loss", "test/accuracy", "val/loss", "val/accuracy"]
+  assert best.Best.of({}, names, "val") == best.Best("val/accuracy", "max")
+  assert best.Best.of({}, ["val/loss", "val/f1"], "val") == best.Best(
+      "val/loss", "min")
+  config = {"data": {"eval_splits": {"val": "a", "test": "b"}},
+            "eval": {"monitor_set": "test"}, "checkpoint": {}}
+  table = hparams.Table.of(json.dumps(config), "{}", names)
+  assert table.eval_names == ["test/accuracy", "test/loss", "val/accuracy",
+                              "val/loss"]
+  assert table.best == best.Best("test/accuracy", "max")
+  wd = workdir.Workdir(str(tmp_path))
+  with open(wd.config, "w") as f:
+    json.dump(config, f)
+  log = jsonl.MetricsLog(wd.metrics)
+  log.start()
+  for step, accuracy in [(10, 0.6), (20, 0.8), (30, 0.7)]:
+    log.write("eval", step, {"test/accuracy": accuracy, "test/examples": 5,
+                             "val/accuracy": 1 - accuracy, "val/examples": 4})
+  row = runs.summarize(wd.root)
+  assert list(row) == ["run", "step", "test/accuracy", "val/accuracy",
+                       "best test/accuracy"]
+  assert row["best test/accuracy"] == "0.8 @20"
+
+
 @pytest.mark.parametrize("metric, mode, history, want", HISTORIES)
 def test_the_best_checkpoint_is_saved_at_each_new_best(tmp_path, metric, mode,
                                                        history, want):

@@ -2,9 +2,10 @@
 
 Training is compared with plain single-device SGD on the same global
 batches (`weighted.reference_losses`: the loss written out from BUILD.md
-"Losses", not looper's code) on 1, 2 and 4 replicas and under
-accumulation; evaluation with NumPy over the whole split, in the element,
-array and file input modes.
+"Losses", not looper's code) on 1 and 2 replicas and under accumulation
+(the cases on 4 replicas: `python -m tests.stress.weights`); evaluation
+with NumPy over the whole split, in the element, array and file input
+modes, and over each of several eval sets.
 """
 
 import json
@@ -30,6 +31,14 @@ from tests.fixtures.paths import ROOT
 
 STEPS = 10
 CLASS_WEIGHTS = (1.0, 3.0, 0.5, 2.0)
+# Two eval sets, each with a padded last batch on every replica count: the
+# tokens case evaluates them after training, beside NumPy over the model's
+# outputs (the sets change nothing in training).
+SETS = {"val": "test[:30%]", "test": "test[30%:]"}
+ROWS = {"val": slice(0, 300), "test": slice(300, None)}
+# The replica counts checked here; 4 (a process of its own, another 9 s):
+# tests/stress/weights.py, the same code path as 2.
+SUITE = (1, 2)
 
 # (name, kind, fields, replica counts)
 CASES = [
@@ -39,14 +48,28 @@ CASES = [
       "data.mode": "arrays"}, (1, 2, 4)),
     ("class-weights", "examples",
      {"data.class_weights": CLASS_WEIGHTS, "data.mode": "arrays"}, (1, 2)),
-    ("tokens", "tokens", {}, (1, 2, 4)),
+    ("tokens", "tokens", {"data.eval_splits": SETS, "eval.batch_size": 64},
+     (1, 2, 4)),
     ("tokens-accum", "tokens", {"train.grad_accum_steps": 2}, (2,)),
     ("heads", "heads", {}, (1, 2)),
 ]
 
+
+def cases(files) -> list:
+  """CASES and file mode's, over 8 shards written into `files`."""
+  x, y, w = weighted.make_data("examples", 1000, 0)
+  shards.write(tf.data.Dataset.from_tensor_slices((x, y, w)),
+               str(files / "train"), min_shards=8)
+  shards.write(tf.data.Dataset.from_tensor_slices(
+      weighted.make_data("examples", 1000, 1)), str(files / "test"),
+               min_shards=8)
+  return CASES + [("files", "examples", {"data.shards_dir": str(files)},
+                   (1, 2, 4))]
+
 def results(strategy, n: int, cases) -> dict:
-  """{"case/n": losses and weights after STEPS} of each case run on `n`
-  replicas (`strategy`'s)."""
+  """{"case/n": losses and weights after STEPS (with eval sets, then the
+  evaluation and the model's outputs on the test split)} of each case run
+  on `n` replicas (`strategy`'s)."""
   out, kept = {}, []
   for name, kind, fields, replicas in cases:
     if n in replicas:
@@ -58,6 +81,11 @@ def results(strategy, n: int, cases) -> dict:
       out[f"{name}/{n}"] = dict(
           losses=losses.tolist(),
           weights=[v.numpy().tolist() for v in t.model.trainable_variables])
+      if "data.eval_splits" in fields:
+        x, _, _ = weighted.make_data(kind, c.model.num_examples, 1)
+        out[f"{name}/{n}"].update(
+            eval=evaluator_lib.Evaluator(t).evaluate(),
+            outputs=t.model(x).numpy().tolist())
       kept.append(t)  # a Mirrored iterator freed while others run stalls
   return out
 
@@ -68,45 +96,41 @@ def _fields(fields):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """Every case on its replica counts: 1 here, 2 and 4 in a process each
-  (one MirroredStrategy per process: collectives of two would clash)."""
-  files = tmp_path_factory.mktemp("shards")
-  x, y, w = weighted.make_data("examples", 1000, 0)
-  shards.write(tf.data.Dataset.from_tensor_slices((x, y, w)),
-               str(files / "train"), min_shards=8)
-  shards.write(tf.data.Dataset.from_tensor_slices(
-      weighted.make_data("examples", 1000, 1)), str(files / "test"),
-               min_shards=8)
-  cases = CASES + [("files", "examples", {"data.shards_dir": str(files)},
-                    (1, 2, 4))]
-  out = results(tf.distribute.get_strategy(), 1, cases)
-  for n in (2, 4):
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.unit.options.test_weights", str(n),
-         json.dumps([(n, k, _fields(f), r) for n, k, f, r in cases])],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+  """Every case on its SUITE replica counts: 1 here, 2 in a process (one
+  MirroredStrategy per process: collectives of two would clash)."""
+  every = cases(tmp_path_factory.mktemp("shards"))
+  out = results(tf.distribute.get_strategy(), 1, every)
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.unit.options.test_weights", "2",
+       json.dumps([(n, k, _fields(f), r) for n, k, f, r in every])],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
   return out
 
 
-@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
+def check_case(runs, name, kind, fields, n):
+  """Case `name` on `n` replicas (`runs`) equals single-device SGD."""
+  c = configured(weighted.get_config(kind), fields)
+  want, weights = weighted.reference_losses(
+      c, STEPS, CLASS_WEIGHTS if fields.get("data.class_weights") else None)
+  got = runs[f"{name}/{n}"]
+  np.testing.assert_allclose(got["losses"], want, rtol=2e-5, atol=1e-6,
+                             err_msg=f"{name} on {n} replicas")
+  for a, b in zip(got["weights"], weights):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow  # a process of 2 CPU devices
 @pytest.mark.parametrize("name,kind,fields,replicas", CASES,
                          ids=[c[0] for c in CASES])
 def test_training_equals_single_device_sgd(runs, name, kind, fields,
                                            replicas):
-  c = configured(weighted.get_config(kind), fields)
-  want, weights = weighted.reference_losses(
-      c, STEPS, CLASS_WEIGHTS if fields.get("data.class_weights") else None)
-  for n in replicas:
-    got = runs[f"{name}/{n}"]
-    np.testing.assert_allclose(got["losses"], want, rtol=2e-5, atol=1e-6,
-                               err_msg=f"{name} on {n} replicas")
-    for a, b in zip(got["weights"], weights):
-      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  for n in set(replicas) & set(SUITE):
+    check_case(runs, name, kind, fields, n)
 
 
-@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
+@pytest.mark.slow  # a process of 2 CPU devices
 def test_the_weights_and_the_normalization_matter(runs):
   """Controls: the cases above would fail if looper ignored the weights or
   divided by the wrong count."""
@@ -137,17 +161,17 @@ def file_order(num: int, files: int, groups: int, batch: int,
                          for k in range(steps) for s in streams])
 
 
-@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
-def test_file_mode_is_the_same_on_1_2_4_replicas(runs):
-  for n in (2, 4):
+def check_files(runs, replicas):
+  """File mode on each of `replicas` (`runs`) equals one replica and
+  single-device SGD on the examples the groups deal, with their sample
+  weights (8 files, 8 groups: `cases`)."""
+  for n in replicas:
     np.testing.assert_allclose(runs[f"files/{n}"]["losses"],
                                runs["files/1"]["losses"], rtol=1e-5)
-  # And that is single-device SGD on the examples the groups deal, with
-  # their sample weights (8 files, 8 groups: `runs`).
   c = weighted.get_config("examples")
   order = file_order(c.model.num_examples, 8, 8, c.train.batch_size, STEPS)
   want, weights = weighted.reference_losses(c, STEPS, order=order)
-  for n in (1, 2, 4):
+  for n in (1, *replicas):
     got = runs[f"files/{n}"]
     np.testing.assert_allclose(got["losses"], want, rtol=2e-5, atol=1e-6,
                                err_msg=f"files on {n} replicas")
@@ -158,7 +182,13 @@ def test_file_mode_is_the_same_on_1_2_4_replicas(runs):
                                             unweighted=True)
   in_order, _ = weighted.reference_losses(c, STEPS)
   for other in (unweighted, in_order):
-    assert not np.allclose(runs["files/2"]["losses"], other, rtol=1e-3)
+    assert not np.allclose(runs[f"files/{replicas[0]}"]["losses"], other,
+                           rtol=1e-3)
+
+
+@pytest.mark.slow  # a process of 2 CPU devices
+def test_file_mode_is_the_same_on_1_and_2_replicas(runs):
+  check_files(runs, (2,))
 
 
 def _softmax_ce(logits, labels):
@@ -210,6 +240,45 @@ def test_eval_is_weighted_over_the_whole_split(tmp_path, kind, mode):
   assert set(got) == {"examples", *want}
   for name, value in want.items():
     assert got[name] == pytest.approx(value, rel=1e-5), name
+
+
+def assert_each_set_exact(kind: str, got: dict, outputs, where: str = ""):
+  """`got`, eval logs of the sets SETS names, against NumPy over `outputs`
+  (the model's, of the whole test split) sliced by each set's ROWS."""
+  _, y, w = weighted.make_data(kind, 1000, 1)
+  want = {}
+  for name, rows in ROWS.items():
+    part = tf.nest.map_structure(lambda a, r=rows: a[r], (outputs, y, w))
+    want[f"{name}/examples"] = len(part[2])
+    want.update({f"{name}/{k}": v
+                 for k, v in numpy_eval(kind, *part).items()})
+  assert set(got) == set(want), where
+  for name, value in want.items():
+    assert got[name] == pytest.approx(value, rel=1e-5), f"{name} {where}"
+
+
+@pytest.mark.slow  # a process of 2 CPU devices
+def test_each_eval_set_is_exact_on_1_and_2_replicas(runs):
+  for n in SUITE:
+    got = runs[f"tokens/{n}"]
+    assert_each_set_exact("tokens", got["eval"], np.array(got["outputs"]),
+                          f"on {n} replicas")
+
+
+def test_each_eval_set_is_exact_with_several_outputs():
+  """Per-output names under each set: 'val/class/accuracy'."""
+  c = configured(weighted.get_config("heads"), {"data.eval_splits": SETS,
+                                                 "eval.batch_size": 64})
+  t = pieces.trainer(c, tf.distribute.get_strategy())
+  evaluator = evaluator_lib.Evaluator(t)
+  assert evaluator.metric_names == [
+      f"{s}/{n}" for s in ("test", "val") for n in (
+          "loss", "class/loss", "value/loss", "class/accuracy",
+          "value/mean_squared_error")]
+  got = evaluator.evaluate()
+  x, _, _ = weighted.make_data("heads", 1000, 1)
+  outputs = tf.nest.map_structure(lambda o: o.numpy(), t.model(x))
+  assert_each_set_exact("heads", got, outputs)
 
 
 def test_class_weights_and_sample_weights_multiply():

@@ -3,10 +3,11 @@
 Every case asserts the exact message (the field or file, the value, the
 fix) and, where the workdir holds a run, that the run is untouched: every
 file under `checkpoints/` and `config.json` keep their bytes and mtimes.
-Most cases call `looper.run.run` in-process (ConfigError / CheckpointError,
-whose str is the line `python -m looper.main` prints after 'looper: '); a
-few go through the command line to prove it prints that one line and no
-traceback.
+Every case calls `looper.run.run` in-process (ConfigError /
+CheckpointError, whose str is the line `python -m
+looper.main` prints after 'looper: ', as tests/e2e/commands/test_cli.py
+shows for each kind) or, for a config file's own error, the parser the
+command line calls (tests/unit/cli/test_parsing.py's `parse`).
 
 This module holds the cases no other test covers; BUILD.md's "Bad-input
 catalogue" lists every case, with the test of each.
@@ -25,12 +26,10 @@ from looper import config as lc
 from looper import errors
 from looper import run
 from looper.workdir import checkpoint
-from tests.e2e.commands.test_cli import error_line
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
-from tests.fixtures.processes import run_looper
-
-TINY = "--config=tests/fixtures/tiny.py"
+# The fixture: a config file's own error through the command line's parser.
+from tests.unit.cli.test_parsing import parse  # pylint: disable=unused-import
 
 
 # --- The run every case is thrown at ------------------------------------------
@@ -142,7 +141,25 @@ def assert_fails(c, workdir, want, mode="train_and_eval", **kwargs):
     pytest.param("train.early_stop_patience", 2,
                  "config.train.early_stop_patience=2: early stopping watches"
                  " checkpoint.best_metric; set --config.checkpoint.best_metric"
-                 " (e.g. accuracy)", id="patience-without-best-metric"),
+                 " (e.g. accuracy, val/accuracy)",
+                 id="patience-without-best-metric"),
+    pytest.param("data.eval_splits", "test[:50%]",
+                 "config.data.eval_splits='test[:50%]' is not a dict; give"
+                 " {set name: split}, e.g. {'val': 'test[:50%]', 'test':"
+                 " 'test[50%:]'}", id="eval-splits-not-a-dict"),
+    pytest.param("data.eval_splits", {"val/a": "test"},
+                 "config.data.eval_splits names a set 'val/a': its metrics"
+                 " 'val/a/<metric>' would not read back as one set's; name it"
+                 " with letters, digits, '_' or '-'", id="eval-set-slash"),
+    pytest.param("data.eval_splits", {"val": "test[:x]"},
+                 "config.data.eval_splits['val']='test[:x]' is not a split;"
+                 " write 'train', 'test[:8000]', 'test[8000:]' or"
+                 " 'train[:90%]'", id="eval-set-split-syntax"),
+    pytest.param("eval.monitor_set", "val",
+                 "config.eval.monitor_set='val' names no eval set:"
+                 " config.data.eval_splits is not set; set --config.eval."
+                 "monitor_set='' or name the sets in config.data.eval_splits",
+                 id="monitor-set-without-sets"),
 ])
 def test_bad_field_value(workdir, field, value, message):
   assert_fails(config({field: value}), workdir, message)
@@ -160,6 +177,55 @@ def test_checkpoint_flag_outside_eval_mode(workdir):
                " --config.init.checkpoint instead", checkpoint_path=str(path))
 
 
+SETS = {"val": "test[:50%]", "test": "test[50%:]"}
+
+
+def test_eval_sets_that_collide_or_name_nothing(workdir):
+  assert_fails(config({"data.eval_splits": SETS,
+                       "data.eval_split": "test[:10]"}), workdir,
+               "config.data.eval_split='test[:10]' and config.data.eval_splits"
+               " both name the eval data; set one: add it to the sets and set"
+               " --config.data.eval_split=''")
+  assert_fails(config({"data.eval_splits": SETS,
+                       "eval.monitor_set": "valid"}), workdir,
+               "config.eval.monitor_set='valid' is not one of the eval sets"
+               " (test, val); set --config.eval.monitor_set")
+  # A set named as an output: 'class/accuracy' would be both the set's
+  # eval accuracy and the output's train accuracy.
+  assert_fails(config({"loss": {"class": "sparse_categorical_crossentropy"},
+                       "metrics": {"class": ("accuracy",)},
+                       "data.eval_splits": {"class": "test"}}), workdir,
+               "config.data.eval_splits names a set 'class', as the model's"
+               " output 'class' (config.loss): its metrics 'class/<metric>'"
+               " would collide with the output's train metrics; rename the"
+               " set")
+  # With sets, best_metric (and so early stopping) names a set's metric.
+  assert_fails(config({"data.eval_splits": SETS,
+                       "checkpoint.best_metric": "accuracy"}), workdir,
+               "config.checkpoint.best_metric='accuracy' is not an eval"
+               " metric; use one of test/loss, test/accuracy, val/loss,"
+               " val/accuracy")
+
+
+def test_a_train_split_smaller_than_an_update_is_one_warning(workdir, caplog):
+  """512 examples under a batch of 1024 would train on repeated examples
+  without a word: one warning line before training, nothing refused."""
+  caplog.set_level(logging.WARNING, logger="absl")
+  before = run_files(workdir)
+  run.Run(config({"data.train_split": "train[:24]",
+                  "train.grad_accum_steps": 2}), str(workdir), "train")
+  assert [r.getMessage() for r in caplog.records] == [
+      "config.data.train_split='train[:24]' holds 24 examples, fewer than one"
+      " update's 64 (train.batch_size=32 x train.grad_accum_steps=2): every"
+      " update repeats examples; lower --config.train.batch_size or widen"
+      " the split"]
+  assert run_files(workdir) == before
+  caplog.clear()
+  run.Run(config({"data.train_split": "train[:64]",
+                  "train.grad_accum_steps": 2}), str(workdir), "train")
+  assert not caplog.records
+
+
 def test_unknown_loss_and_metric_names(workdir):
   # Caught by validate, before TensorFlow builds anything.
   assert_fails(config({"loss": "sparse_categorical_crosentropy"}), workdir,
@@ -174,8 +240,7 @@ def test_unknown_loss_and_metric_names(workdir):
                " get_config()")
 
 
-@pytest.mark.slow  # a subprocess
-def test_wrong_type_in_get_config(tmp_path):
+def test_wrong_type_in_get_config(tmp_path, parse):
   """ml_collections raises TypeError at the assignment in get_config()
   (a str for an int field; a float takes the same path).
 
@@ -191,10 +256,9 @@ def test_wrong_type_in_get_config(tmp_path):
                          "  return c\n")
   with pytest.raises(TypeError) as raised:  # what get_config() will raise
     tiny.get_config().train.steps = "100"
-  proc = run_looper(f"--config={config_file}", f"--workdir={tmp_path}/run")
-  assert proc.returncode == 1
-  assert f'File "{config_file}", line 5, in get_config' in proc.stderr
-  assert proc.stderr.strip().splitlines()[-1] == (
+  lines = parse(f"--config={config_file}", f"--workdir={tmp_path}/run")
+  assert f'  File "{config_file}", line 5, in get_config' in lines
+  assert lines[-1] == (
       f"looper: --config={config_file}: loading the config file raised"
       f" {raised.value!r}; see the traceback above")
   assert not (tmp_path / "run").exists()
@@ -442,27 +506,24 @@ def test_unreadable_only_checkpoint(workdir):
 # --- Through the command line: one line, no traceback -------------------------
 
 
-@pytest.mark.slow  # a subprocess
 def test_eval_of_a_checkpoint_that_does_not_exist(workdir):
-  before = run_files(workdir)
   missing = workdir / "checkpoints" / "ckpt-15"
-  proc = run_looper(TINY, f"--workdir={workdir}", "--mode=eval",
-                    f"--checkpoint={missing}")
-  assert error_line(proc) == (
-      f"looper: --checkpoint={missing}: no such checkpoint ({missing}.index"
-      f" is missing); give a prefix like {workdir}/checkpoints/ckpt-1000")
-  assert run_files(workdir) == before
+  assert_fails(config(), workdir,
+               f"--checkpoint={missing}: no such checkpoint ({missing}.index"
+               f" is missing); give a prefix like"
+               f" {workdir}/checkpoints/ckpt-1000",
+               mode="eval", checkpoint_path=str(missing))
 
 
-@pytest.mark.slow  # a subprocess
 def test_workdir_under_a_regular_file(tmp_path):
   """Root ignores chmod, so the unwritable workdir is one under a file."""
   afile = tmp_path / "afile"
   afile.write_text("not a directory")
   workdir = afile / "run"
-  proc = run_looper(TINY, f"--workdir={workdir}", "--config.train.steps=3")
-  assert error_line(proc) == (
-      f"looper: --workdir={workdir} is not a writable directory ({afile} is"
+  with pytest.raises(lc.ConfigError) as e:
+    run.run(config({"train.steps": 3}), str(workdir))
+  assert str(e.value) == (
+      f"--workdir={workdir} is not a writable directory ({afile} is"
       " not a directory); choose another --workdir")
   assert afile.read_text() == "not a directory"
 

@@ -19,7 +19,8 @@ from looper import run
 from looper.workdir import contents
 from tests.fixtures import tiny
 from tests.fixtures.events import curve, scalars
-from tests.fixtures.processes import popen_looper
+from tests.fixtures.configs import run_here
+from tests.fixtures.processes import popen_looper, wait_for
 from tests.fixtures.stopping import stop_and_resume
 from tests.stress import kill9
 
@@ -42,18 +43,22 @@ def assert_same_tensors(want, got):
 
 @pytest.mark.slow  # a subprocess
 def test_kill9_at_random_moments_resumes_bit_exact(tmp_path):
-  """One run killed while saving, its rerun killed in a loop, that one's
-  after an eval step (each resuming what the kill before left), then run
-  to its end: bit-exact. Saving first: a kill there leaves a checkpoint's
-  temporary files behind, which the later kinds do not look for.
-  (`python -m tests.stress.kill9` runs many trials of each kind.)"""
-  kill9.run_to_end(tmp_path / "reference")
+  """One run killed while saving, its rerun killed after an eval step
+  (resuming what the kill before left), then run to its end: bit-exact.
+  Saving first: a kill there leaves a checkpoint's temporary files behind,
+  which the later kind does not look for. 40 steps: a save at 10, an eval
+  at 20 to kill at. A kill in a loop is the LM's and goodput's kill -9
+  (test_lm.py, test_goodput.py); `python -m tests.stress.kill9` runs many
+  trials of each kind, 120 steps."""
+  steps = 40
+  kill9.run_to_end(tmp_path / "reference", steps)
   rng = random.Random(1)
-  kills = [kill9.run_and_kill(tmp_path / "run", kind, rng)
-           for kind in ("save", "loop", "eval")]
+  kills = [kill9.run_and_kill(tmp_path / "run", kind, rng, steps)
+           for kind in ("save", "eval")]
   assert "exited before the kill" not in kills, kills
-  kill9.run_to_end(tmp_path / "run")
-  assert kill9.compare(tmp_path / "reference", tmp_path / "run") == "", kills
+  kill9.run_to_end(tmp_path / "run", steps)
+  assert kill9.compare(tmp_path / "reference", tmp_path / "run",
+                       steps) == "", kills
 
 
 @pytest.mark.slow  # a subprocess
@@ -66,28 +71,31 @@ def test_sigterm_stops_mid_loop_saves_and_resumes_exactly(tmp_path,
 @pytest.mark.slow  # a subprocess
 def test_continuous_eval_beside_training_evaluates_each_checkpoint_once(
     tmp_path):
-  train = popen_looper(TINY, f"--workdir={tmp_path}", "--mode=train",
-                 "--config.train.steps=60", "--config.train.steps_per_loop=5",
-                 "--config.checkpoint.every_steps=10",
-                 "--config.checkpoint.keep=10")
-  evaluator = popen_looper(TINY, f"--workdir={tmp_path}", "--mode=continuous_eval",
-                     "--config.train.steps=60", "--config.eval.batch_size=32",
-                     "--config.eval.timeout_secs=120")
+  """The evaluator in its own process, waiting (its header printed) before
+  the training, in this process, writes its first checkpoint."""
+  wd = tmp_path / "run"
+  evaluator = popen_looper(
+      TINY, f"--workdir={wd}", "--mode=continuous_eval",
+      "--config.train.steps=60", "--config.eval.batch_size=32",
+      "--config.eval.timeout_secs=120", log=tmp_path / "evaluator.log")
   try:
-    train_err = train.communicate(timeout=300)[1]
-    eval_err = evaluator.communicate(timeout=300)[1]
+    wait_for(evaluator.log, "looper continuous_eval: ")
+    run_here(TINY, f"--workdir={wd}", "--mode=train",
+             "--config.train.steps=60", "--config.train.steps_per_loop=5",
+             "--config.checkpoint.every_steps=10",
+             "--config.checkpoint.keep=10")
+    evaluator.wait(timeout=300)
   finally:
-    train.kill()
     evaluator.kill()
-  assert train.returncode == 0, train_err[-2000:]
-  assert evaluator.returncode == 0, eval_err[-2000:]
+    evaluator.wait()
+  assert evaluator.returncode == 0, evaluator.log.read_text()[-2000:]
   steps = [10, 20, 30, 40, 50, 60]
-  assert scalars(tmp_path / "eval_continuous", "examples") == {
+  assert scalars(wd / "eval_continuous", "examples") == {
       s: 1001 for s in steps}
-  assert sorted(scalars(tmp_path / "eval_continuous", "accuracy")) == steps
-  assert not (tmp_path / "eval").exists()  # train mode: no evaluation
+  assert sorted(scalars(wd / "eval_continuous", "accuracy")) == steps
+  assert not (wd / "eval").exists()  # train mode: no evaluation
   # The evaluator's own override never reaches the trainer's record.
-  saved = json.loads((tmp_path / "config.json").read_text())
+  saved = json.loads((wd / "config.json").read_text())
   assert saved["eval"]["batch_size"] == 64
 
 

@@ -12,16 +12,20 @@ import contextlib
 import importlib.util
 import json
 import logging
+import re
 import sys
 import time
 
 from absl import logging as absl_logging
+import numpy as np
 import pytest
 from tensorboard import plugin_util
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import metadata
+import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+import looper
 from looper import console
 from looper import main
 from looper import run
@@ -34,6 +38,7 @@ from looper.workdir import summaries
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.events import scalars
+from tests.fixtures.paths import ROOT
 from tests.fixtures.servers import fetch, tensorboard_server
 
 
@@ -61,9 +66,17 @@ def sweep(tmp_path_factory):
   RecordingTrainer.loop_ends.clear()
   run.run(tiny_config(train__steps=40, profile__start_step=10), str(root / "a"))
   resumed = list(RecordingTrainer.loop_ends)
+  # b also runs README's action (its block as written) every 10 steps.
+  [block] = re.findall(r"```python\n(import looper\n.*?)```",
+                       (ROOT / "README.md").read_text(), re.S)
+  namespace = {}
+  exec(block, namespace)  # pylint: disable=exec-used
+  action = looper.Action(namespace["log_first_layer"], every_steps=10)
   run.run(tiny_config(train__steps=20, optimizer__learning_rate=0.02,
-                      optimizer__warmup_steps=5), str(root / "b"))
-  return root, {"first": first, "resumed": resumed, "model": model}
+                      optimizer__warmup_steps=5, actions=[action]),
+          str(root / "b"))
+  return root, {"first": first, "resumed": resumed, "model": model,
+                "b": RecordingTrainer.last.model}
 
 
 def accumulator(logdir):
@@ -113,6 +126,32 @@ def test_hparams_are_the_set_fields_and_the_compared_ones_written_once(
   for field in ("checkpoint.keep", "checkpoint.async_save",
                 "eval.timeout_secs", "data.bucket"):
     assert field not in settings, field
+
+
+def test_readme_s_action_writes_through_the_run_s_writers(sweep):
+  """Images, a histogram and a scalar at steps 10 and 20, in train/ and
+  (the scalar) metrics.jsonl; step 20's from b's final weights."""
+  root, record = sweep
+  kernel = record["b"].layers[0].kernel.numpy()
+  acc = accumulator(root / "b" / "train")
+  images = {e.step: e.tensor_proto.string_val
+            for e in acc.Tensors("first_layer/image")}
+  assert sorted(images) == [10, 20]
+  [_, weights] = acc.Tensors("first_layer/weights")
+  counts = tf.make_ndarray(weights.tensor_proto)[:, 2]
+  assert weights.step == 20 and counts.sum() == kernel.size
+  width, height, png = images[20]
+  assert (int(width), int(height)) == (16, 8)  # units x inputs
+  expected = (kernel - kernel.min()) / np.ptp(kernel)
+  np.testing.assert_allclose(tf.io.decode_png(png).numpy()[..., 0] / 255,
+                             expected, atol=1 / 255 + 1e-6)
+  norms = scalars(root / "b" / "train", "first_layer/norm")
+  assert sorted(norms) == [10, 20]
+  assert norms[20] == pytest.approx(np.linalg.norm(kernel), rel=1e-6)
+  actions = [l for l in jsonl.read(str(root / "b" / "metrics.jsonl"))
+             if l["kind"] == "action"]
+  assert [(l["step"], l["first_layer/norm"]) for l in actions] == [
+      (10, pytest.approx(norms[10])), (20, pytest.approx(norms[20]))]
 
 
 def test_model_summary_and_config_render_as_code_blocks(sweep):
@@ -243,9 +282,9 @@ def test_counts_print_whole_in_the_lines_the_summary_and_the_table(
   out.start_run("{}", "model")
   logs = {"loss": 0.312561, "examples": 10000.0, "accuracy": 0.90512,
           "true_positives": 12345.0}
-  with caplog.at_level(logging.INFO):
-    out.train(1, [1.0, 0.5], {"loss": 0.75, "steps_per_sec": 20.0})
-    out.progress(2, {"loss": 0.75, "examples": 64000.0, "steps_per_sec": 20.0})
+  with caplog.at_level(logging.INFO):  # train: its progress line
+    out.train(1, [1.0, 0.5], {"loss": 0.75, "examples": 64000.0,
+                              "steps_per_sec": 20.0})
     out.eval(2, logs)
   out.close()
   shown = "loss=0.3126 examples=10000 accuracy=0.9051 true_positives=12345"
@@ -468,3 +507,62 @@ def test_metrics_jsonl_is_cut_back_to_the_resumed_step(tmp_path):
   log.truncate_after(20)
   log.write("train", 30, {"loss": 0.1})
   assert [l["step"] for l in jsonl.read(str(path))] == [0, 10, 20, 30]
+
+
+@pytest.mark.slow  # a whole run (3 s)
+def test_each_eval_set_is_named_set_slash_metric_everywhere(tmp_path, caplog,
+                                                            capsys):
+  """data.eval_splits: the eval line, TensorBoard, HParams, metrics.jsonl,
+  `looper runs`, the best checkpoint and early stopping all say
+  '<set>/<metric>', and '<set>/examples' counts the set."""
+  caplog.set_level(logging.INFO, logger="absl")
+  # Ranked the wrong way round (a loss, max): the second evaluation is no
+  # better than the first, so patience 1 ends training there.
+  c = tiny_config(train__steps=40, eval__every_steps=10, **{
+      "data.eval_splits": {"val": "test[:50%]", "test": "test[50%:]"},
+      "checkpoint.best_metric": "val/loss", "checkpoint.best_mode": "max",
+      "train.early_stop_patience": 1})
+  result = run.run(c, str(tmp_path))
+  assert result["step"] == 20 and "val/loss has not improved" in (
+      result["ended"])
+  names = [f"{s}/{m}" for s in ("test", "val")
+           for m in ("loss", "examples", "accuracy")]
+  evals = [l for l in jsonl.read(str(tmp_path / "metrics.jsonl"))
+           if l["kind"] == "eval"]
+  assert [l["step"] for l in evals] == [10, 20]
+  for line in evals:
+    assert set(line) == {"kind", "step", "time", *names}
+    assert (line["val/examples"], line["test/examples"]) == (500, 501)
+  for name in names:  # the events, read back
+    assert scalars(tmp_path / "eval", name) == {
+        l["step"]: pytest.approx(l[name]) for l in evals}
+  assert list(result["eval"]) == names  # the sets in name order
+  lines = [r.getMessage() for r in caplog.records
+           if r.getMessage().startswith("eval at step 10: ")]
+  assert lines == ["eval at step 10: " + " ".join(
+      f"{n}={evals[0][n]:.4g}" if "examples" not in n
+      else f"{n}={evals[0][n]:.0f}" for n in names)]
+  # HParams: a column per set and metric, each set's loss last, the best.
+  acc = accumulator(tmp_path / "hparams")
+  experiment = metadata.parse_experiment_plugin_data(
+      acc.SummaryMetadata(metadata.EXPERIMENT_TAG).plugin_data.content)
+  tags = [m.name.tag for m in experiment.metric_infos]
+  assert tags == ["hparams/eval_test/accuracy", "hparams/eval_test/loss",
+                  "hparams/eval_val/accuracy", "hparams/eval_val/loss",
+                  "hparams/best_eval_val/loss", "hparams/train_loss"]
+  for tag in tags[:4]:
+    name = tag[len("hparams/eval_"):]
+    assert scalars(tmp_path / "hparams", tag) == {
+        l["step"]: pytest.approx(l[name]) for l in evals}
+  assert scalars(tmp_path / "hparams", "hparams/best_eval_val/loss") == {
+      10: pytest.approx(evals[0]["val/loss"]),
+      20: pytest.approx(evals[0]["val/loss"])}
+  history = json.loads((tmp_path / "checkpoints" / "best" /
+                        "history.json").read_text())
+  assert history["metric"] == "val/loss"
+  assert runs.main([str(tmp_path)]) == 0
+  [row] = rows(capsys.readouterr().out).values()
+  assert list(row)[2:7] == ["test/accuracy", "test/loss", "val/accuracy",
+                            "val/loss", "best val/loss"]
+  assert row["val/accuracy"] == f"{evals[1]['val/accuracy']:.4g}"
+  assert row["best val/loss"] == f"{evals[0]['val/loss']:.4g} @10"

@@ -5,6 +5,11 @@ states by hand what an action must see at each step and what the mode
 returns.
 """
 
+import ml_collections
+import pytest
+
+from looper import errors
+from looper import fields
 from looper.train import actions
 from tests.unit.train.test_controller import make
 
@@ -99,3 +104,48 @@ def test_each_action_gets_the_loop_it_follows():
   assert loops == [(1, 5, sum(1 / s for s in range(1, 6)) / 5),
                    (6, 10, sum(1 / s for s in range(6, 11)) / 5),
                    (11, 12, (1 / 11 + 1 / 12) / 2)]
+
+
+@pytest.mark.parametrize("chief", [True, False])
+def test_a_user_action_runs_on_the_chief_and_every_worker_keeps_its_trigger(
+    chief):
+  log, agreed, writer = [], [], object()
+
+  def agree(flag):  # a collective: every worker must call it alike
+    agreed.append(flag)
+    return flag
+
+  mine = actions.Action(seen(log, "mine", "writer"), every_steps=10,
+                        every_secs=1e9,
+                        on_start=lambda now: log.append(("start", now.step)))
+  everyone = actions.Action(seen(log, "everyone", "chief"), every_steps=20,
+                            all_workers=True)
+  ctl, trainer, _ = make(total=40, steps_per_loop=10, chief=chief,
+                         writer=writer, save_actions=[mine, everyone])
+  trainer.stop.agree = agree
+  ctl.train()
+  ran_here = [("start", 0), ("mine", 10, writer), ("mine", 20, writer),
+              ("mine", 30, writer), ("mine", 40, writer)] if chief else []
+  assert log == ran_here[:3] + [("everyone", 20, chief)] + ran_here[3:] + [
+      ("everyone", 40, chief)]
+  assert agreed == [False] * 4  # every_secs asked after each loop, anywhere
+
+
+def test_config_actions_are_a_list_or_a_factory_of_one():
+  action = actions.Action(lambda now: None, every_steps=5)
+  config = ml_collections.ConfigDict(
+      {"actions": fields.object_field((action,)), "width": 3})
+  assert actions.of_config(config) == [action]
+  config.actions = lambda c: [action] * c.width
+  assert actions.of_config(config) == [action] * 3
+  config.actions = "tests.unit.train.test_actions:_two_actions"
+  assert [a.every_steps for a in actions.of_config(config)] == [3, 3]
+  for bad in (action, [print], "tests.unit.train.test_actions:nothing"):
+    config.actions = bad
+    with pytest.raises(errors.ConfigError, match=r"^config\.actions=") as e:
+      actions.of_config(config)
+    assert "\n" not in str(e.value)
+
+
+def _two_actions(config):
+  return [actions.Action(lambda now: None, every_steps=config.width)] * 2

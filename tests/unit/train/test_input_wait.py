@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from looper import workdir
 from looper.data import shards
 from looper.data import sources
-from looper.workdir import summaries
+from looper.workdir import writers
 from looper.options import distribute
 from tests.fixtures import pieces
 from tests.fixtures import tiny
@@ -74,24 +73,22 @@ def test_one_cpu_still_tells_compute_from_waiting():
   assert float(proc.stdout.split()[-1]) < 0.3
 
 
-def test_the_progress_line_names_an_input_bound_run(tmp_path, caplog):
-  out = summaries.Summaries(workdir.Workdir(str(tmp_path)), chief=True,
-                            total_steps=100, input_hint="element mode: X")
+def test_the_progress_line_names_an_input_bound_run(caplog):
+  out = writers.Progress(total_steps=100, input_hint="element mode: X")
   logs = dict(loss=1.0, steps_per_sec=10.0, input_wait_fraction=0.05)
   with caplog.at_level(logging.INFO):
-    out.progress(10, logs)
-    out.progress(20, {**logs, "input_wait_fraction": 0.42})
+    out.write_scalars(10, logs)
+    out.write_scalars(20, {**logs, "input_wait_fraction": 0.42})
     # A tiny model on resident data: 42% of 0.25 ms is the iterator's own
     # ~0.1 ms per step, which no faster dataset_fn removes.
-    out.progress(30, {**logs, "input_wait_fraction": 0.42,
-                      "steps_per_sec": 4000.0})
+    out.write_scalars(30, {**logs, "input_wait_fraction": 0.42,
+                           "steps_per_sec": 4000.0})
   first, second, tiny_model = [r.getMessage() for r in caplog.records
                                if "train step" in r.getMessage()]
   assert "input" not in first and "loss=1" in first
   assert "input" not in tiny_model and "| 4k steps/s |" in tiny_model
   assert second.endswith(
       "| input-bound: 42% of the time waiting for data (element mode: X)")
-  out.close()
 
 
 def _files(config, split):

@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from looper import errors
-from looper import run
+from looper import modes
 from looper import workdir
 from looper.train import actions
 from looper.train import eval_action
@@ -168,9 +168,8 @@ class _Stub:
 
 
 def _config_json(wd, ckpt):
-  run._open_workdir(  # pylint: disable=protected-access
-      wd, tiny.get_config(), run.MODES["train"], True, eval_names=[],
-      input_hint="")
+  modes.open_workdir(wd, tiny.get_config(), modes.MODES["train"], True,
+                     eval_names=[], input_hint="", trackers=[])
 
 
 def _history(wd, ckpt):

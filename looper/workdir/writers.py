@@ -1,0 +1,330 @@
+"""One writer interface for every write a run makes (CLU's MetricWriter shape), and its writers.
+
+Synopsis::
+
+    from looper.workdir import writers
+    out = writers.MultiWriter([
+        writers.TensorBoard(wd.train_events, wd.checkpoints),
+        writers.MetricsLine(jsonl.MetricsLog(wd.metrics), "action", wd),
+        writers.Logged("logged")])
+    out.write_scalars(500, {"retrieval@10": 0.81})
+    out.write_images(500, {"samples": images})     # [N, H, W, C]: uint8,
+                                                   # or floats in [0, 1]
+    out.write_histograms(500, {"logits": array})
+    out.write_texts(500, {"sample": "the cat sat"})
+    out.write_hparams({"optimizer.name": "adam"})
+    out.flush()
+    out.close()
+
+    def log_samples(now):             # an action (looper.Action): its
+      now.writer.write_images(now.step, {"samples": make_images()})
+
+`Writer` is the interface; a writer holds what it can and ignores the rest
+(`Writer`'s methods do nothing):
+  TensorBoard   event files in one folder: every kind
+  MetricsLine   scalars as lines of one kind of metrics.jsonl
+                (looper.workdir.jsonl)
+  Progress      the train progress line: metrics, speed, ETA, input hint
+  Logged        a line of scalars ("eval at step 100: loss=0.31 ...")
+  Prefixed      another writer, its names prefixed ("train/loss")
+  MultiWriter   several as one, in order
+The experiment trackers (looper.trackers) are writers too. The run's
+`looper.workdir.summaries.Summaries` composes them: one writer for train
+loops, one for evaluations, and one for actions (`Moment.writer`).
+"""
+
+import datetime
+import functools
+from typing import Any, Mapping, Sequence
+
+from absl import logging
+import numpy as np
+from tensorboard.plugins.hparams import api as hp
+import tensorflow as tf
+
+from looper import workdir as workdir_lib
+from looper.workdir import files
+from looper.workdir import formats
+from looper.workdir import jsonl
+
+# Above this share of a loop spent waiting for batches, the progress line
+# says the run is input-bound...
+INPUT_BOUND = 0.1
+# ...if the wait per step is also above this: a resident batch's get_next
+# alone costs ~0.1 ms per step on this project's CPUs (measured:
+# tests/fixtures/tiny.py in array mode, ~4000 steps/s, 35-48% "waiting"), which
+# no faster dataset_fn removes; for tiny models that is a large share of
+# nothing.
+INPUT_BOUND_SECS_PER_STEP = 0.0005
+
+# Logs the progress line shows as its speed part (or its input-bound
+# hint), not among the metrics.
+SPEEDS = ("steps_per_sec", "examples_per_sec", "tokens_per_sec",
+          "flops_per_sec", "mfu", "input_wait_fraction")
+
+
+class Writer:
+  """What every writer takes (CLU's `MetricWriter`); each method here
+  does nothing: a writer overrides what it holds."""
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    """{name: number} at `step`."""
+
+  def write_images(self, step: int, images: Mapping[str, Any]) -> None:
+    """{name: array [N, H, W, C]} at `step` (uint8, or floats in [0, 1];
+    C of 1, 3 or 4)."""
+
+  def write_histograms(self, step: int, arrays: Mapping[str, Any],
+                       num_buckets: Mapping[str, int] | None = None) -> None:
+    """{name: array of values} at `step`, in `num_buckets[name]` buckets
+    (default: the writer's)."""
+
+  def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
+    """{name: text} at `step` (TensorBoard renders markdown)."""
+
+  def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+    """{name: bool, number or string}: what the run is."""
+
+  def flush(self) -> None:
+    """What was written is kept (on disk, or sent)."""
+
+  def close(self) -> None:
+    """Flushes and frees the writer."""
+
+
+class MultiWriter(Writer):
+  """Every call, to each of `writers` in order."""
+
+  def __init__(self, writers: Sequence[Writer]):
+    self.writers = list(writers)
+
+  def write_scalars(self, step, scalars):
+    for w in self.writers:
+      w.write_scalars(step, scalars)
+
+  def write_images(self, step, images):
+    for w in self.writers:
+      w.write_images(step, images)
+
+  def write_histograms(self, step, arrays, num_buckets=None):
+    for w in self.writers:
+      w.write_histograms(step, arrays, num_buckets)
+
+  def write_texts(self, step, texts):
+    for w in self.writers:
+      w.write_texts(step, texts)
+
+  def write_hparams(self, hparams):
+    for w in self.writers:
+      w.write_hparams(hparams)
+
+  def flush(self):
+    for w in self.writers:
+      w.flush()
+
+  def close(self):
+    for w in self.writers:
+      w.close()
+
+
+class Prefixed(Writer):
+  """`writer` with `prefix` before each name (not the hparams')."""
+
+  def __init__(self, writer: Writer, prefix: str):
+    self._writer, self._prefix = writer, prefix
+
+  def _named(self, values: Mapping[str, Any] | None):
+    return values and {self._prefix + k: v for k, v in values.items()}
+
+  def write_scalars(self, step, scalars):
+    self._writer.write_scalars(step, self._named(scalars))
+
+  def write_images(self, step, images):
+    self._writer.write_images(step, self._named(images))
+
+  def write_histograms(self, step, arrays, num_buckets=None):
+    self._writer.write_histograms(step, self._named(arrays),
+                                  self._named(num_buckets))
+
+  def write_texts(self, step, texts):
+    self._writer.write_texts(step, self._named(texts))
+
+  def write_hparams(self, hparams):
+    self._writer.write_hparams(hparams)
+
+  # Flushed and closed by whoever holds `writer` itself.
+
+
+def _scalars(writer, values, step):
+  with writer.as_default():
+    for name, value in values.items():
+      tf.summary.scalar(name, value, step=step)
+
+
+def _series(writer, values, first_step):
+  """values[i] as 'loss' at step first_step + i."""
+  def write(i):
+    # Inside a while loop TF prefixes tags with 'while/'; "" resets that.
+    with tf.name_scope(""):
+      tf.summary.scalar("loss", values[i],
+                        step=first_step + tf.cast(i, tf.int64))
+    return i + 1
+  with writer.as_default():
+    tf.while_loop(lambda i: i < tf.size(values), write, (tf.constant(0),))
+
+
+class TensorBoard(Writer):
+  """Event files in `directory` (None: nothing is written), flushed at
+  each write; a write the storage refuses ends in one line naming the
+  folder (files.on_full_disk; `checkpoints`: the run's, named as kept).
+
+  Scalars go through graph calls, one per write: eager
+  `tf.summary.scalar` costs ~0.8 ms a call, more than the step of a small
+  model; `write_losses`' graph loop writes 100 per-step losses in ~3 ms
+  (measured). Tensors are made from NumPy values, never from Python
+  numbers: TensorFlow keeps every distinct Python int or float it makes an
+  eager tensor of, for the life of the process (its scalar cache, ~750
+  bytes each, measured); every loop's step and metrics would stay.
+  `close()` then `open()` starts new files (a purge rewrote the old ones).
+  """
+
+  def __init__(self, directory: str | None, checkpoints: str):
+    self.directory = directory
+    self._checkpoints = checkpoints
+    self.open()
+
+  def open(self) -> None:
+    with self._refused():
+      self._writer = (tf.summary.create_file_writer(self.directory)
+                      if self.directory else tf.summary.create_noop_writer())
+    # Traced once per set of names (the loop's logs, the goodput, ...): a
+    # few a run, by design. One function per writer: TensorFlow counts the
+    # traces of one Python function across its instances and warns of
+    # "retracing" at 5 within 10 calls, which a method reached with the
+    # train, eval and HParams writers' sets (a partial is its own key).
+    self._scalars = tf.function(functools.partial(_scalars, self._writer),
+                                autograph=False)
+    # Any loop length, one trace: clamped loops vary in length. No AutoGraph
+    # (an explicit loop): its rewrite would be most of the first write's
+    # time. Made anew with each writer: a trace holds the writer it saw (a
+    # purge's reopened files would get a closed one's writes).
+    self._series = tf.function(
+        functools.partial(_series, self._writer),
+        input_signature=[tf.TensorSpec([None], tf.float32),
+                         tf.TensorSpec([], tf.int64)], autograph=False)
+
+  def as_default(self):
+    """This writer as tf.summary's default (`with events.as_default():`)."""
+    return self._writer.as_default()
+
+  def _refused(self):
+    return files.on_full_disk(self.directory, "events", self._checkpoints)
+
+  def write_losses(self, first_step: int, losses: np.ndarray) -> None:
+    """losses[i] as 'loss' at step first_step + i, one graph call."""
+    with self._refused():
+      self._series(tf.constant(np.asarray(losses, np.float32)),
+                   tf.constant(np.int64(first_step)))
+
+  def write_scalars(self, step, scalars):
+    if scalars:
+      with self._refused():
+        self._scalars({k: tf.constant(np.float32(v))
+                       for k, v in scalars.items()},
+                      tf.constant(np.int64(step)))
+        self._writer.flush()
+
+  def _eager(self, step: int, write) -> None:
+    """`write(step tensor)` with this writer as the default, flushed."""
+    with self._refused(), self._writer.as_default():
+      write(tf.constant(np.int64(step)))
+      self._writer.flush()
+
+  def write_images(self, step, images):
+    def write(at):
+      for name, value in images.items():
+        value = np.asarray(value)
+        tf.summary.image(name, value, step=at, max_outputs=len(value))
+    self._eager(step, write)
+
+  def write_histograms(self, step, arrays, num_buckets=None):
+    def write(at):
+      for name, value in arrays.items():
+        tf.summary.histogram(name, np.asarray(value), step=at,
+                             buckets=(num_buckets or {}).get(name))
+    self._eager(step, write)
+
+  def write_texts(self, step, texts):
+    def write(at):
+      for name, text in texts.items():
+        tf.summary.text(name, tf.constant(text), step=at)
+    self._eager(step, write)
+
+  def write_hparams(self, hparams):
+    self._eager(0, lambda at: hp.hparams(dict(hparams)))
+
+  def flush(self):
+    with self._refused():
+      self._writer.flush()
+
+  def close(self):
+    """Each write was flushed as it was made, so only a write that already
+    failed (and ended the run in its one line) can fail here again: that
+    is not raised a second time."""
+    try:
+      self._writer.close()
+    except tf.errors.OpError as e:
+      if files.storage_refused(e) is None:
+        raise
+
+
+class MetricsLine(Writer):
+  """Scalars as `kind` lines of metrics.jsonl (`log`: the run's); a
+  refused write ends in one line naming the workdir."""
+
+  def __init__(self, log: jsonl.MetricsLog, kind: str,
+               wd: workdir_lib.Workdir):
+    self._log, self._kind, self._wd = log, kind, wd
+
+  def write_scalars(self, step, scalars):
+    with files.on_full_disk(self._wd.root, "metrics.jsonl",
+                            self._wd.checkpoints):
+      self._log.write(self._kind, step, scalars)
+
+
+class Logged(Writer):
+  """Scalars as an INFO line: '`what` at step 100: loss=0.31 ...'."""
+
+  def __init__(self, what: str):
+    self._what = what
+
+  def write_scalars(self, step, scalars):
+    logging.info("%s at step %d: %s", self._what, step,
+                 formats.format_logs(scalars))
+
+
+class Progress(Writer):
+  """The progress line of a train loop's logs: the metrics, the speed,
+  the ETA to `total_steps`; the logs must hold 'steps_per_sec'.
+
+  The input wait shows only when it matters (above INPUT_BOUND of the
+  time and INPUT_BOUND_SECS_PER_STEP per step), with what to try in the
+  run's input mode (`input_hint`: looper.data.input.Input.faster).
+  """
+
+  def __init__(self, total_steps: int, input_hint: str = ""):
+    self._total_steps, self._input_hint = total_steps, input_hint
+
+  def write_scalars(self, step, scalars):
+    rate = max(scalars["steps_per_sec"], 1e-9)
+    eta = (self._total_steps - step) / rate
+    shown = {k: v for k, v in scalars.items() if k not in SPEEDS}
+    wait = scalars.get("input_wait_fraction", 0.0)
+    hint = ("" if wait <= INPUT_BOUND or
+            wait / rate <= INPUT_BOUND_SECS_PER_STEP else
+            f" | input-bound: {wait:.0%} of the time waiting for data"
+            f" ({self._input_hint})")
+    logging.info("train step %d/%d: %s | %s | ETA %s%s", step,
+                 self._total_steps, formats.format_logs(shown),
+                 formats.speed(scalars),
+                 datetime.timedelta(seconds=round(eta)), hint)
