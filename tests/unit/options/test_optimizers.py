@@ -123,3 +123,21 @@ def test_the_optimizer_clips_the_unscaled_gradient_after_its_sum(scaled):
   np.testing.assert_allclose(variables[1].numpy()[:, 0], [0, 0, -0.8],
                              rtol=1e-6)
   np.testing.assert_allclose([float(n) for n in seen], [5.0], rtol=1e-6)
+
+
+def test_an_update_loss_scaling_skips_is_not_observed():
+  """A non-finite gradient: the scale halves, no update, no norm seen (the
+  health figures count the updates made)."""
+  with tf.distribute.get_strategy().scope():
+    w = tf.Variable([1.0])
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+    opt.build([w])
+  seen = []
+  optimizers.after_sum(opt, observe=seen.append)
+  scale = float(opt.dynamic_scale.numpy())
+  opt.apply_gradients([(tf.constant([np.inf]), w)])
+  assert seen == [] and float(w[0]) == 1.0
+  assert float(opt.dynamic_scale.numpy()) == scale / 2
+  opt.apply_gradients([(tf.constant([2.0 * scale / 2]), w)])
+  np.testing.assert_allclose([float(n) for n in seen], [2.0], rtol=1e-6)
+  np.testing.assert_allclose(w.numpy(), [-1.0], rtol=1e-6)
