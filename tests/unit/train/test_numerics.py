@@ -21,7 +21,7 @@ from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures import private_home
 from tests.fixtures.events import curve
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 
@@ -121,7 +121,7 @@ print(json.dumps(dict(
 
 def _python(code: str) -> list[str]:
   """The lines `code` prints, run in a fresh Python with looper."""
-  env = dict(LOOPBACK_ENV, **private_home.env(), PYTHONPATH=str(ROOT),
+  env = dict(LOOPBACK_ENV, **private_home.env(), PYTHONPATH=PYTHONPATH,
              PATH="/usr/bin:/bin")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300,
