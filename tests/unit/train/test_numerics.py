@@ -174,6 +174,7 @@ def test_ema_follows_a_numpy_reference_and_is_what_eval_sees():
 
 
 @pytest.mark.parametrize("name", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_mixed_precision_resumes_exactly(tmp_path, name):
   from looper import run  # pylint: disable=g-import-not-at-top
   def config(steps):

@@ -51,6 +51,7 @@ def _checkpointer(trainer, root, items=None):
       keep=3, chief=True, task_id=0)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
   whole = pieces.trainer(_config(), tf.distribute.get_strategy())
   start = [s.numpy().copy() for s in whole.random.states.values()]
@@ -128,6 +129,7 @@ NOTE = (
     " of a recurrent layer's dropout=, or looper.train.layers")
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_draws_looper_cannot_reach_are_named_by_describe_and_check(
     tmp_path):
   config = configured(tiny.get_config(), {"train.batch_size": 64})
