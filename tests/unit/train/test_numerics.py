@@ -1,6 +1,7 @@
 """Numerics: dropout masks, mixed precision (and its all-replica finiteness
 vote), XLA per step, accumulation, the weight average, train.deterministic.
-(The same numerics on 1/2/4 replicas: tests/e2e/replicas/test_replicas.py.)"""
+(The same numerics on 1/2 replicas: tests/e2e/replicas/test_replicas.py;
+4: python -m tests.stress.replicas.)"""
 
 import json
 import subprocess
