@@ -223,6 +223,7 @@ def test_the_fit_port_trains_with_its_keras_objects_and_epochs(
 
 
 @pytest.mark.parametrize("name", ["SmoothedTrainer", "GanTrainer"])
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_trainer_subclasses_train_and_resume(name, tmp_path, caplog):
   namespace = {}
   exec(_python_block(f"class {name}"), namespace)  # pylint: disable=exec-used
@@ -265,6 +266,7 @@ def test_docs_name_every_experiment():
 
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_the_callbacks_example_runs_and_resumes(tmp_path, capsys):
   """README's callbacks on tiny: one CSV row and line per epoch, and its
   own callback's `checkpointed` count carried across a restart."""

@@ -24,7 +24,7 @@ from looper.train import goodput
 from looper.train import peak_flops
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured, run_here
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV, run_ok
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
@@ -145,7 +145,7 @@ def test_plain_python_prints_the_run_unless_asked_not_to(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-c", _NOTEBOOK, str(tmp_path / "a"),
        str(tmp_path / "b")], cwd=ROOT,
-      env=dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV),
+      env=dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV),
       capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   shown, quiet = proc.stdout.split("-- quiet --\n")

@@ -37,7 +37,7 @@ from looper.options import slurm as slurm_lib
 from tests.fixtures.checkpoints import checkpoint_tensors
 from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve, scalars
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV, LOST_WORKER_1, looper_lines
 from tests.fixtures.processes import wait_for
 
@@ -114,7 +114,7 @@ class Cluster:
   def __init__(self, root):
     self.root = root
     self.daemons = []
-    self.env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV,
+    self.env = dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV,
                     SLURM_CONF=str(root / "slurm.conf"))
     self.env.pop("TF_CONFIG", None)
 

@@ -28,7 +28,7 @@ import sys
 
 import pytest
 
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 # A process of its own (2 logical CPUs): the slow lane (BUILD.md).
@@ -149,7 +149,7 @@ def _facts(*args, env=None):
   return subprocess.Popen(
       [sys.executable, "-m", "tests.e2e.replicas.test_loop_graph", *args],
       cwd=ROOT,
-      env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV,
+      env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV,
            **(env or {})},
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -17,7 +17,7 @@ import pytest
 
 from looper import network
 from looper.cli import launch as launch_lib
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 TINY = ("--config=tests/fixtures/tiny.py", "--config.train.steps_per_loop=10")
@@ -27,7 +27,7 @@ def launch(*args, workers=2, reach="private", script=False, **env_vars):
   """`python -m looper.cli.launch` ARGS (`script`: the `looper launch`
   console script); its workers' reach declared `reach` (the test
   machines' networks are private; None: launch's own, loopback)."""
-  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV, **env_vars)
+  env = dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV, **env_vars)
   env.pop("TF_CONFIG", None)
   declared = [f"{launch_lib.REACH}={reach}"] if reach else []
   command = [sys.executable, "-m", "looper.cli.launch"]

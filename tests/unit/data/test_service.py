@@ -100,6 +100,7 @@ def _counts(dataset) -> collections.Counter:
       int(i) for batch in dataset for i in np.ravel(batch[1]))
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_every_id_once_per_pass_through_two_workers():
   with _cluster(workers=2) as (address, _, _):
     remote = _remote(_config(address), passes=3)

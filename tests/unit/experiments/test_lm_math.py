@@ -130,6 +130,7 @@ def reference(corpus):
   return plain_loop(config)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_one_replica_gives_the_plain_loops_losses(corpus, reference,
                                                   tmp_path):
   run_here(*_flags(corpus), f"--workdir={tmp_path}", "--mode=train")

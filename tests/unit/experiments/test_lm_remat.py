@@ -31,11 +31,13 @@ from experiments.text import model
 from looper import config as lc
 from tests.fixtures import pieces
 from tests.fixtures.configs import configured
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV, MEMORY_STATS_ENV
 
-# Small: a 2-block model of width 16 over windows of 16 random bytes.
-FIELDS = {"model.layers": 2, "model.heads": 2, "model.width": 16,
+# Small: one block (each of its dropouts and its recomputation: what a
+# second block would repeat; traces and XLA's compile are this file's
+# time) of width 16 over windows of 16 random bytes.
+FIELDS = {"model.layers": 1, "model.heads": 2, "model.width": 16,
           "model.context": 16, "model.dropout": 0.1,
           "model.attention_dropout": 0.1, "train.batch_size": 8,
           "train.steps_per_loop": 12, "optimizer.warmup_steps": 2,
@@ -149,7 +151,7 @@ def own_process(tmp_path_factory):
   out = tmp_path_factory.mktemp("remat")
   proc = subprocess.run(
       [sys.executable, "-c", _OWN_PROCESS, str(out)], cwd=ROOT, timeout=600,
-      env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV,
+      env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV,
            **MEMORY_STATS_ENV},
       capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -73,6 +73,7 @@ def the_run(client, wd):
   return found
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_a_run_and_its_rerun_are_one_run_holding_metrics_jsonl(
     tracked, tmp_path, caplog):
   wd = workdir_lib.Workdir(str(tmp_path))
@@ -128,6 +129,7 @@ def test_a_run_and_its_rerun_are_one_run_holding_metrics_jsonl(
   assert in_mlflow(client, found.info.run_id, expected) == expected
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_with_no_mlflow_variable_the_store_is_in_the_workdir(
     tmp_path, monkeypatch):
   """MLflow's own default would be ./mlflow.db and ./mlruns, in whatever

@@ -67,6 +67,7 @@ def items(update) -> dict:
           for i in update}
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_a_run_and_its_rerun_are_one_wandb_run_holding_metrics_jsonl(
     tmp_path, monkeypatch, caplog):
   monkeypatch.setenv("WANDB_MODE", "offline")

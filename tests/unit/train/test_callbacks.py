@@ -70,6 +70,7 @@ def fitted(tmp_path_factory):
   return runs
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_early_stopping_and_plateau_act_at_fits_epochs(fitted):
   history = fitted["fit"]["result"]
   stopped = len(history.epoch) * 10  # epochs of eval.every_steps=10
@@ -124,6 +125,7 @@ def test_model_optimizer_is_not_saved_with_the_model(fitted):
   assert not any(k.startswith("model/") and "optimizer" in k for k in keys)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_a_resumed_run_keeps_the_counts_and_the_csv_rows(fitted, tmp_path):
   # A callback raising after the CSVLogger wrote epoch 6's row, before the
   # checkpoint of its step: as a kill there. One line, ckpt-65 kept, inside

@@ -151,6 +151,7 @@ def test_ended_before_the_spike_the_resumed_run_rolls_it_back_the_same(
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
+@pytest.mark.slow  # a run
 def test_off_the_run_trains_through_the_spike_and_saves_no_losses(tmp_path):
   run_here(SPIKY, f"--workdir={tmp_path}", "--config.train.spike_factor=0.0")
   losses = curve(tmp_path / "train")

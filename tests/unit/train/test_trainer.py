@@ -63,6 +63,7 @@ def test_compute_loss_override_changes_only_the_loss(tmp_path):
       2 * losses[trainer_lib.Trainer], rel=1e-6)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_nan_loss_stops_before_saving_over_a_good_checkpoint(tmp_path):
   c = tiny.get_config()
   c.train.steps, c.checkpoint.every_steps = 20, 10
@@ -211,6 +212,7 @@ def conversions(monkeypatch):
   return seen
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_autograph_converts_the_users_code_only(conversions):
   c = tiny.get_config()
   strategy = tf.distribute.get_strategy()

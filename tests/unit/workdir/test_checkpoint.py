@@ -15,6 +15,7 @@ from tests.fixtures import tiny
 from tests.fixtures.checkpoints import checkpoint_tensors
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_async_saves_equal_sync_saves_and_resume(tmp_path):
   for mode in ("sync", "async"):
     c = tiny.get_config()
