@@ -63,6 +63,8 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
   assert re.fullmatch(rf"{TIME} FLOPs per train step: 2.867e\+04 \(counted"
                       r" once from its graph: .*\)", lines[6]), lines[6]
   assert re.fullmatch(rf"{TIME} train step 10/20: loss=\S+ accuracy=\S+"
+                      r" grad_norm=\S+ grad_norm_max=\S+ weight_norm=\S+"
+                      r" update_ratio=\S+"
                       r" learning_rate=\S+ \| [\d.]+k? steps/s, [\d.]+k?"
                       r" examples/s, [\d.]+ \w?FLOP/s = [\d.e+-]+% MFU \|"
                       r" ETA \S+( \| input-bound: .*)?", lines[7]), lines[7]
