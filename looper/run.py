@@ -351,8 +351,8 @@ class Run:
     init = self.config.init
     if not restored and init.checkpoint:
       items = {"model": self.trainer.model}
-      if init.optimizer:
-        items["optimizer"] = self.trainer.optimizer
+      if init.optimizer:  # as a checkpoint holds it (whole if sharded)
+        items["optimizer"] = self.trainer.checkpoint_items()["optimizer"]
       contents.warm_start(init.checkpoint, items)
       self.trainer.optimizer.iterations.assign(0)
     return restored

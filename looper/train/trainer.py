@@ -51,6 +51,7 @@ from looper.options import losses
 from looper.options import metrics
 from looper.options import optimizers
 from looper.options import precision
+from looper.options import sharding
 from looper.train import flops
 from looper.train import loop
 from looper.train import randomness
@@ -111,8 +112,13 @@ class Trainer:
         optimizers.clip_after_sum(self.optimizer,
                                   config.optimizer.clip_global_norm)
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
-      # loop ("must feed a value for placeholder"), so build them here.
-      self.optimizer.build(self.model.trainable_variables)
+      # loop ("must feed a value for placeholder"), so build them here: 1/N
+      # per replica under distribution.shard_optimizer (options/sharding).
+      self.sharded = (sharding.Sharded(self.model.trainable_variables,
+                                       self.optimizer, strategy)
+                      if config.distribution.shard_optimizer else None)
+      if not self.sharded:
+        self.optimizer.build(self.model.trainable_variables)
       # optimizer.ema_decay: eval and export use the average (see ema).
       self.ema = (ema_lib.WeightAverage(self.model.trainable_variables,
                                         config.optimizer.ema_decay)
@@ -275,8 +281,13 @@ class Trainer:
   @autograph.plain
   def apply_gradients(self, grads) -> None:
     """The optimizer update: it sums `grads` over replicas first (one
-    all-reduce per step) and clips the sum (optimizer.clip_global_norm)."""
-    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+    all-reduce per step) and clips the sum (optimizer.clip_global_norm);
+    sharded, it updates this replica's slice and gathers the weights."""
+    if self.sharded:
+      self.sharded.apply(grads)
+    else:
+      self.optimizer.apply_gradients(zip(grads,
+                                         self.model.trainable_variables))
 
   @autograph.plain
   def eval_step(self, batch) -> None:
@@ -361,8 +372,11 @@ class Trainer:
     # The inner optimizer under loss scaling: its slots are the same in
     # every precision, so checkpoints move between precisions. The dynamic
     # loss scale is not saved; it re-grows within a few hundred steps.
-    items = dict(model=self.model, optimizer=precision.inner(self.optimizer),
-                 step=self.step, **self.input.checkpoint_items())
+    # Sharded, the slots are saved whole: any replica count restores them.
+    optimizer = (self.sharded.checkpoint_view() if self.sharded else
+                 precision.inner(self.optimizer))
+    items = dict(model=self.model, optimizer=optimizer, step=self.step,
+                 **self.input.checkpoint_items())
     if self.ema:
       items["ema"] = self.ema.averages
     if self.random.states:
