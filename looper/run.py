@@ -293,7 +293,7 @@ class Run:
         config, self.strategy, wd.root, mode,
         modes.start(mode, restored, self.checkpoint_path), trainer.model,
         self.batch, peak=self.peak, epoch=self.epoch,
-        note=trainer.random.note(),
+        note=trainer.random.note(), state=trainer.optimizer_state_bytes(),
         trained=None if self.trains else files.read_json(wd.config)))
     if mode == "export":
       return modes.export_checkpoint(trainer, self.evaluator, ckpt, wd,

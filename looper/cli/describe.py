@@ -39,7 +39,8 @@ def describe(config) -> str:
       steps_per_loop=config.train.steps_per_loop)
   lines = [console.header(config, strategy, None, "describe", None,
                           trainer.model, batch, epoch=epoch,
-                          note=trainer.random.note()),
+                          note=trainer.random.note(),
+                          state=trainer.optimizer_state_bytes()),
            "", "data"]
   for split in (config.data.train_split, *splits.eval_sets(config).values()):
     field = splits.split_field(config, split)

@@ -214,3 +214,17 @@ def state_bytes(strategy: tf.distribute.Strategy,
       where[part.device] = where.get(part.device, 0) + (
           part.shape.num_elements() * part.dtype.size)
   return where
+
+
+def per_device(strategy: tf.distribute.Strategy, optimizer,
+               sharded: Sharded | None, average=None) -> int:
+  """The optimizer's state on the device holding most, in bytes: its
+  variables (slots, step, a loss scale), the weight shards if `sharded`
+  and the weight average (`average`, an ema.WeightAverage)."""
+  variables = list(optimizer.variables)
+  if sharded:
+    variables += sharded.shards
+  if average:
+    variables += average.averages
+  return max(state_bytes(strategy, variables).values(), default=0)
+

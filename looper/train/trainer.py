@@ -367,6 +367,11 @@ class Trainer:
     """The optimizer's current learning rate (schedules included)."""
     return float(tf.convert_to_tensor(self.optimizer.learning_rate))
 
+  def optimizer_state_bytes(self) -> int:
+    """The optimizer's state on the device holding most (the header's)."""
+    return sharding.per_device(self.strategy, self.optimizer, self.sharded,
+                               self.ema)
+
   def checkpoint_items(self) -> dict[str, Any]:
     """What a checkpoint holds; a subclass may add its own trackables."""
     # The inner optimizer under loss scaling: its slots are the same in
