@@ -23,7 +23,8 @@ Where each concern lives (BUILD.md "Layout" maps every module):
                    optimizers, losses, metrics, the best evaluation
       data/        input: from dataset_fn to per-replica batches (`Input`)
       train/       the Trainer, its loop, evaluation, the Controller
-      workdir/     every path and every write: checkpoints, lease, events
+      workdir/     every path and every write: checkpoints, lease, writers
+      trackers/    experiment trackers (MLflow, W&B), exact across restarts
       cli/         the command line's tools (launch, runs, describe, check)
 
 The names below (PUBLIC) load on first use, so `import looper` starts no

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    compat.after_all_reduce(optimizer, clip)     # optimizers.clip_after_sum
+    compat.after_all_reduce(optimizer, clip)     # optimizers.after_sum
     compat.uses_weight_decay(optimizer, v)       # sharding: AdamW's
     compat.optimizer_layout(optimizer, weights, whole)  # sharded: saved
     compat.in_multi_worker_mode(strategy)        # the endless train stream
@@ -22,6 +22,7 @@ Synopsis::
     compat.sublayers(model)                      # randomness: nested layers
     compat.seed_generators(layer)                # randomness: their states
     compat.output_operation(model)               # dry_run: the last op
+    compat.metric_direction(metric)              # callbacks: mode 'auto'
     with compat.keras_variables_deferred(): ...  # parsing: metric objects
 
 Each reaches into a name TensorFlow or Keras may move in any release (no
@@ -50,14 +51,13 @@ def after_all_reduce(optimizer,
   """Makes `optimizer` pass the gradients it summed over the replicas
   through `transform` before it applies them.
 
-  Touches: `_all_reduce_sum_gradients(grads_and_vars)` of Keras' TensorFlow
-  optimizer, which `apply_gradients` calls in replica context, replaced on
-  the instance (a LossScaleOptimizer's inner one, which sums the gradients
-  unscaled and known finite).
-
+  Touches: Keras' TensorFlow optimizer's `_all_reduce_sum_gradients(
+  grads_and_vars)` (replica context), replaced on the instance (under loss
+  scaling the inner one's: it sums gradients unscaled and known finite).
   Why: `optimizer.clip_global_norm` clips the global batch's gradient after
-  the sum (Keras' clipnorm: each replica's before) with no all-reduce of
-  its own; sharding keeps a replica's slice of the sum. No public hook.
+  the sum (Keras' clipnorm: each replica's before) and the health figures
+  log its norm, with no all-reduce of their own; sharding keeps a replica's
+  slice of the sum. No public hook is there.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   target = getattr(optimizer, "inner_optimizer", optimizer)
@@ -68,7 +68,6 @@ def after_all_reduce(optimizer,
 
 def uses_weight_decay(optimizer, variable) -> bool:
   """Whether `optimizer` decays `variable` (exclude_from_weight_decay).
-
   Touches: Keras' `BaseOptimizer._use_weight_decay(variable)`. Why: a
   sharded optimizer (looper.options.sharding) decides for each weight's
   shard as for the weight. Checked on TensorFlow 2.21.0 / Keras 3.15.1.
@@ -119,14 +118,11 @@ def optimizer_layout(optimizer, weights, whole: dict):
 def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
   """Whether `strategy` trains across several worker processes.
 
-  Touches: `strategy.extended._in_multi_worker_mode()`. True only for a
-  MultiWorkerMirroredStrategy with more than one worker; False for the
-  default, OneDevice, Mirrored and (whatever its hosts) TPU strategies.
-
+  Touches: `strategy.extended._in_multi_worker_mode()`: True only for a
+  MultiWorkerMirroredStrategy of several workers (a TPU pod's is False).
   Why: the train stream is endless only where tf.distribute asks every
   worker at each get_next whether it has data; sharding gathers a slot by
-  a collective there. Counting `strategy.cluster_resolver`'s tasks would
-  restate per strategy which jobs train (a TPU pod is one worker).
+  a collective there. Counting the resolver's tasks restates per strategy.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return strategy.extended._in_multi_worker_mode()  # pylint: disable=protected-access
@@ -144,7 +140,6 @@ def configure_coordination_service(*, leader: str, jobs: dict[str, int],
   CoordinatedJob protos (tsl coordination_config_pb2) and the stored
   config's `cluster_register_with_barrier`, which its ConfigProto carries
   to the server; MultiWorkerMirroredStrategy keeps what was set before it.
-
   Why: by default a missing worker is waited for an hour or more, a silent
   peer until heartbeats time out; no public API or environment variable
   sets either (without the barrier the leader waits regardless).
@@ -167,7 +162,6 @@ def disable_op_determinism() -> None:
 
   Touches: tensorflow.python.framework.config.disable_op_determinism();
   only `tf.config.experimental.enable_op_determinism` is public.
-
   Why: `train.deterministic=False` undoes an earlier deterministic run in
   the process (op determinism refuses `tf.timestamp`, which times input).
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
@@ -182,7 +176,6 @@ def patch_keras_async_copy() -> None:
 
   Touches: `_copy_trackable_to_cpu(self, object_map)` of Keras' TensorFlow
   Variable, replaced on the class by the wrapped tf.Variable's.
-
   Why: Keras' makes a new CPU tf.Variable in a tf.function on every save:
   the second async save fails ("tf.function only supports singleton
   tf.Variables created on the first call"); tf.Variable's copies in place.
@@ -218,10 +211,8 @@ def mark_expected_partial(value) -> bool:
   """Marks `value` expected-partial if it is TensorFlow's record of a
   checkpoint restore; returns whether it was one.
 
-  Touches: tensorflow.python.checkpoint.checkpoint.
-  _CheckpointRestoreCoordinator and its `expect_partial` property (what
-  the public `status.expect_partial()` sets).
-
+  Touches: checkpoint._CheckpointRestoreCoordinator's `expect_partial`
+  (what the public `status.expect_partial()` sets).
   Why: a failed restore (another model's workdir) raises before returning
   the status; its record, kept by the traceback's frames, logs "deleted
   with unrestored values" at exit, after looper's one line, unless marked.
@@ -238,7 +229,6 @@ def dataset_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
   """The GraphDef of `dataset`'s whole pipeline, its functions included.
 
   Touches: `tf.data.Dataset._as_serialized_graph()`.
-
   Why: `looper check` names the ops that call back into Python, which a
   TPU host cannot run; tf.data has no public view of a pipeline's graph.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
@@ -265,7 +255,6 @@ def function_graph(graph, name: str):
   calls (a while loop's body, a cond's branch, a tf.function), or None.
 
   Touches: `Graph._get_function(name)` (an AtomicFunction) and its `graph`.
-
   Why: looper.train.flops counts a step's FLOPs in the loop's body and the
   functions it calls, with shapes (`graph.as_graph_def()` has none); no
   public API maps a call to its graph.
@@ -283,7 +272,6 @@ def on_gce() -> bool:
   `http://$GCE_METADATA_IP/computeMetadata/v1/instance/hostname`
   (metadata.google.internal when unset), `Metadata-Flavor: Google`, 5 s
   timeout; True on status 200, False otherwise or on any requests error.
-
   Why: looper watches the metadata server's preemption and maintenance
   notices (looper.train.vm_notices) where TensorFlow would; no public API.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
@@ -302,10 +290,8 @@ def ask_dispatcher(address: str, method: str, timeout_secs: float) -> bytes:
   without TF's protos: b'' (an empty GetWorkersResponse) is no worker.
   Raises grpc.RpcError: DEADLINE_EXCEEDED (no answer), UNIMPLEMENTED
   (another gRPC server answered: a service worker's port).
-
-  Why: `tf.data.experimental.service.distribute` waits an hour for a
-  dispatcher that does not answer, and forever for a worker, with no
-  timeout to set; looper's start-up check says what is missing at once.
+  Why: tf.data's service waits an hour for a silent dispatcher, forever
+  for a worker (no timeout); looper's check names what is missing at once.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   import grpc  # pylint: disable=g-import-not-at-top
@@ -322,7 +308,6 @@ def shared_value(key: str, value: str | None) -> str:
   Touches: the eager context's `set_config_key_value(key, value)` and
   `get_config_key_value(key)`: the coordination service of every
   MultiWorkerMirroredStrategy process (as TF's preemption handler).
-
   Why: all workers read one tf.data service job, named afresh by the chief
   for each attempt; no public API shares a string between the workers.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
@@ -365,10 +350,8 @@ def keras_variables_deferred():
   variable is registered, not created) and Keras' global list of those
   (`global_state` "uninitialized_variables"), dropped: the next scope to
   close would create them.
-
   Why: a config file's metric object would start TensorFlow while the
-  config loads, before looper sets the devices up; looper rebuilds the
-  metric from its class and config in the strategy's scope.
+  config loads (before the devices are set up); looper rebuilds it later.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   import keras  # pylint: disable=g-import-not-at-top
@@ -397,3 +380,15 @@ def output_operation(model):
     return None
   history = getattr(outputs[0], "_keras_history", None)
   return history.operation if history is not None else None
+
+
+def metric_direction(metric) -> str | None:
+  """'up' or 'down': which way a Keras metric gets better; None if unsaid.
+
+  Touches: the `_direction` Keras' metrics set in their constructors,
+  which a MonitorCallback's mode 'auto' reads through a compiled model.
+  Why: EarlyStopping(monitor="val_accuracy") on looper's model, which is
+  not compiled (looper.train.callback_state.resolve_modes).
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  return getattr(metric, "_direction", None)

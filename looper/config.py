@@ -21,11 +21,11 @@ experiment's own in its get_config(); `validate` checks each declared field
 ("config.model.width=0: must be a whole number >= 2; set
 --config.model.width"). Later assignments (`c.train.steps = 500`) keep the kind.
 
-`validate` checks every field looper reads. The names an option accepts
-come from the table of the module that builds it (`distribute.STRATEGIES`,
-`optimizers.OPTIMIZERS`, `losses.LOSSES`, `best.BEST_MODES`, ...), so a
-new option is added in one place. Every error is one line naming the field, the value and the
-fix ("did you mean" for a misspelt name), before TensorFlow touches a device.
+`validate` checks every field looper reads; an option's names come from
+the table of the module that builds it (`distribute.STRATEGIES`,
+`losses.LOSSES`, ..., `looper.trackers.TRACKERS` checked by the Run), so a
+new option is added in one place. Every error is one line naming the
+field, the value and the fix ("did you mean"), before TensorFlow runs.
 
 Also here for experiments: the field kinds `whole`, `seconds`, `boolean`
 (looper.fields), `ConfigError` and `first_line` (what their loaders raise,
@@ -56,10 +56,9 @@ from looper.fields import Field, boolean, declared, seconds, whole  # pylint: di
 from looper.errors import ConfigError, first_line  # pylint: disable=unused-import
 
 
-# Lengths a config gives in steps or in epochs of the train split: (the
-# steps field, the epochs field, what they set). A config sets one of each
-# pair, the other 0, so no value is silently ignored; looper.train.epochs
-# turns the epochs into steps once the train split's size is known.
+# Lengths in steps or in epochs of the train split: (steps field, epochs
+# field, what they set). One of each pair is set, the other 0 (no value is
+# silently ignored); looper.train.epochs makes steps of epochs.
 IN_EPOCHS = (("train.steps", "train.epochs", "how long to train"),
              ("eval.every_steps", "eval.every_epochs", "when to evaluate"),
              ("checkpoint.every_steps", "checkpoint.every_epochs",
@@ -87,10 +86,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.loss = fields.object_field("sparse_categorical_crossentropy")
   # Outputs: {output: factor} in the sum of their losses (missing: 1).
   c.loss_weights = fields.object_field(None)
-  # How the global batch's weighted losses are averaged
-  # (losses.NORMALIZATIONS): batch_size (Keras' rule: by the number of
-  # loss values) | weights (by the sum of the weights: per-token losses
-  # with a mask average over the real tokens of the global batch).
+  # How the global batch's weighted losses are averaged (losses.NORMALIZATIONS):
+  # batch_size (Keras': by the number of loss values) | weights (by the sum
+  # of the weights: masked per-token losses average over the real tokens).
   c.loss_normalization = "batch_size"
   # Metrics on logits, by name (metrics.METRICS) or zero-arg factories;
   # for outputs, a dict of such tuples by output (logged 'output/name').
@@ -98,6 +96,10 @@ def default_config() -> ml_collections.ConfigDict:
   # The user's looper.Actions beside looper's (README "Hooks of your own"):
   # a list, or a factory f(config) returning one (or its 'module:name').
   c.actions = fields.object_field(())
+  # Keras callbacks as fit() calls them: a list, or a factory as for actions.
+  c.callbacks = fields.object_field(())  # (looper/train/callbacks.py)
+  # Experiment trackers, each set up by its own environment variables:
+  c.trackers = ""  # '' | mlflow | wandb | mlflow,wandb (README)
 
   c.train = ml_collections.ConfigDict()
   # How long to train: optimizer updates, or epochs of the train split
@@ -105,14 +107,16 @@ def default_config() -> ml_collections.ConfigDict:
   # rounded up. Set one, the other 0 (IN_EPOCHS).
   c.train.steps = whole(0, low=0)
   c.train.epochs = fields.epochs()
-  # GLOBAL batch, split evenly over the replicas.
-  c.train.batch_size = whole(128)
+  c.train.batch_size = whole(128)  # GLOBAL, split evenly over the replicas
   # Steps run inside one tf.function call; evaluation, checkpoints and the
   # end clamp a loop so they land exactly on their step.
   c.train.steps_per_loop = whole(100)
-  # On a NaN/inf loss: restore the last checkpoint, skip the data that blew
-  # up and go on, at most this many times; 0 stops with an error at once.
+  # On a NaN/inf loss (or a spike): restore the last checkpoint, skip the data
+  # that blew up and go on, at most this many times; 0 stops with an error.
   c.train.nan_recovery_tries = whole(0, low=0)
+  # Roll back a loop whose top step loss > this x the recent median; 0: off.
+  c.train.spike_factor = Field(0.0, float, "a factor", 1, above=True, off=0)
+  c.train.health_metrics = boolean(True)  # grad/weight norms: train/health.py
   # Stop after this many evals not bettering checkpoint.best_metric; 0: never.
   c.train.early_stop_patience = whole(0, low=0)
   # float32 | mixed_bfloat16 (TPU, CPU with AMX or AVX-512 BF16) |
@@ -152,7 +156,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.optimizer.weight_decay = 0.0  # adamw only
   # Clip the global-batch gradient to this global norm (0: off); applied
   # after the replicas' sum, unlike Keras' clipnorm.
-  c.optimizer.clip_global_norm = 0.0
+  c.optimizer.clip_global_norm = Field(0.0, float, "a norm")
   # Keep an exponential moving average of the weights with this decay
   # (e.g. 0.999; 0: off); eval and export use it. Checkpointed.
   c.optimizer.ema_decay = 0.0
@@ -182,7 +186,7 @@ def default_config() -> ml_collections.ConfigDict:
   # renewed it (every lease_secs / 4) for this long is taken to be gone.
   c.checkpoint.lease_secs = seconds(60, positive=True)
 
-  # Warm start from another run's checkpoint (if the workdir has none yet).
+  # Warm start (a workdir with no checkpoint): another run's weights first.
   c.init = ml_collections.ConfigDict()
   c.init.checkpoint = ""  # a checkpoint prefix or a checkpoints/ directory
   c.init.optimizer = boolean(False)  # also restore the optimizer slots
@@ -194,8 +198,7 @@ def default_config() -> ml_collections.ConfigDict:
   # ZeRO stage 1: 1/N of the optimizer's slots per replica (options/sharding)
   c.distribution.shard_optimizer = boolean(False)
   c.distribution.tpu = ""  # TPU name or grpc:// address ('local' on a VM)
-  # A dry run of the TPU start-up checks (batch per core) off a TPU: the
-  # cores the real run will have. 0: check only on a TPU.
+  # Off a TPU: dry-run its start-up checks for this many cores (0: on a TPU)
   c.distribution.tpu_cores = whole(0, low=0)
   # multi_worker: how long a worker waits for the others to come up, and
   # how long one may stay unreachable later (missed heartbeats: a cut link,
@@ -372,9 +375,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _check(isinstance(c.optimizer.ema_decay, (int, float)) and
          0 <= c.optimizer.ema_decay < 1, "optimizer.ema_decay",
          c.optimizer.ema_decay, "must be in [0, 1), e.g. 0.999 (0: off)")
-  _check(isinstance(c.optimizer.clip_global_norm, (int, float)) and
-         c.optimizer.clip_global_norm >= 0, "optimizer.clip_global_norm",
-         c.optimizer.clip_global_norm, "must be a number >= 0 (0: no clipping)")
   _check_choice(c.optimizer.schedule, "optimizer.schedule",
                 optimizers.SCHEDULES)
   _check_choice(c.distribution.strategy, "distribution.strategy",

@@ -277,10 +277,12 @@ def _in_epochs(config, epoch) -> str:
 
 def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
             best: tuple[str, int, float] | None, checkpoint: str | None,
-            export: str | None, goodput: str | None = None) -> str:
+            export: str | None, goodput: str | None = None,
+            trackers: list[tuple[str, str]] = ()) -> str:
   """The lines that close a run: what it reached and where things are;
   `seconds` is this attempt's wall time (looper.train.goodput: from its
-  process' start, or the call of run.run), which the first line says."""
+  process' start, or the call of run.run), which the first line says;
+  `trackers`: (name, what it holds) of each (looper.trackers)."""
   from looper.workdir import formats  # pylint: disable=g-import-not-at-top
   ended = result.get("stopped") or result.get("ended")
   lines = [f"looper done: step {result['step']} in"
@@ -300,5 +302,6 @@ def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
     lines.append(f"  export      {export}")
   if goodput:
     lines.append(f"  goodput     {goodput}")
+  lines += [f"  {name:<12}{line}" for name, line in trackers]
   lines.append(f"  tensorboard --logdir={workdir.root}")
   return "\n".join(lines)

@@ -41,9 +41,10 @@ class Field(config_dict.FieldReference):
   """
 
   def __init__(self, default, field_type: type, noun: str = "",
-               low: float = 0, above: bool = False):
+               low: float = 0, above: bool = False, off: float | None = None):
     super().__init__(default, field_type=field_type)
     self._noun, self._low, self._above = noun, low, above
+    self._off = off  # a value outside the bounds that turns the option off
 
   def __setstate__(self, state):  # FieldReference's restores its own only
     self.__dict__.update(state)
@@ -52,14 +53,15 @@ class Field(config_dict.FieldReference):
   def must(self) -> str:  # as validate's error says it
     if self.get_type() is bool:
       return "True or False"
-    return f"{self._noun} {'>' if self._above else '>='} {self._low}"
+    off = "" if self._off is None else f"{self._off:g} (off) or "
+    return f"{off}{self._noun} {'>' if self._above else '>='} {self._low}"
 
   def allows(self, value: Any) -> bool:
     if self.get_type() is bool:
       return isinstance(value, bool)
     kind = whole_number if self.get_type() is int else number
-    return kind(value) and (value > self._low if self._above
-                            else value >= self._low)
+    return kind(value) and (value == self._off or (
+        value > self._low if self._above else value >= self._low))
 
 
 def whole(default: int, low: int = 1) -> Field:

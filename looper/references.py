@@ -22,6 +22,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import json
+import numbers
 import os
 import re
 import sys
@@ -127,7 +128,13 @@ def _jsonable(value: Any) -> Any:
     return [_jsonable(v) for v in value]
   if callable(value):
     return _loadable_name(value) or f"{UNLOADABLE}{_describe(value)}>"
-  return value
+  if isinstance(value, numbers.Number) and not isinstance(
+      value, (int, float, bool)):  # NumPy's
+    return value.item() if hasattr(value, "item") else float(value)
+  if value is None or isinstance(value, (str, int, float, bool)):
+    return value
+  # Any other object (a Keras callback): what it is and how it was made.
+  return f"{UNLOADABLE}{_describe(value)}>"
 
 
 def _loadable_name(value: Any) -> str | None:
@@ -172,12 +179,27 @@ def _describe(value: Any) -> str:
             "method" if inspect.ismethod(value) else "function")
     return f"{kind} {getattr(value, '__module__', '?')}:{qualname}"
   cls = type(value)
-  settings = getattr(value, "get_config", None)
-  settings = settings() if callable(settings) else None
-  if isinstance(settings, dict):  # a Keras loss or metric: how it was made
+  settings = _settings(value)
+  if settings:  # a Keras loss, metric or callback: how it was made
     args = ", ".join(f"{k}={_describe_arg(v)}" for k, v in settings.items())
     return f"{cls.__module__}:{cls.__qualname__}({args})"
   return f"instance of {cls.__module__}:{cls.__qualname__}"
+
+
+def _settings(value: Any) -> dict | None:
+  """How `value` was made: its get_config() (Keras' losses and metrics),
+  else the arguments of its constructor it keeps under their names (a
+  Keras callback's: EarlyStopping's monitor, patience, ...)."""
+  get_config = getattr(value, "get_config", None)
+  if callable(get_config):
+    settings = get_config()
+    return settings if isinstance(settings, dict) else None
+  try:
+    names = inspect.signature(type(value)).parameters
+  except (TypeError, ValueError):  # a builtin's
+    return None
+  kept = vars(value) if hasattr(value, "__dict__") else {}
+  return {n: kept[n] for n in names if n in kept} or None
 
 
 def _describe_arg(value: Any) -> str:
@@ -198,7 +220,10 @@ def to_json(c: ml_collections.ConfigDict) -> str:
   '<unloadable: functools.partial(mod:fn, from_logits=True)>' or
   '<unloadable: instance of mod:Class>' (a Keras object: its class and
   get_config(), '<unloadable: keras.src.losses.losses:SparseCategorical
-  Crossentropy(name=..., from_logits=True, ...)>'). `resolve` rejects such a string with
-  a one-line error. Saving never fails on a callable.
+  Crossentropy(name=..., from_logits=True, ...)>'). Any other object JSON
+  cannot hold (a Keras callback in config.callbacks) is described alike:
+  '<unloadable: keras.src.callbacks.early_stopping:EarlyStopping(monitor=
+  'val_accuracy', patience=3, ...)>'. `resolve` rejects such a string with
+  a one-line error. Saving never fails on a value a config holds.
   """
   return json.dumps(_jsonable(c.to_dict()), indent=2, sort_keys=True)

@@ -25,20 +25,22 @@ gets what it needs as arguments, from the pieces built before it:
   _build_input         the data (looper.data.input.Input)
       (epochs resolved as steps: looper.train.epochs)
   _build_trainer       config.trainer: state, step seams, its train loop
+  _build_spikes        train.spike_factor's loss spikes (training, if set)
   _build_evaluator     one exact pass over each eval set
+  _build_callbacks     config.callbacks, Keras' (looper.train.callbacks)
+  _build_trackers      config.trackers: installed, answering (looper.trackers)
       (everything checked; the workdir's lease taken, if training)
   _build_checkpointer  saves and restores (looper.workdir.checkpoint)
   _build_summaries     the writers: events, metrics.jsonl, config.json,
-                       the lines
+                       the lines, the trackers
   _build_evaluation    evaluation as an action (best checkpoint, early stop)
   _build_controller    the outer loop (looper.train.controller)
   _build_actions       what runs after each loop, by group
                        (looper.train.standard_actions), with the user's
                        (config.actions, looper.train.actions)
 
-A signal (looper.train.signals) or, on a Google Cloud VM, a preemption or
-maintenance notice (looper.train.vm_notices) asks the trainer's `stop` to
-stop.
+A signal (looper.train.signals) or a Google Cloud VM's preemption or
+maintenance notice (looper.train.vm_notices) asks the trainer to stop.
 """
 
 import time
@@ -52,6 +54,7 @@ from looper import console
 from looper import errors
 from looper import modes
 from looper import references
+from looper import trackers as trackers_lib
 from looper import workdir as workdir_lib
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
@@ -60,6 +63,7 @@ from looper.options import best
 from looper.options import distribute
 from looper.options import precision
 from looper.train import actions as actions_lib
+from looper.train import callbacks
 from looper.train import controller as controller_lib
 from looper.train import dry_run
 from looper.train import epochs
@@ -69,6 +73,7 @@ from looper.train import goodput
 from looper.train import peak_flops
 from looper.train import profiler
 from looper.train import signals
+from looper.train import spikes
 from looper.train import standard_actions
 from looper.train import vm_notices
 from looper.workdir import checkpoint
@@ -114,7 +119,7 @@ class Run:
   """One mode run in one workdir, built piece by piece (see module doc).
 
   The constructor builds and checks what needs no file (strategy to
-  evaluator): a bad config or eval split fails before anything in
+  callbacks): a bad config or eval split fails before anything in
   `workdir` is touched. `run()` takes the workdir (its lease, if
   training), builds the rest and runs the mode; call it once.
   """
@@ -152,10 +157,13 @@ class Run:
     # The loop's buffer and the Controller's loops: one value, read once.
     self.steps_per_loop = self.config.train.steps_per_loop
     self.trainer = self._build_trainer()
+    self.spikes = self._build_spikes()
     self.evaluator = self._build_evaluator()
     # The user's actions (config.actions), a factory's called once, now:
     # a bad one fails before anything is written.
     self.user_actions = actions_lib.of_config(self.config)
+    self.callbacks = self._build_callbacks()
+    self.trackers = self._build_trackers()
     self._check()
 
   # --- The pieces: each built once, overridable -------------------------------
@@ -174,25 +182,47 @@ class Run:
     return trainer_cls(self.config, self.strategy, self.input, self.batch,
                        steps_per_loop=self.steps_per_loop)
 
+  def _build_spikes(self) -> spikes.SpikeGuard | None:
+    """train.spike_factor's check (None: 0, or no training); its recent
+    losses join the checkpoint."""
+    factor = self.config.train.spike_factor
+    return spikes.SpikeGuard(self.strategy, factor) if (
+        factor and self.trains) else None
+
   def _build_evaluator(self) -> evaluator_lib.Evaluator:
     return evaluator_lib.Evaluator(self.trainer, self.input)
+
+  def _build_callbacks(self) -> callbacks.Callbacks:
+    """config.callbacks (Keras'), of a run that trains."""
+    return callbacks.build(
+        self.config, self.config.callbacks if self.trains else (),
+        self.trainer, chief=self.chief)
 
   def _build_checkpointer(self, guard) -> checkpoint.Checkpointer:
     """`guard`: the lease's check before each save (None: not held)."""
     c = self.config.checkpoint
     return checkpoint.Checkpointer(
-        self.workdir, self.trainer.checkpoint_items(), keep=c.keep,
+        self.workdir, {**self.trainer.checkpoint_items(),
+                       **self.callbacks.checkpoint_items(),
+                       **(self.spikes.checkpoint_items() if self.spikes
+                          else {})}, keep=c.keep,
         chief=self.chief, task_id=distribute.task_id(self.strategy),
         async_save=c.async_save, on_tpu=self.on_tpu, guard=guard)
 
+  def _build_trackers(self) -> list:
+    """config.trackers (looper.trackers), each checked now (installed, its
+    server answering): a training run's chief's; [] elsewhere."""
+    names = trackers_lib.parse(self.config.trackers)  # a typo: everywhere
+    return (trackers_lib.build(self.config.trackers, self.workdir)
+            if names and self.trains and self.chief else [])
+
   def _build_summaries(self) -> summaries.Summaries:
-    """The writers (TensorBoard events, metrics.jsonl, the lines) and
-    config.json. The next writers (experiment trackers) join here."""
+    """The writers (events, metrics.jsonl, lines, trackers), config.json."""
     return modes.open_workdir(
         self.workdir, self.config, MODES[self.mode], self.chief,
         eval_names=self.evaluator.metric_names,
         input_hint=self.input.faster() if self.trains else "",
-        trackers=())
+        trackers=self.trackers)
 
   def _build_evaluation(self) -> eval_action.EvalAction:
     """The evaluations: what --mode=eval runs, and train_and_eval's eval
@@ -213,23 +243,26 @@ class Run:
     return controller_lib.Controller(
         self.trainer, self.checkpointer, data=self.input, batch=self.batch,
         total_steps=c.steps, steps_per_loop=self.steps_per_loop,
-        nan_recovery_tries=c.nan_recovery_tries, peak=self.peak,
-        writer=self.summaries.writer, chief=self.chief)
+        nan_recovery_tries=c.nan_recovery_tries, spikes=self.spikes,
+        peak=self.peak, writer=self.summaries.writer, chief=self.chief)
 
   def _build_actions(self) -> dict[str, list]:
     """The Controller's actions by group ({'report', 'evaluate', 'save'}),
     in the order they run after a loop. The user's actions run first in
     'save': after the evaluation, and before the checkpoint that covers
-    what they wrote. Keras callbacks and experiment trackers join these
-    lists here."""
+    what they wrote; Keras callbacks around the standard ones (their
+    places: looper.train.callbacks); the trackers' deliveries last."""
     c, wd, out = self.config, self.workdir, self.summaries
+    calls = self.callbacks.actions(eval_logs=self.evaluation.evaluate,
+                                   latest=self.checkpointer.latest)
     report = [standard_actions.train_summaries(out),
-              standard_actions.loop_end_hook(self.trainer)]
-    evaluate = [standard_actions.evaluations(
-        self.evaluation, every_steps=c.eval.every_steps)]
-    save = [*self.user_actions, standard_actions.checkpoints(
-        self.checkpointer, every_steps=c.checkpoint.every_steps,
-        every_secs=c.checkpoint.every_secs)]
+              standard_actions.loop_end_hook(self.trainer), *calls.report]
+    evaluate = [*calls.before_eval, standard_actions.evaluations(
+        self.evaluation, every_steps=c.eval.every_steps), *calls.after_eval]
+    save = [*calls.before_save, *self.user_actions,
+            standard_actions.checkpoints(
+                self.checkpointer, every_steps=c.checkpoint.every_steps,
+                every_secs=c.checkpoint.every_secs), *calls.after_save]
     if c.profile.start_step:
       save.append(profiler.Window(wd if self.chief else None,
                                   start_step=c.profile.start_step,
@@ -237,6 +270,9 @@ class Run:
     if c.export.at_end and self.chief:  # its path: result["export"]
       save.append(standard_actions.export_at_end(
           self.trainer, self.evaluator, wd, on_tpu=self.on_tpu))
+    if self.trackers:  # after every save: what it made durable goes out
+      save.append(standard_actions.deliveries(self.trackers,
+                                              self.checkpointer))
     return {"report": report, "evaluate": evaluate, "save": save}
 
   # --- Running ----------------------------------------------------------------
@@ -257,14 +293,10 @@ class Run:
         dry_run.check_inputs(self.trainer, self.input, split)
     best.check_best_metric(c.checkpoint.best_metric,
                            self.evaluator.metric_names)
-    if self.trains:
-      short = self.input.short_split(c.data.train_split)
-      if short:
-        logging.warning("%s", short)
     cores = distribute.tpu_cores(self.strategy, c.distribution)
-    if cores and self.trains:
-      warning = distribute.tpu_batch_warning(self.batch.micro_batch_size,
-                                             cores)
+    for warning in (self.trains and self.input.short_split(c.data.train_split),
+                    self.trains and cores and distribute.tpu_batch_warning(
+                        self.batch.micro_batch_size, cores)):
       if warning:
         logging.warning("%s", warning)
 
@@ -302,6 +334,7 @@ class Run:
     self.summaries = out = self._build_summaries()
     ledger = None
     try:
+      trackers_lib.open_runs(self.trackers, references.to_json(config))
       self.evaluation = self._build_evaluation()
       self.controller = ctl = self._build_controller()
       ctl.add_actions(**self._build_actions())
@@ -324,14 +357,18 @@ class Run:
       ckpt.wait()
       if ledger:
         ledger.add("checkpoint", time.monotonic() - waited)
-        totals = ledger.close(_how_it_ended(result))
+        totals = ledger.close(goodput.how_it_ended(result))
         out.goodput(result["step"], totals.fractions())
+        closed = trackers_lib.close_runs(
+            self.trackers, ckpt.durable_step, stopped=result.get("stopped"),
+            figures=out.figures)
         # The attempt's time as its record holds it: `looper runs` adds up
         # the records (its "wall (all attempts)"), so one attempt agrees.
         logging.info("%s", console.summary(
             result, wd, ledger.wall,
             best=self.evaluation.best, checkpoint=ckpt.latest(),
-            export=result.get("export"), goodput=totals.line()))
+            export=result.get("export"), goodput=totals.line(),
+            trackers=closed))
       return result
     except Exception as e:
       # A background save in flight ends before the process does: what it
@@ -339,7 +376,8 @@ class Run:
       # a traceback at exit after looper's line.
       ckpt.wait()
       if ledger:
-        _close_failed(ledger, e)
+        ledger.close_failed(e)
+      trackers_lib.close_runs(self.trackers, ckpt.durable_step, failed=True)
       raise
     finally:
       out.close()
@@ -356,21 +394,3 @@ class Run:
       contents.warm_start(init.checkpoint, items)
       self.trainer.optimizer.iterations.assign(0)
     return restored
-
-
-def _how_it_ended(result: dict) -> str:
-  if result.get("stopped"):
-    return f"stopped by {result['stopped']}"
-  if result.get("ended"):
-    return f"ended early: {result['ended']}"
-  return "finished"
-
-
-def _close_failed(ledger: goodput.Ledger, error: Exception) -> None:
-  """The failed attempt's last record, if the storage takes it: the error
-  that ended the run is the one shown."""
-  try:
-    ledger.close(f"failed: {type(error).__name__}")
-  except (tf.errors.OpError, OSError, errors.WorkdirError) as e:
-    logging.warning("Could not write the goodput record: %s",
-                    errors.first_line(e))

@@ -14,6 +14,7 @@ from absl import logging as absl_logging
 import pytest
 
 from tests.fixtures import private_home
+from tests.fixtures.paths import PYTHONPATH
 from tests.fixtures.processes import LOOPBACK_ENV
 
 pytest_plugins = ("tests.fixtures.configs", "tests.fixtures.servers",
@@ -24,6 +25,9 @@ os.environ.update(LOOPBACK_ENV)
 # Nothing of looper's (nor Keras' or Matplotlib's) lands in the user's HOME:
 # this session and what it starts have their own, checked at its end.
 private_home.enter()
+# Every process the session starts, those that build their environment from
+# this one included, starts as a core install does (paths.PYTHONPATH).
+os.environ["PYTHONPATH"] = PYTHONPATH
 
 
 # Freeing a run's TensorFlow objects (tf.data iterators, traced functions)

@@ -223,6 +223,7 @@ def test_the_fit_port_trains_with_its_keras_objects_and_epochs(
 
 
 @pytest.mark.parametrize("name", ["SmoothedTrainer", "GanTrainer"])
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_trainer_subclasses_train_and_resume(name, tmp_path, caplog):
   namespace = {}
   exec(_python_block(f"class {name}"), namespace)  # pylint: disable=exec-used
@@ -263,3 +264,22 @@ def test_docs_name_every_experiment():
     assert f"`{name}.py`" in DOCS["README.md"], name
 
 
+
+
+@pytest.mark.slow  # over 2 s: out of the fast lane
+def test_the_callbacks_example_runs_and_resumes(tmp_path, capsys):
+  """README's callbacks on tiny: one CSV row and line per epoch, and its
+  own callback's `checkpointed` count carried across a restart."""
+  namespace = {}
+  exec(_python_block("class Epochs(").replace("/tmp/", f"{tmp_path}/"),  # pylint: disable=exec-used
+       namespace)
+  c = tiny.get_config()
+  c.callbacks = namespace["callbacks"](c)
+  run.run(c, str(tmp_path / "run"), verbose=False)  # 40 steps, eval every 20
+  assert capsys.readouterr().out.count("val_accuracy") == 2
+  c.train.steps, c.callbacks = 60, namespace["callbacks"](c)
+  run.run(c, str(tmp_path / "run"), verbose=False)
+  assert c.callbacks[-1].seen == 3  # 2 before the restart, 1 after
+  rows = (tmp_path / "mnist_fit_epochs.csv").read_text().splitlines()
+  assert rows[0] == "epoch,accuracy,learning_rate,loss,val_accuracy,val_loss"
+  assert [r.split(",")[0] for r in rows[1:]] == ["0", "1", "2"]

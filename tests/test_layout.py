@@ -20,13 +20,14 @@ GROUPS = (
     ("looper.config",),
     ("looper.data",),
     ("looper.workdir",),
+    ("looper.trackers",),
     ("looper.train",),
     ("looper.run", "looper.modes", "looper.console"),
     ("looper.main", "looper.cli"),
 )
 # Each group's folder of unit tests (tests/unit/NAME), in GROUPS' order.
-GROUP_FOLDERS = ("floor", "options", "config", "data", "workdir", "train",
-                 "run", "cli")
+GROUP_FOLDERS = ("floor", "options", "config", "data", "workdir", "trackers",
+                 "train", "run", "cli")
 
 
 def _module(path: pathlib.Path) -> str:
@@ -81,8 +82,10 @@ TESTED_IN = {
     "looper.workdir.hparams": "unit/run/test_tensorboard.py",
     "looper.workdir.jsonl": "unit/run/test_tensorboard.py",
     "looper.workdir.summaries": "unit/run/test_tensorboard.py",
+    "looper.train.callback_state": "unit/train/test_callbacks.py",
     "looper.train.dry_run": "unit/options/test_keras_objects.py",
     "looper.train.eval_action": "unit/options/test_best.py",
+    "looper.train.health": "unit/train/test_math.py",
     "looper.train.layers": "unit/train/test_numerics.py",
     "looper.train.stopping": "unit/train/test_signals.py",
     "looper.modes": "e2e/commands/test_console.py",

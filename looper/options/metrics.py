@@ -40,7 +40,9 @@ METRICS = {
 # these names would overwrite them (see `check_metric_names`).
 RESERVED_METRIC_NAMES = ("loss", "examples", "learning_rate", "steps_per_sec",
                          "examples_per_sec", "tokens_per_sec", "flops_per_sec",
-                         "mfu", "tokens", "flops", "input_wait_fraction")
+                         "mfu", "tokens", "flops", "input_wait_fraction",
+                         "grad_norm", "grad_norm_max", "weight_norm",
+                         "update_ratio")
 
 
 class Metrics:

@@ -11,16 +11,21 @@ Schedules are Keras' (keras.optimizers.schedules), functions of the
 optimizer's step: `constant`, `cosine` (to 0 at `total_steps`) and `linear`
 (to 0 at `total_steps`), each optionally after `warmup_steps` of linear
 warmup (update k of the warmup uses k/warmup_steps of the rate; see
-`Warmup`, the one piece Keras cannot express). With `scale_lr_with_batch`
+`Warmup`, the one piece Keras cannot express); with config.callbacks,
+times the Trainer's `learning_rate_scale` (`Scaled`: how a Keras callback
+sets the rate, looper.train.callbacks). With `scale_lr_with_batch`
 the peak rate is `learning_rate * batch / reference_batch_size` (the linear
 scaling rule of large-batch and TPU training, meant with warmup).
 
 The names `optimizer.name` and `optimizer.schedule` accept are the keys of
 OPTIMIZERS and SCHEDULES (`config.validate` reads them).
-`clip_after_sum` is `optimizer.clip_global_norm`: the optimizer clips the
-global batch's gradient after its all-reduce. `add` sums two gradients of
-a variable, sparse (an Embedding's) or dense.
+`after_sum` takes the global batch's gradient norm after the optimizer's
+all-reduce: `optimizer.clip_global_norm` clips by it, the health figures
+log it. `add` sums two gradients of a variable, sparse (an Embedding's) or
+dense.
 """
+
+from typing import Callable
 
 import keras
 from keras.optimizers import schedules
@@ -104,6 +109,23 @@ class Warmup(schedules.LearningRateSchedule):
                 decay=self.decay, total_steps=self.total_steps)
 
 
+class Scaled(schedules.LearningRateSchedule):
+  """`schedule` times `scale`, a float32 variable: how a Keras callback
+  (ReduceLROnPlateau, LearningRateScheduler) sets the rate of a run whose
+  rate is a schedule, which Keras' optimizer does not let it set. At
+  scale 1 every rate is the schedule's, bit for bit."""
+
+  def __init__(self, schedule: schedules.LearningRateSchedule,
+               scale: tf.Variable):
+    self.schedule, self.scale = schedule, scale
+
+  def __call__(self, step):
+    return self.schedule(step) * self.scale
+
+  def get_config(self):
+    return {"schedule": schedules.serialize(self.schedule)}
+
+
 def peak_rate(opt: ml_collections.ConfigDict, global_batch_size: int) -> float:
   """The configured rate, scaled linearly with the batch if asked to."""
   if not opt.scale_lr_with_batch:
@@ -112,22 +134,27 @@ def peak_rate(opt: ml_collections.ConfigDict, global_batch_size: int) -> float:
 
 
 def build(opt: ml_collections.ConfigDict, total_steps: int,
-          global_batch_size: int) -> keras.optimizers.Optimizer:
-  """Returns the Keras optimizer for `config.optimizer` (call inside scope)."""
+          global_batch_size: int, scale: tf.Variable | None = None
+          ) -> keras.optimizers.Optimizer:
+  """Returns the Keras optimizer for `config.optimizer` (call inside scope),
+  its rate times `scale` if given (`Scaled`)."""
   # Always a schedule, even for a constant rate: Keras checkpoints a plain
   # float rate as a variable, so a resumed run would silently keep the old
   # rate over a new --config.optimizer.learning_rate. A schedule is a
   # function of the restored step and the config alone.
   lr = schedule(peak_rate(opt, global_batch_size), opt.warmup_steps,
                 opt.schedule, total_steps)
-  return OPTIMIZERS[opt.name](lr, opt)
+  return OPTIMIZERS[opt.name](lr if scale is None else Scaled(lr, scale), opt)
 
 
-def clip_after_sum(optimizer: keras.optimizers.Optimizer,
-                   clip_norm: float) -> None:
-  """Makes `optimizer` clip the SUM over replicas of the gradients to a
-  global norm of at most `clip_norm` (`optimizer.clip_global_norm`), right
-  after its own all-reduce. Call once, after building it.
+def after_sum(optimizer: keras.optimizers.Optimizer, *,
+              clip_norm: float = 0.0,
+              observe: Callable[[tf.Tensor], None] | None = None) -> None:
+  """Makes `optimizer` take the global norm of the SUM over replicas of the
+  gradients (the global batch's gradient) once per update, right after its
+  own all-reduce: `observe(norm)` sees it (train.health_metrics:
+  looper.train.health), then a `clip_norm` > 0 clips the sum to at most
+  that norm (`optimizer.clip_global_norm`). Call once, after building it.
 
   Keras' clipnorm/global_clipnorm clip each replica's gradients before the
   sum, which changes the update with the replica count; this clips the
@@ -138,13 +165,17 @@ def clip_after_sum(optimizer: keras.optimizers.Optimizer,
   where it runs (under a LossScaleOptimizer: the gradients unscaled and
   known finite).
   """
-  def clip(grads_and_vars):
+  def transform(grads_and_vars):
     grads, variables = zip(*grads_and_vars)
     norm = tf.sqrt(tf.add_n([_squared_norm(g) for g in grads
                              if g is not None]))
+    if observe is not None:
+      observe(norm)
+    if not clip_norm:
+      return grads_and_vars
     factor = clip_norm / tf.maximum(norm, clip_norm)
     return [(_times(g, factor), v) for g, v in zip(grads, variables)]
-  compat.after_all_reduce(optimizer, clip)
+  compat.after_all_reduce(optimizer, transform)
 
 
 def _squared_norm(grad) -> tf.Tensor:
@@ -152,11 +183,13 @@ def _squared_norm(grad) -> tf.Tensor:
   a row several times (a token seen twice; the replicas' rows after the
   sum, which gathers them): the rows add up first, as they do in the
   update (TensorFlow's clip_by_global_norm squares them apart, so its norm
-  would change with the replica count)."""
+  would change with the replica count). One kernel per gradient, with no
+  squared copy of it (tf.nn.l2_loss, as tf.linalg.global_norm): the health
+  figures take it every update."""
   if isinstance(grad, tf.IndexedSlices):
     rows, where = tf.unique(grad.indices)
     grad = tf.math.unsorted_segment_sum(grad.values, where, tf.size(rows))
-  return tf.reduce_sum(tf.square(tf.cast(grad, tf.float32)))
+  return 2.0 * tf.nn.l2_loss(tf.cast(grad, tf.float32))
 
 
 def _times(grad, factor):

@@ -5,7 +5,8 @@
 | `trainer` | the `Trainer`: state built in scope, the seams a subclass overrides |
 | `loop` | `TrainLoop`: K steps of a replica step function in one tf.function, the loss buffer; no Trainer in it |
 | `evaluator` | `Evaluator`: one exact pass over the eval split, the weight-average swap |
-| `controller` | the outer loop and the modes, the NaN roll-back (no TensorFlow) |
+| `controller` | the outer loop and the modes, the NaN and spike roll-back (no TensorFlow) |
+| `health`, `spikes` | per loop: the gradient's and weights' norms and the update ratio; a loss spike against the recent steps' median |
 | `epochs` | train.epochs and every_epochs as steps, from the train split's size (`resolve`, `Epoch`) |
 | `actions` | what runs between loops and when (`Action`, `Moment`) |
 | `eval_action` | evaluation as an action: eval events, the best checkpoint, early stop |

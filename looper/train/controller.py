@@ -16,9 +16,11 @@ Synopsis (what `looper.run.run` assembles from a config)::
       n = steps to the nearest of: steps_per_loop, total_steps and the
           next `every_steps` boundary of any action
       loop = trainer.train(n)          # fewer steps if a signal stopped it
-      if a loss is NaN/inf: roll back (restore the last checkpoint, move
-          the data on to where it was: its data since is skipped) up to
-          train.nan_recovery_tries times, or raise FloatingPointError
+      if a loss is NaN/inf, or the loop spikes (`spikes`: its largest
+          loss above train.spike_factor x recent steps'): roll back (restore
+          the last checkpoint, move the data on to where it was: its data
+          since is skipped) up to train.nan_recovery_tries times, or raise
+          FloatingPointError; else its losses join the recent ones
       now.stopped = the stop's reason, if the trainer stopped for one
       now.step, now.loop = the step reached, loop (its logs: the
           trainer's, the learning rate, and per second over the loop's
@@ -110,6 +112,16 @@ class CheckpointerSurface(Protocol):
     """Every complete checkpoint, oldest first."""
 
 
+class SpikeSurface(Protocol):
+  """Loss spikes (`looper.train.spikes.SpikeGuard`)."""
+
+  def spike(self, losses: np.ndarray, first_step: int) -> str | None:
+    """Why this loop is a spike (one line), or None."""
+
+  def add(self, losses: np.ndarray) -> None:
+    """A kept loop joins the recent losses (restored with a checkpoint)."""
+
+
 class PeakSurface(Protocol):
   """The peak FLOP/s `mfu` divides by (`looper.train.peak_flops.Peak`)."""
   flops_per_sec: float  # of all the run's devices
@@ -144,6 +156,7 @@ class Controller:
     report_actions, eval_actions, save_actions: run in this order after
       each loop; eval actions only in `train_and_eval`.
     nan_recovery_tries: `train.nan_recovery_tries`.
+    spikes: which loops spike (`SpikeSurface`); None: none do.
     peak: the FLOP/s of the run's devices that `mfu` is the share of
       (`PeakSurface`: looper.train.peak_flops.Peak); None: no mfu.
     writer: the run's writers, given to actions as `Moment.writer`
@@ -160,6 +173,7 @@ class Controller:
                eval_actions: Sequence[actions_lib.Action] = (),
                save_actions: Sequence[actions_lib.Action] = (),
                nan_recovery_tries: int = 0,
+               spikes: SpikeSurface | None = None,
                peak: PeakSurface | None = None, writer=None,
                chief: bool = True,
                clock: Callable[[], float] = time.perf_counter):
@@ -172,6 +186,7 @@ class Controller:
     self.add_actions(report=report_actions, evaluate=eval_actions,
                      save=save_actions)
     self._nan_tries = nan_recovery_tries
+    self._spikes = spikes
     self._peak = peak
     self._writer, self._chief = writer, chief
     self._above_peak = False  # said once that a loop beat the peak
@@ -262,13 +277,18 @@ class Controller:
       start = self._clock()
       losses, logs = self.trainer.train(n)
       seconds = max(self._clock() - start, 1e-9)
-      if not (np.isfinite(losses).all() and self.trainer.weights_finite):
+      finite = np.isfinite(losses).all() and self.trainer.weights_finite
+      spike = (self._spikes.spike(losses, now.step + 1)
+               if finite and self._spikes else None)
+      if not finite or spike:
         if tries >= self._nan_tries:
-          raise self._blow_up(losses, now.step + 1, tries)
+          raise self._blow_up(losses, now.step + 1, tries, spike)
         tries += 1
-        now.step = self._roll_back(losses, now.step + 1, tries)
+        now.step = self._roll_back(losses, now.step + 1, tries, spike)
         self._start(now, actions)
         continue
+      if self._spikes and len(losses):  # before the save that keeps it
+        self._spikes.add(losses)
       # The stop takes effect when the trainer reports it after a loop:
       # under multi-worker all workers agree on it there (same step).
       if stop.requested and now.step + len(losses) < self.total_steps:
@@ -336,25 +356,28 @@ class Controller:
       if value is not None:
         result[action.name] = value
 
-  def _blow_up(self, losses: np.ndarray, first_step: int, tries: int
-               ) -> Exception:
-    """The one-line error for a NaN/inf loss; nothing bad was saved."""
+  def _blow_up(self, losses: np.ndarray, first_step: int, tries: int,
+               spike: str | None = None) -> Exception:
+    """The one-line error for a NaN/inf loss or a spike; nothing bad was
+    saved."""
     latest = self.checkpointer.latest()
     kept = f"{latest} is kept" if latest else "no checkpoint was written"
     after = (f" after {tries} recoveries (train.nan_recovery_tries)"
              if tries else "")
     return FloatingPointError(
-        f"{_what_blew_up(losses, first_step)}{after}; {kept}; lower"
-        " --config.optimizer.learning_rate or check the data")
+        f"{spike or _what_blew_up(losses, first_step)}{after}; {kept}; lower"
+        " --config.optimizer.learning_rate or check the data" +
+        (", or raise --config.train.spike_factor" if spike else ""))
 
-  def _roll_back(self, losses: np.ndarray, first_step: int, tries: int
-                 ) -> int:
-    """Restores the last checkpoint and skips the data that blew up: the
-    data stay where they were (`data_position`), past the bad loop."""
+  def _roll_back(self, losses: np.ndarray, first_step: int, tries: int,
+                 spike: str | None = None) -> int:
+    """Restores the last checkpoint and skips the data that blew up (or
+    spiked): the data stay where they were (`data_position`), past the bad
+    loop."""
     position = self.data.data_position
     path = self.checkpointer.restore()
     if not path:
-      raise self._blow_up(losses, first_step, tries - 1)
+      raise self._blow_up(losses, first_step, tries - 1, spike)
     self.data.seek(position)
     step = self.trainer.global_step
     # Saved at once: a restart must not replay the data that blew up.
@@ -362,7 +385,7 @@ class Controller:
     logging.warning(
         "%s; restored %s (step %d) and skipped the data up to global example"
         " %d (recovery %d of train.nan_recovery_tries=%d)",
-        _what_blew_up(losses, first_step), path, step,
+        spike or _what_blew_up(losses, first_step), path, step,
         position, tries, self._nan_tries)
     return step
 

@@ -114,7 +114,9 @@ def resolve(config: ml_collections.ConfigDict, data: input_lib.Input, *,
   epoch = measure(config, data)
   if not asked:
     return config, epoch
-  resolved = copy.deepcopy(config)
+  # Objects a config holds for the run (Keras callbacks) stay the caller's.
+  callbacks = config.get("callbacks")
+  resolved = copy.deepcopy(config, {id(callbacks): callbacks})
   resolved.update_from_flattened_dict({
       steps: epoch.steps(config_lib.value_at(config, epochs))
       for steps, epochs in asked})

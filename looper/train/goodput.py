@@ -8,6 +8,8 @@ Synopsis::
     ledger.add("eval", 0.8)       # an action's time; see CATEGORIES
     totals = ledger.write()       # the record, at most every WRITE_SECS
     ledger.close("finished")      # the last record: how the attempt ended
+    ledger.close(goodput.how_it_ended(run_result))  # the same, from a result
+    ledger.close_failed(error)    # the same, failed: if the storage takes it
     ledger.wall                   # this attempt's wall time, as recorded
     goodput.Totals.of(goodput.read(wd)).line()
     # '81% of 0:01:02 in 2 attempts (largest loss: startup, 12%)'
@@ -45,8 +47,10 @@ import datetime
 import os
 import time
 
+from absl import logging
 import tensorflow as tf
 
+from looper import errors
 from looper import workdir as workdir_lib
 from looper.workdir import files
 
@@ -74,6 +78,13 @@ def process_started() -> float:
   except (OSError, ValueError, IndexError):
     return now
   return now - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def how_it_ended(result: dict) -> str:
+  """A training run's `ended` from its result (looper.run.run's)."""
+  return (f"stopped by {result['stopped']}" if result.get("stopped") else
+          f"ended early: {result['ended']}" if result.get("ended") else
+          "finished")
 
 
 def read(wd: workdir_lib.Workdir) -> list[dict]:
@@ -216,6 +227,15 @@ class Ledger:
     failed: ...)."""
     self._record["ended"] = ended
     return self.write(force=True)
+
+  def close_failed(self, error: Exception) -> None:
+    """The failed attempt's last record, if the storage takes it: the error
+    that ended the run is the one shown."""
+    try:
+      self.close(f"failed: {type(error).__name__}")
+    except (tf.errors.OpError, OSError, errors.WorkdirError) as e:
+      logging.warning("Could not write the goodput record: %s",
+                      errors.first_line(e))
 
   def _split(self, wall: float) -> dict[str, float]:
     """The categories of the wall time so far (module doc)."""

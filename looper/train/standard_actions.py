@@ -20,8 +20,8 @@ the Trainer, a `looper.train.eval_action.EvalAction`, the Checkpointer, a
 (the profiler window is one already: looper.train.profiler.Window). The
 groups run in that order after each loop: report (every loop), evaluate
 (train_and_eval only), save (the user's actions, the checkpoint, the
-profiler window, the export at the end, and last the goodput accounting,
-which times the others).
+profiler window, the export at the end, the trackers' deliveries, and last
+the goodput accounting, which times the others).
 """
 
 from looper import workdir as workdir_lib
@@ -81,6 +81,24 @@ def export_at_end(trainer, evaluator, wd: workdir_lib.Workdir, *,
   return actions.Action(
       lambda now: export.export(trainer, evaluator, wd, on_tpu=on_tpu),
       at_end=True, all_workers=True, name="export")
+
+
+def deliveries(trackers: list, ckpt) -> actions.Action:
+  """After each loop, after the saves: each tracker (looper.trackers)
+  sends what the newest complete checkpoint covers; on a (re)start, what
+  a killed run had not sent, from metrics.jsonl. `ckpt`: the
+  Checkpointer (its `durable_step`)."""
+
+  def deliver(now: actions.Moment) -> None:
+    for tracker in trackers:
+      tracker.deliver(ckpt.durable_step)
+
+  def start(now: actions.Moment) -> None:
+    for tracker in trackers:
+      tracker.start(now.step)
+
+  return actions.Action(deliver, every_loop=True, on_start=start,
+                        name="trackers")
 
 
 def accounting(ledger: goodput.Ledger, out: summaries.Summaries

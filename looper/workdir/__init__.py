@@ -31,6 +31,10 @@ Layout (every name is spelled here and nowhere else)::
     hparams/               the run's row of TensorBoard's HParams table
     goodput/attempt-<N>.json  where training attempt N's time went
                            (looper.train.goodput)
+    trackers/<name>.json   an experiment tracker's run id and delivered
+                           step (looper.trackers)
+    mlflow.db, mlruns/     MLflow's store and artifacts, and wandb/, W&B's
+                           folder, when their variables name none
     export/<step>/         a SavedModel for serving; written as
                            export/.partial-<step>/ and renamed into place
                            (file by file on an object store, saved_model.pb
@@ -125,6 +129,20 @@ class Workdir:
   def goodput_attempt(self, attempt: int | str) -> str:
     """Attempt `attempt`'s record (a glob pattern for "*")."""
     return os.path.join(self.goodput, f"attempt-{attempt}.json")
+
+  def tracker(self, name: str) -> str:
+    """The state of experiment tracker `name` (looper.trackers.delivery)."""
+    return self._path("trackers", f"{name}.json")
+
+  @property
+  def mlflow_db(self) -> str:
+    """MLflow's store when MLFLOW_TRACKING_URI names none..."""
+    return self._path("mlflow.db")
+
+  @property
+  def mlflow_artifacts(self) -> str:
+    """...and its artifacts (images, texts)."""
+    return self._path("mlruns")
 
   @property
   def profile(self) -> str:

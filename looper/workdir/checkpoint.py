@@ -9,6 +9,8 @@ Synopsis::
     ckpt.save(step=500)     # writes checkpoints/ckpt-500.*
     ckpt.save_best(500)     # checkpoints/best/ckpt-500.* (keeps one)
     ckpt.wait()             # an async save in flight is durable after this
+    ckpt.durable_step       # the step of the newest complete save (or
+                            # restore): what experiment trackers may send
 
 What is saved: the model, the optimizer (slots and iteration count), the
 global step, the train data position (global examples consumed) and the
@@ -57,6 +59,11 @@ ADDED_LATER = {
     "random": "the model's random layers' state, so their draws start"
               " again from their seeds (exact resume holds from the next"
               " checkpoint on)",
+    "recent_losses": "the recent steps' losses train.spike_factor compares"
+                     " with, so spikes are looked for again after a few"
+                     " steps",
+    "callbacks": "config.callbacks' state (looper.train.callbacks), so"
+                 " their epochs, counts and learning-rate scale start over",
 }
 
 
@@ -100,6 +107,9 @@ class Checkpointer:
       compat.patch_keras_async_copy()
     self._pending = None  # the path of an async save in flight
     self._saved_step = None
+    # The step of the newest save known complete, or of the restore: an
+    # async save's once `wait` saw it end (looper.trackers send up to it).
+    self.durable_step = None
 
   def latest(self) -> str | None:
     """Path prefix of the newest complete checkpoint, or None."""
@@ -175,7 +185,7 @@ class Checkpointer:
           f"{path} holds a different model or trainer state than the config"
           f" builds ({first_line(e)}); use a new --workdir, or delete"
           f" {self._workdir} to start over") from None
-    self._saved_step = _step_of(path)
+    self._saved_step = self.durable_step = _step_of(path)
     for item in lacking:
       logging.warning("%s was written without %s.", path, ADDED_LATER[item])
 
@@ -203,6 +213,7 @@ class Checkpointer:
       self._pending = path
     else:
       self._finish(path)
+      self.durable_step = step
     return path
 
   def save_best(self, step: int) -> str:
@@ -270,6 +281,7 @@ class Checkpointer:
           f" complete checkpoint is {tf.train.latest_checkpoint(self.directory)};"
           " check the disk, or set --config.checkpoint.async_save=False")
     self._finish(path)
+    self.durable_step = _step_of(path)
 
   def _finish(self, path: str) -> None:
     if self._chief:

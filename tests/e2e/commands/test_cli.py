@@ -1,16 +1,29 @@
-"""`python -m looper.main` and the `looper` script through the real parser."""
+"""`python -m looper.main` and the `looper` script through the real parser.
+
+One real process per kind of exit line: a flag the parser refuses, a config
+the run refuses, absl's usage error, a checkpoint the run cannot restore
+(in train and in eval mode), the console script. The other cases of a kind
+go through the same code in this process: the parser (`parse`,
+tests/unit/cli/test_parsing.py) or `looper.run.run`, whose error's text is
+the line `python -m looper.main` ends with.
+"""
 
 import json
 import os
 import shutil
 import subprocess
 
+from absl import logging as absl_logging
 import pytest
 
+from looper import run
+from looper.errors import CheckpointError
+from tests.fixtures import tiny
 from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.paths import ROOT
 from tests.fixtures.processes import LOOPBACK_ENV, run_looper
+from tests.unit.cli.test_parsing import parse  # pylint: disable=unused-import
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -35,9 +48,13 @@ def test_misspelt_field_suggests_the_right_name(tmp_path):
                               " --config.train.steps?")
 
 
-def test_bad_values_fail_in_one_line(tmp_path):
-  proc = run_looper(TINY, f"--workdir={tmp_path}", "--config.train.steps=abc")
-  assert error_line(proc).startswith(
+def test_bad_values_fail_in_one_line(tmp_path, parse):  # pylint: disable=redefined-outer-name
+  # The parser's line (its process: the misspelt field's).
+  try:
+    line = parse(TINY, f"--workdir={tmp_path}", "--config.train.steps=abc")[-1]
+  finally:  # parsing set absl's --verbosity to its default, WARNING
+    absl_logging.set_verbosity(absl_logging.INFO)
+  assert line.startswith(
       "looper: flag --config.train.steps=abc: invalid literal for int()")
   proc = run_looper(TINY, f"--workdir={tmp_path}",
                     "--config.train.batch_size=30",
@@ -55,9 +72,12 @@ def test_stray_argument_is_a_usage_error(tmp_path):
 
 
 def test_eval_mode_without_checkpoint(tmp_path):
-  proc = run_looper(TINY, f"--workdir={tmp_path}", "--mode=eval")
-  assert error_line(proc) == (
-      f"looper: --mode=eval found no checkpoint in {tmp_path}/checkpoints;"
+  # The run's CheckpointError, its line after "looper: " (a process ends
+  # with one: test_resume_with_a_changed_model_ends_in_looper_line).
+  with pytest.raises(CheckpointError) as e:
+    run.run(tiny.get_config(), str(tmp_path), "eval")
+  assert str(e.value) == (
+      f"--mode=eval found no checkpoint in {tmp_path}/checkpoints;"
       " train first, or point --workdir at a trained run")
 
 
@@ -91,10 +111,10 @@ def test_console_script_overrides_and_eval_mode(tmp_path):
   assert not (tmp_path / "eval").exists()  # train mode: no eval
   record = (tmp_path / "config.json").read_text()
   train_events = sorted((tmp_path / "train").iterdir())
-  # An evaluation with its own override must not rewrite the run's record.
-  proc = run_looper(TINY, f"--workdir={tmp_path}", "--mode=eval",
-                    "--config.eval.batch_size=32")
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  # An evaluation with its own override must not rewrite the run's record
+  # (the same run.run as the command line's, in this process).
+  run_here(TINY, f"--workdir={tmp_path}", "--mode=eval",
+           "--config.eval.batch_size=32")
   assert scalars(tmp_path / "eval", "examples") == {6: 1001}
   assert (tmp_path / "config.json").read_text() == record
   assert sorted((tmp_path / "train").iterdir()) == train_events

@@ -1,5 +1,11 @@
 """What a user sees: the first screen, the closing summary, describe, help;
-the same lines from plain Python (a notebook), or none if asked."""
+the same lines from plain Python (a notebook), or none if asked.
+
+A process where the process is what is seen (a first screen free of
+TensorFlow's start-up lines, absl's logging, logical CPUs, a notebook's
+unset logging); the rest (a resumed run's lines, `--help`'s text) from the
+same code in this process.
+"""
 
 import json
 import logging
@@ -10,15 +16,16 @@ import sys
 
 import pytest
 
+from looper import main
 from looper import run
 from looper import workdir as workdir_lib
 from looper.cli import runs
 from looper.train import goodput
 from looper.train import peak_flops
 from tests.fixtures import tiny
-from tests.fixtures.configs import configured
-from tests.fixtures.paths import ROOT
-from tests.fixtures.processes import LOOPBACK_ENV, run_looper, run_ok
+from tests.fixtures.configs import configured, run_here
+from tests.fixtures.paths import PYTHONPATH, ROOT
+from tests.fixtures.processes import LOOPBACK_ENV, run_ok
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -28,7 +35,7 @@ CHATTER = ("InitializeLog", "oneDNN", "cuInit", "cuda", "cpu_feature_guard",
 TIME = r"\d\d:\d\d:\d\d"
 
 
-def test_first_screen_header_progress_and_summary(tmp_path):
+def test_first_screen_header_progress_and_summary(tmp_path, caplog):
   workdir = tmp_path / "run"
   args = ("--config=tests/fixtures/tiny.py", f"--workdir={workdir}",
           "--config.checkpoint.best_metric=accuracy",
@@ -81,9 +88,13 @@ def test_first_screen_header_progress_and_summary(tmp_path):
       f"  goodput     {totals.line()}",
       f"  tensorboard --logdir={workdir}"]
 
-  resumed = run_ok(*args, "--config.train.steps=30").stderr.splitlines()
-  assert resumed[0].endswith(
-      f"in {workdir} (resumed from {workdir}/checkpoints/ckpt-20)")
+  # Resumed (in this process: the lines are the same run's).
+  with caplog.at_level(logging.INFO):
+    run_here(*args, "--config.train.steps=30")
+  resumed = "\n".join(r.getMessage() for r in caplog.records).splitlines()
+  [header] = [l for l in resumed if l.startswith("looper train_and_eval: ")]
+  assert header.endswith(
+      f"in {workdir} (resumed from {workdir}/checkpoints/ckpt-20)"), header
   # Two attempts: the goodput line's total, which the table shows.
   [both] = [l for l in resumed if l.startswith("  goodput     ")]
   assert f" of {runs.summarize(str(workdir))[runs.WALL]} in 2 attempts " in both
@@ -105,13 +116,17 @@ def test_describe_a_mirrored_four_device_config_with_verbose_logs():
   assert re.search(r"^[IWE]\d{4} \d\d:\d\d:\d\d", proc.stderr, re.M)
 
 
-def test_help_lists_the_modes_and_experiments():
-  proc = run_looper("--help")
-  assert proc.returncode == 0
+def test_help_lists_the_modes_and_experiments(monkeypatch, capsys):
+  # What `python -m looper.main --help` and `looper --help` run.
+  monkeypatch.setattr(sys, "argv", ["looper", "--help"])
+  with pytest.raises(SystemExit) as e:
+    main.cli()
+  assert e.value.code == 0
+  out = capsys.readouterr().out
   for mode in ("train_and_eval", "eval", "export", "check", "describe",
                "launch", "runs"):
-    assert re.search(rf"^  {mode} ", proc.stdout, re.M), mode
-  assert "experiments/*.py" in proc.stdout
+    assert re.search(rf"^  {mode} ", out, re.M), mode
+  assert "experiments/*.py" in out
 
 
 # What a notebook cell runs: no absl app, no logging set up.
@@ -132,7 +147,7 @@ def test_plain_python_prints_the_run_unless_asked_not_to(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-c", _NOTEBOOK, str(tmp_path / "a"),
        str(tmp_path / "b")], cwd=ROOT,
-      env=dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV),
+      env=dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV),
       capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   shown, quiet = proc.stdout.split("-- quiet --\n")

@@ -60,11 +60,12 @@ def test_the_full_splits_read_as_the_readme_says():
 
 @pytest.mark.slow  # trains or compiles for seconds
 def test_the_tutorial_cnn_learns_real_clothes(tmp_path):
-  """80 steps of the TensorFlow tutorial's CNN on 5,120 real train images;
-  eval on 1,000 real test images, each counted once."""
+  """40 steps of the TensorFlow tutorial's CNN on 5,120 real train images;
+  eval on 1,000 real test images, each counted once (0.735 measured, AMD
+  EPYC; 0.817 at 80 steps)."""
   c = _config(**{
       "model.arch": "tutorial", "data.train_split": "train[:5120]",
-      "data.eval_split": "test[:1000]", "train.steps": 80,
+      "data.eval_split": "test[:1000]", "train.steps": 40,
       "train.batch_size": 64, "train.steps_per_loop": 40,
       "eval.every_steps": 0, "checkpoint.every_steps": 0,
       "optimizer.schedule": "constant"})

@@ -2,10 +2,13 @@
 
 On CPU each worker is one replica. A run resumes across topologies (the
 data position is in global examples), its per-step losses those of one
-process (float tolerance: the all-reduce sums in another order). 3 workers
-against one process in element, array and file mode (eval counted once,
-written once by the chief) run each worker on its own host:
-tests/e2e/multiworker/test_hosts.py.
+process (float tolerance: the all-reduce sums in another order). The
+launch also holds `looper launch`'s own contract (its tests:
+tests/unit/cli/test_launch.py): each worker's lines prefixed, its pid and
+its share of the GPUs named, the workdir written by the chief only, one
+attempt's time. 3 workers against one process in element, array and file
+mode (eval counted once, written once by the chief) run each worker on its
+own host: tests/e2e/multiworker/test_hosts.py.
 """
 
 import numpy as np
@@ -13,7 +16,7 @@ import pytest
 
 from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve
-from tests.unit.cli.test_launch import launch
+from tests.unit.cli.test_launch import launch, pids
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -27,21 +30,37 @@ ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.batch_size=48",
         "--config.model.dropout=0.3")
 
 
-def launched(workers, *args):
-  proc = launch(*ARGS, *args, workers=workers)
+def launched(workers, *args, **env_vars):
+  proc = launch(*ARGS, *args, workers=workers, **env_vars)
   out = proc.communicate(timeout=400)[0]
   assert proc.returncode == 0, out[-3000:]
   return out
 
 
 def test_resume_across_topologies(tmp_path):
-  run_here(*ARGS, "--config.train.steps=20", f"--workdir={tmp_path}/whole")
+  run_here(*ARGS, "--config.train.steps=30", f"--workdir={tmp_path}/whole")
   whole = curve(tmp_path / "whole" / "train")
-  # 2 workers, then 1 process; and 1 process, then 2 workers.
-  launched(2, "--config.train.steps=10", f"--workdir={tmp_path}/a")
-  run_here(*ARGS, "--config.train.steps=20", f"--workdir={tmp_path}/a")
-  run_here(*ARGS, "--config.train.steps=10", f"--workdir={tmp_path}/b")
-  launched(2, "--config.train.steps=20", f"--workdir={tmp_path}/b")
-  for run in ("a", "b"):
-    np.testing.assert_allclose(curve(tmp_path / run / "train"), whole,
-                               rtol=1e-5, err_msg=run)
+  # 1 process, then 2 workers, then 1 process again: both directions.
+  run_here(*ARGS, "--config.train.steps=10", f"--workdir={tmp_path}/run")
+  # Two GPUs named the user's way: one each (a CPU-only TensorFlow ignores
+  # the variable).
+  out = launched(2, "--config.train.steps=20", f"--workdir={tmp_path}/run",
+                 CUDA_VISIBLE_DEVICES="3,5")
+  assert "[worker 0] " in out and "[worker 1] " in out
+  first, second = pids(out.splitlines())
+  assert f"[launch] worker 0: pid {first}, CUDA_VISIBLE_DEVICES=3\n" in out
+  assert f"[launch] worker 1: pid {second}, CUDA_VISIBLE_DEVICES=5\n" in out
+  assert "train step 20/20" in out
+  # Two workers resumed one process's run and trained like one process.
+  np.testing.assert_allclose(curve(tmp_path / "run" / "train"), whole[:20],
+                             rtol=1e-5)
+  assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+      "checkpoints", "config.json", "eval", "goodput", "hparams",
+      "metrics.jsonl", "train"]  # the chief's only
+  # One attempt's time each, the first process's and the chief's (a
+  # worker's would be attempt 3).
+  assert sorted(p.name for p in (tmp_path / "run" / "goodput").iterdir()) == [
+      "attempt-1.json", "attempt-2.json"]
+  run_here(*ARGS, "--config.train.steps=30", f"--workdir={tmp_path}/run")
+  np.testing.assert_allclose(curve(tmp_path / "run" / "train"), whole,
+                             rtol=1e-5)

@@ -47,7 +47,7 @@ def test_a_worker_that_never_comes_up_is_named(tmp_path):
   start = time.monotonic()
   # A short timeout: the wait for the missing worker is the test's length.
   procs = start_workers((*ARGS, "--config.train.steps=10",
-                         "--config.distribution.worker_timeout_secs=5",
+                         "--config.distribution.worker_timeout_secs=3",
                          f"--workdir={tmp_path}/run"), 2, tmp_path, only=[0])
   logs = finish(procs, timeout=120)
   assert procs[0].returncode == 1, logs[0][-3000:]
@@ -55,7 +55,7 @@ def test_a_worker_that_never_comes_up_is_named(tmp_path):
   # TensorFlow's C++ shutdown may log after it: the one looper line is it.
   assert looper_lines(logs[0]) == [
       "looper: worker /job:worker/replica:0/task:1 did not come up within"
-      " distribution.worker_timeout_secs=5; start it with the same"
+      " distribution.worker_timeout_secs=3; start it with the same"
       " TF_CONFIG cluster, or raise the timeout"], logs[0][-3000:]
   assert time.monotonic() - start < 100
 

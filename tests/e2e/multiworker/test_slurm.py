@@ -8,7 +8,7 @@ deleted. Skipped with one line where it cannot be: not root, the packages
 missing, the host's name not resolving; a cluster that does not come up
 (the node not idle in 60 s) fails, showing the daemons' logs.
 - 2 tasks (looper's port rule) and 3 tasks (ports Slurm reserved) give the
-  per-step losses of one process with that many replicas;
+  per-step losses of one process (the test's, one replica);
 - a task killed ends the other, in one line naming it;
 - a job requeued mid-run (`sbatch --requeue`, `scontrol requeue`: Slurm's
   SIGTERM, every task saves at one step) resumes bit-exactly;
@@ -35,10 +35,11 @@ from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 from looper.cli import launch
 from looper.options import slurm as slurm_lib
 from tests.fixtures.checkpoints import checkpoint_tensors
+from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve, scalars
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV, LOST_WORKER_1, looper_lines
-from tests.fixtures.processes import run_ok, wait_for
+from tests.fixtures.processes import wait_for
 
 pytestmark = pytest.mark.slow  # daemons, and looper in processes
 
@@ -113,7 +114,7 @@ class Cluster:
   def __init__(self, root):
     self.root = root
     self.daemons = []
-    self.env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV,
+    self.env = dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV,
                     SLURM_CONF=str(root / "slurm.conf"))
     self.env.pop("TF_CONFIG", None)
 
@@ -259,16 +260,14 @@ def two_tasks(slurm, tmp_path_factory):
   return workdir
 
 
-def test_two_tasks_equal_one_process_with_two_replicas(slurm, two_tasks,
-                                                       tmp_path):
-  run_ok(*ARGS, *LONG, "--config.distribution.num_cpu_devices=2",
-         f"--workdir={tmp_path}")
+def test_two_tasks_equal_one_process(slurm, two_tasks, tmp_path):
+  run_here(*ARGS, *LONG, f"--workdir={tmp_path}")
   np.testing.assert_allclose(curve(two_tasks / "train"),
                              curve(tmp_path / "train"), rtol=1e-5)
   assert scalars(two_tasks / "eval", "examples") == {300: 1009, 600: 1009}
 
 
-def test_three_tasks_on_reserved_ports_equal_three_replicas(slurm, tmp_path):
+def test_three_tasks_on_reserved_ports_equal_one_process(slurm, tmp_path):
   proc = slurm.srun(3, *ARGS, *SHORT, f"--workdir={tmp_path}/tasks",
                     options=["--resv-ports=3"])
   log = finished(proc)
@@ -279,8 +278,7 @@ def test_three_tasks_on_reserved_ports_equal_three_replicas(slurm, tmp_path):
   first = int(ports["0"])
   assert ports == {str(i): str(first + i) for i in range(3)}, log[-3000:]
   assert 12000 <= first <= 12097  # slurm.conf's MpiParams=ports
-  run_ok(*ARGS, *SHORT, "--config.distribution.num_cpu_devices=3",
-         f"--workdir={tmp_path}/one")
+  run_here(*ARGS, *SHORT, f"--workdir={tmp_path}/one")
   np.testing.assert_allclose(curve(tmp_path / "tasks" / "train"),
                              curve(tmp_path / "one" / "train"), rtol=1e-5)
   assert scalars(tmp_path / "tasks" / "eval", "examples") == {

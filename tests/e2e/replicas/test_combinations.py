@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.configs import configured
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 # precision, optimizer.clip_global_norm, train.grad_accum_steps,
@@ -87,7 +87,7 @@ def test_every_combination_is_the_same_on_1_and_2_replicas():
   proc = subprocess.Popen(
       [sys.executable, "-m", "tests.e2e.replicas.test_combinations", "2"],
       cwd=ROOT,
-      env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV},
+      env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV},
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     one = results(tf.distribute.get_strategy())

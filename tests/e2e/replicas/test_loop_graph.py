@@ -11,6 +11,9 @@ optimizer.clip_global_norm the replica step holds ONE all-reduce, as
 without it. The replica step writes whole variables only (a slice of a TPU
 variable is a tensor, with no assign), and the weight average adds no
 merge call (a merge call and a broadcast per variable per step before).
+Every case has the health figures on (train.health_metrics, the default):
+their per-update sums add no collective, merge call or read to the body
+against a loop without them (`unwatched`).
 Under MultiWorkerMirroredStrategy (2 workers on 127.0.0.1) the body holds
 no collective outside the replica step either: tf.distribute's per-step
 "has every worker data?" all-reduce stays off (the streams are endless).
@@ -25,13 +28,14 @@ import sys
 
 import pytest
 
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 # A process of its own (2 logical CPUs): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
-CASES = {"plain": {}, "clipped": {"optimizer.clip_global_norm": 1.0},
+CASES = {"plain": {}, "unwatched": {"train.health_metrics": False},
+         "clipped": {"optimizer.clip_global_norm": 1.0},
          "accumulated": {"train.grad_accum_steps": 2,
                          "optimizer.clip_global_norm": 1.0},
          "averaged": {"optimizer.ema_decay": 0.9},
@@ -145,7 +149,7 @@ def _facts(*args, env=None):
   return subprocess.Popen(
       [sys.executable, "-m", "tests.e2e.replicas.test_loop_graph", *args],
       cwd=ROOT,
-      env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV,
+      env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV,
            **(env or {})},
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -168,8 +172,10 @@ def test_the_loop_body_is_next_and_the_replica_step_only():
     # float16 case adds the finiteness vote (a scalar).
     want = 2 if case == "float16" else 1
     assert got["collectives_per_replica"] == {"0": want, "1": want}, case
-  # The weight average's per-replica assigns add no merge call.
+  # The weight average's per-replica assigns add no merge call, nor do the
+  # health figures' sums.
   assert facts["averaged"]["merge_calls"] == facts["plain"]["merge_calls"]
+  assert facts["unwatched"] == facts["plain"]
 
 
 def test_no_collective_between_workers_outside_the_replica_step():

@@ -1,5 +1,8 @@
 """`python -m looper.cli.launch`: N workers on loopback, all-or-nothing, and
-their shares of the host's GPUs."""
+their shares of the host's GPUs. Two launched workers training like one
+process (their lines, pids and GPUs named, the chief's files only) are
+checked in the launch that starts
+tests/e2e/multiworker/test_multiworker.py::test_resume_across_topologies."""
 
 import json
 import os
@@ -10,14 +13,11 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from looper import network
 from looper.cli import launch as launch_lib
-from tests.fixtures.configs import run_here
-from tests.fixtures.events import curve
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 TINY = ("--config=tests/fixtures/tiny.py", "--config.train.steps_per_loop=10")
@@ -27,7 +27,7 @@ def launch(*args, workers=2, reach="private", script=False, **env_vars):
   """`python -m looper.cli.launch` ARGS (`script`: the `looper launch`
   console script); its workers' reach declared `reach` (the test
   machines' networks are private; None: launch's own, loopback)."""
-  env = dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV, **env_vars)
+  env = dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV, **env_vars)
   env.pop("TF_CONFIG", None)
   declared = [f"{launch_lib.REACH}={reach}"] if reach else []
   command = [sys.executable, "-m", "looper.cli.launch"]
@@ -61,32 +61,6 @@ def alive(pid: int) -> bool:
 def pids(lines):
   return [int(l.split("pid ")[1].split(",")[0]) for l in lines
           if "[launch] worker" in l and ": pid " in l]
-
-
-@pytest.mark.slow  # workers
-def test_two_workers_train_like_one_process(tmp_path):
-  # Two GPUs named the user's way: one each (a CPU-only TensorFlow ignores
-  # the variable).
-  proc = launch(*TINY, "--config.train.steps=20",
-                f"--workdir={tmp_path}/launched", CUDA_VISIBLE_DEVICES="3,5")
-  out = proc.communicate(timeout=300)[0]
-  assert proc.returncode == 0, out[-3000:]
-  assert "[worker 0] " in out and "[worker 1] " in out
-  first, second = pids(out.splitlines())
-  assert f"[launch] worker 0: pid {first}, CUDA_VISIBLE_DEVICES=3\n" in out
-  assert f"[launch] worker 1: pid {second}, CUDA_VISIBLE_DEVICES=5\n" in out
-  assert "train step 20/20" in out
-  # As one process (in this one): the replica count changes no curve
-  # (tests/e2e/replicas/test_replicas.py).
-  run_here(*TINY, "--config.train.steps=20", f"--workdir={tmp_path}/one")
-  np.testing.assert_allclose(curve(tmp_path / "launched" / "train"),
-                             curve(tmp_path / "one" / "train"), rtol=1e-5)
-  assert sorted(p.name for p in (tmp_path / "launched").iterdir()) == [
-      "checkpoints", "config.json", "eval", "goodput", "hparams",
-      "metrics.jsonl", "train"]  # the chief's only
-  # One attempt's time, the chief's (a worker's would be attempt 2).
-  assert [p.name for p in (tmp_path / "launched" / "goodput").iterdir()] == [
-      "attempt-1.json"]
 
 
 def launch_then(tmp_path, act, script=False, **env_vars):

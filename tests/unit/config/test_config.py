@@ -29,6 +29,10 @@ from tests.fixtures.configs import configured
      " adam, adamw; did you mean 'adam'? set --config.optimizer.name"),
     ("optimizer.learning_rate", 0.0, "config.optimizer.learning_rate=0.0:"
      " must be > 0"),
+    ("train.spike_factor", 0.5, "config.train.spike_factor=0.5: must be 0"
+     " (off) or a factor > 1; set --config.train.spike_factor"),
+    ("optimizer.clip_global_norm", -1.0, "config.optimizer.clip_global_norm="
+     "-1.0: must be a norm >= 0; set --config.optimizer.clip_global_norm"),
     ("optimizer.warmup_steps", 100, "config.optimizer.warmup_steps=100: must"
      " be <= train.steps=40"),
     ("distribution.strategy", "mirorred", "config.distribution.strategy="

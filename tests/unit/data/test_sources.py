@@ -55,6 +55,7 @@ def global_batches(source, replicas, pipelines, steps, position=0, seed=3):
 
 
 @pytest.mark.parametrize("make", [_arrays, "files", "cached files"])
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_global_batches_do_not_depend_on_the_topology(make, shard_dir):
   source = make() if callable(make) else _files(shard_dir)
   source.cache = make == "cached files"

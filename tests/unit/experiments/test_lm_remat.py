@@ -31,11 +31,13 @@ from experiments.text import model
 from looper import config as lc
 from tests.fixtures import pieces
 from tests.fixtures.configs import configured
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV, MEMORY_STATS_ENV
 
-# Small: a 2-block model of width 16 over windows of 16 random bytes.
-FIELDS = {"model.layers": 2, "model.heads": 2, "model.width": 16,
+# Small: one block (each of its dropouts and its recomputation: what a
+# second block would repeat; traces and XLA's compile are this file's
+# time) of width 16 over windows of 16 random bytes.
+FIELDS = {"model.layers": 1, "model.heads": 2, "model.width": 16,
           "model.context": 16, "model.dropout": 0.1,
           "model.attention_dropout": 0.1, "train.batch_size": 8,
           "train.steps_per_loop": 12, "optimizer.warmup_steps": 2,
@@ -83,29 +85,6 @@ def test_under_xla_the_curve_with_remat_is_within_1e_6():
       _curve(strategy, **xla), rtol=1e-6)
 
 
-_TWO_REPLICAS = """
-import json, tensorflow as tf
-from looper.options import distribute
-from tests.unit.experiments import test_lm_remat as t
-strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(2))
-print(json.dumps([t._curve(strategy, **fields).tolist() for fields in (
-    {}, {"model.remat": True})]))
-"""
-
-
-@pytest.mark.slow  # its own process
-def test_on_2_replicas_the_curve_with_remat_is_bitwise_the_curve_without():
-  proc = subprocess.run(
-      [sys.executable, "-c", _TWO_REPLICAS], cwd=ROOT, timeout=600,
-      env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV},
-      capture_output=True, text=True, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  without, with_remat = map(
-      np.array, json.loads(proc.stdout.strip().splitlines()[-1]))
-  assert len(without) == STEPS and np.isfinite(without).all()
-  np.testing.assert_array_equal(with_remat, without)
-
-
 def test_the_curves_above_draw_dropout_masks():
   """What makes the bitwise test above mean something: FIELDS' model
   drops units in training (two calls differ), so remat had masks to
@@ -144,31 +123,55 @@ def _peak_bytes_of_a_gradient(remat: bool) -> tuple[int, list]:
       g.numpy() for g in grads]
 
 
-_PEAKS = """
+# One process for the two tests that need their own (logical CPUs, the
+# allocator's count: both set before TensorFlow starts): the peaks first,
+# while nothing else is allocated, then the curves on 2 replicas.
+_OWN_PROCESS = """
 import json, sys
 import numpy as np
+import tensorflow as tf
+from looper.options import distribute
 from tests.unit.experiments import test_lm_remat as t
+devices = distribute.split_cpu(2)
 peaks = []
 for remat in (False, True):
   peak, grads = t._peak_bytes_of_a_gradient(remat)
   np.savez(f"{sys.argv[1]}/{remat}.npz", *grads)
   peaks.append(peak)
-print(json.dumps(peaks))
+strategy = tf.distribute.MirroredStrategy(devices)
+print(json.dumps({"peaks": peaks, "curves": [
+    t._curve(strategy, **fields).tolist() for fields in (
+        {}, {"model.remat": True})]}))
 """
 
 
-@pytest.mark.slow  # its own process
-def test_remat_keeps_fewer_activations_for_the_same_gradients(tmp_path):
+@pytest.fixture(scope="module")
+def own_process(tmp_path_factory):
+  """The output of _OWN_PROCESS and the folder of its gradients."""
+  out = tmp_path_factory.mktemp("remat")
   proc = subprocess.run(
-      [sys.executable, "-c", _PEAKS, str(tmp_path)], cwd=ROOT, timeout=600,
-      env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV,
+      [sys.executable, "-c", _OWN_PROCESS, str(out)], cwd=ROOT, timeout=600,
+      env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV,
            **MEMORY_STATS_ENV},
       capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  without, with_remat = json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1]), out
+
+
+@pytest.mark.slow  # its own process
+def test_on_2_replicas_the_curve_with_remat_is_bitwise_the_curve_without(
+    own_process):
+  without, with_remat = map(np.array, own_process[0]["curves"])
+  assert len(without) == STEPS and np.isfinite(without).all()
+  np.testing.assert_array_equal(with_remat, without)
+
+
+@pytest.mark.slow  # its own process
+def test_remat_keeps_fewer_activations_for_the_same_gradients(own_process):
+  (without, with_remat), out = own_process[0]["peaks"], own_process[1]
   grads, remat_grads = (
       [z[f"arr_{i}"] for i in range(len(z.files))]
-      for z in map(np.load, (tmp_path / "False.npz", tmp_path / "True.npz")))
+      for z in map(np.load, (out / "False.npz", out / "True.npz")))
   assert len(grads) == len(remat_grads) > 0
   for a, b in zip(grads, remat_grads):
     np.testing.assert_array_equal(a, b)

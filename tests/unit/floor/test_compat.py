@@ -427,3 +427,11 @@ def test_a_functional_models_output_names_its_operation():
   assert type(op).__name__ == "Softmax"
   assert compat.output_operation(keras.Sequential(
       [keras.Input((3,)), keras.layers.Dense(2, name="last")])).name == "last"
+
+
+def test_keras_metrics_say_which_way_they_get_better():
+  assert compat.metric_direction(
+      keras.metrics.SparseCategoricalAccuracy()) == "up"
+  assert compat.metric_direction(keras.metrics.AUC()) == "up"
+  assert compat.metric_direction(keras.metrics.MeanSquaredError()) == "down"
+  assert compat.metric_direction(keras.metrics.Mean()) is None

@@ -5,6 +5,7 @@ import functools
 import json
 
 import keras
+import numpy as np
 import pytest
 
 from looper import config as lc
@@ -56,6 +57,30 @@ def test_json_names_loadable_callables_for_resolve():
   assert references.resolve(saved, "loss") is _module_level_loss
   saved = _saved_loss(keras.losses.SparseCategoricalCrossentropy)  # a class
   assert references.resolve(saved, "loss") is keras.losses.SparseCategoricalCrossentropy
+
+
+class _Holder:
+  """An object JSON cannot hold, made from arguments it keeps (one not)."""
+
+  def __init__(self, size, name="x", scratch=None):
+    self.size, self.name, self._scratch = size, name, scratch
+
+
+def test_json_describes_any_other_object_a_config_holds():
+  c = tiny.get_config()
+  c.model.objects = [keras.callbacks.EarlyStopping("val_accuracy", patience=3),
+                     _Holder(2), object()]
+  c.model.rate = np.float32(0.5)  # NumPy's numbers are numbers
+  saved = json.loads(references.to_json(c))["model"]
+  assert saved["objects"] == [
+      "<unloadable: keras.src.callbacks.early_stopping:EarlyStopping("
+      "monitor='val_accuracy', min_delta=0, patience=3, verbose=0,"
+      " mode='auto', baseline=None, restore_best_weights=False,"
+      " start_from_epoch=0)>",
+      "<unloadable: tests.unit.floor.test_references:_Holder(size=2,"
+      " name='x')>",
+      "<unloadable: instance of builtins:object>"]
+  assert saved["rate"] == 0.5
 
 
 def test_resolve_rejects_an_unloadable_marker():

@@ -134,6 +134,7 @@ def test_tpu_cores_come_from_the_strategy_or_the_dry_run_field():
   assert distribute.tpu_cores(tpu, dist(tpu_cores=32)) == 8
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_a_dry_run_warns_about_the_batch_per_core(tmp_path, caplog):
   from looper import run  # pylint: disable=g-import-not-at-top
   from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top

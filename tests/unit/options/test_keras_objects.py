@@ -27,7 +27,7 @@ from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures import tiny_keras
 from tests.fixtures.configs import configured
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 BATCH = 32
@@ -113,7 +113,7 @@ def test_a_metric_object_in_a_config_file_leaves_the_devices_free():
       [sys.executable, "-m", "looper.main", "--mode=describe",
        "--config=tests/fixtures/tiny_keras.py",
        "--config.distribution.num_cpu_devices=2"],
-      cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV},
+      cwd=ROOT, env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV},
       capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "  strategy   Mirrored, 2 replicas (2 CPU)" in proc.stdout

@@ -10,7 +10,8 @@ from looper.options import metrics
 
 
 @pytest.mark.parametrize("name", ["examples", "examples_per_sec",
-                                  "learning_rate", "loss", "steps_per_sec"])
+                                  "learning_rate", "loss", "steps_per_sec",
+                                  "grad_norm"])
 def test_metric_names_looper_reports_are_rejected(name):
   with pytest.raises(lc.ConfigError) as e:
     metrics.check_metric_names(["accuracy", name])

@@ -2,9 +2,10 @@
 
 Training is compared with plain single-device SGD on the same global
 batches (`weighted.reference_losses`: the loss written out from BUILD.md
-"Losses", not looper's code) on 1, 2 and 4 replicas and under
-accumulation; evaluation with NumPy over the whole split, in the element,
-array and file input modes, and over each of several eval sets.
+"Losses", not looper's code) on 1 and 2 replicas and under accumulation
+(the cases on 4 replicas: `python -m tests.stress.weights`); evaluation
+with NumPy over the whole split, in the element, array and file input
+modes, and over each of several eval sets.
 """
 
 import json
@@ -35,6 +36,9 @@ CLASS_WEIGHTS = (1.0, 3.0, 0.5, 2.0)
 # outputs (the sets change nothing in training).
 SETS = {"val": "test[:30%]", "test": "test[30%:]"}
 ROWS = {"val": slice(0, 300), "test": slice(300, None)}
+# The replica counts checked here; 4 (a process of its own, another 9 s):
+# tests/stress/weights.py, the same code path as 2.
+SUITE = (1, 2)
 
 # (name, kind, fields, replica counts)
 CASES = [
@@ -49,6 +53,18 @@ CASES = [
     ("tokens-accum", "tokens", {"train.grad_accum_steps": 2}, (2,)),
     ("heads", "heads", {}, (1, 2)),
 ]
+
+
+def cases(files) -> list:
+  """CASES and file mode's, over 8 shards written into `files`."""
+  x, y, w = weighted.make_data("examples", 1000, 0)
+  shards.write(tf.data.Dataset.from_tensor_slices((x, y, w)),
+               str(files / "train"), min_shards=8)
+  shards.write(tf.data.Dataset.from_tensor_slices(
+      weighted.make_data("examples", 1000, 1)), str(files / "test"),
+               min_shards=8)
+  return CASES + [("files", "examples", {"data.shards_dir": str(files)},
+                   (1, 2, 4))]
 
 def results(strategy, n: int, cases) -> dict:
   """{"case/n": losses and weights after STEPS (with eval sets, then the
@@ -80,45 +96,41 @@ def _fields(fields):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """Every case on its replica counts: 1 here, 2 and 4 in a process each
-  (one MirroredStrategy per process: collectives of two would clash)."""
-  files = tmp_path_factory.mktemp("shards")
-  x, y, w = weighted.make_data("examples", 1000, 0)
-  shards.write(tf.data.Dataset.from_tensor_slices((x, y, w)),
-               str(files / "train"), min_shards=8)
-  shards.write(tf.data.Dataset.from_tensor_slices(
-      weighted.make_data("examples", 1000, 1)), str(files / "test"),
-               min_shards=8)
-  cases = CASES + [("files", "examples", {"data.shards_dir": str(files)},
-                    (1, 2, 4))]
-  out = results(tf.distribute.get_strategy(), 1, cases)
-  for n in (2, 4):
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.unit.options.test_weights", str(n),
-         json.dumps([(n, k, _fields(f), r) for n, k, f, r in cases])],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+  """Every case on its SUITE replica counts: 1 here, 2 in a process (one
+  MirroredStrategy per process: collectives of two would clash)."""
+  every = cases(tmp_path_factory.mktemp("shards"))
+  out = results(tf.distribute.get_strategy(), 1, every)
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.unit.options.test_weights", "2",
+       json.dumps([(n, k, _fields(f), r) for n, k, f, r in every])],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
   return out
 
 
-@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
+def check_case(runs, name, kind, fields, n):
+  """Case `name` on `n` replicas (`runs`) equals single-device SGD."""
+  c = configured(weighted.get_config(kind), fields)
+  want, weights = weighted.reference_losses(
+      c, STEPS, CLASS_WEIGHTS if fields.get("data.class_weights") else None)
+  got = runs[f"{name}/{n}"]
+  np.testing.assert_allclose(got["losses"], want, rtol=2e-5, atol=1e-6,
+                             err_msg=f"{name} on {n} replicas")
+  for a, b in zip(got["weights"], weights):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow  # a process of 2 CPU devices
 @pytest.mark.parametrize("name,kind,fields,replicas", CASES,
                          ids=[c[0] for c in CASES])
 def test_training_equals_single_device_sgd(runs, name, kind, fields,
                                            replicas):
-  c = configured(weighted.get_config(kind), fields)
-  want, weights = weighted.reference_losses(
-      c, STEPS, CLASS_WEIGHTS if fields.get("data.class_weights") else None)
-  for n in replicas:
-    got = runs[f"{name}/{n}"]
-    np.testing.assert_allclose(got["losses"], want, rtol=2e-5, atol=1e-6,
-                               err_msg=f"{name} on {n} replicas")
-    for a, b in zip(got["weights"], weights):
-      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  for n in set(replicas) & set(SUITE):
+    check_case(runs, name, kind, fields, n)
 
 
-@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
+@pytest.mark.slow  # a process of 2 CPU devices
 def test_the_weights_and_the_normalization_matter(runs):
   """Controls: the cases above would fail if looper ignored the weights or
   divided by the wrong count."""
@@ -149,17 +161,17 @@ def file_order(num: int, files: int, groups: int, batch: int,
                          for k in range(steps) for s in streams])
 
 
-@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
-def test_file_mode_is_the_same_on_1_2_4_replicas(runs):
-  for n in (2, 4):
+def check_files(runs, replicas):
+  """File mode on each of `replicas` (`runs`) equals one replica and
+  single-device SGD on the examples the groups deal, with their sample
+  weights (8 files, 8 groups: `cases`)."""
+  for n in replicas:
     np.testing.assert_allclose(runs[f"files/{n}"]["losses"],
                                runs["files/1"]["losses"], rtol=1e-5)
-  # And that is single-device SGD on the examples the groups deal, with
-  # their sample weights (8 files, 8 groups: `runs`).
   c = weighted.get_config("examples")
   order = file_order(c.model.num_examples, 8, 8, c.train.batch_size, STEPS)
   want, weights = weighted.reference_losses(c, STEPS, order=order)
-  for n in (1, 2, 4):
+  for n in (1, *replicas):
     got = runs[f"files/{n}"]
     np.testing.assert_allclose(got["losses"], want, rtol=2e-5, atol=1e-6,
                                err_msg=f"files on {n} replicas")
@@ -170,7 +182,13 @@ def test_file_mode_is_the_same_on_1_2_4_replicas(runs):
                                             unweighted=True)
   in_order, _ = weighted.reference_losses(c, STEPS)
   for other in (unweighted, in_order):
-    assert not np.allclose(runs["files/2"]["losses"], other, rtol=1e-3)
+    assert not np.allclose(runs[f"files/{replicas[0]}"]["losses"], other,
+                           rtol=1e-3)
+
+
+@pytest.mark.slow  # a process of 2 CPU devices
+def test_file_mode_is_the_same_on_1_and_2_replicas(runs):
+  check_files(runs, (2,))
 
 
 def _softmax_ce(logits, labels):
@@ -239,9 +257,9 @@ def assert_each_set_exact(kind: str, got: dict, outputs, where: str = ""):
     assert got[name] == pytest.approx(value, rel=1e-5), f"{name} {where}"
 
 
-@pytest.mark.slow  # processes of 1, 2 and 4 CPU devices
-def test_each_eval_set_is_exact_on_1_2_4_replicas(runs):
-  for n in (1, 2, 4):
+@pytest.mark.slow  # a process of 2 CPU devices
+def test_each_eval_set_is_exact_on_1_and_2_replicas(runs):
+  for n in SUITE:
     got = runs[f"tokens/{n}"]
     assert_each_set_exact("tokens", got["eval"], np.array(got["outputs"]),
                           f"on {n} replicas")

@@ -3,10 +3,11 @@
 Every case asserts the exact message (the field or file, the value, the
 fix) and, where the workdir holds a run, that the run is untouched: every
 file under `checkpoints/` and `config.json` keep their bytes and mtimes.
-Most cases call `looper.run.run` in-process (ConfigError / CheckpointError,
-whose str is the line `python -m looper.main` prints after 'looper: '); a
-few go through the command line to prove it prints that one line and no
-traceback.
+Every case calls `looper.run.run` in-process (ConfigError /
+CheckpointError, whose str is the line `python -m
+looper.main` prints after 'looper: ', as tests/e2e/commands/test_cli.py
+shows for each kind) or, for a config file's own error, the parser the
+command line calls (tests/unit/cli/test_parsing.py's `parse`).
 
 This module holds the cases no other test covers; BUILD.md's "Bad-input
 catalogue" lists every case, with the test of each.
@@ -25,12 +26,10 @@ from looper import config as lc
 from looper import errors
 from looper import run
 from looper.workdir import checkpoint
-from tests.e2e.commands.test_cli import error_line
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
-from tests.fixtures.processes import run_looper
-
-TINY = "--config=tests/fixtures/tiny.py"
+# The fixture: a config file's own error through the command line's parser.
+from tests.unit.cli.test_parsing import parse  # pylint: disable=unused-import
 
 
 # --- The run every case is thrown at ------------------------------------------
@@ -241,8 +240,7 @@ def test_unknown_loss_and_metric_names(workdir):
                " get_config()")
 
 
-@pytest.mark.slow  # a subprocess
-def test_wrong_type_in_get_config(tmp_path):
+def test_wrong_type_in_get_config(tmp_path, parse):
   """ml_collections raises TypeError at the assignment in get_config()
   (a str for an int field; a float takes the same path).
 
@@ -258,10 +256,9 @@ def test_wrong_type_in_get_config(tmp_path):
                          "  return c\n")
   with pytest.raises(TypeError) as raised:  # what get_config() will raise
     tiny.get_config().train.steps = "100"
-  proc = run_looper(f"--config={config_file}", f"--workdir={tmp_path}/run")
-  assert proc.returncode == 1
-  assert f'File "{config_file}", line 5, in get_config' in proc.stderr
-  assert proc.stderr.strip().splitlines()[-1] == (
+  lines = parse(f"--config={config_file}", f"--workdir={tmp_path}/run")
+  assert f'  File "{config_file}", line 5, in get_config' in lines
+  assert lines[-1] == (
       f"looper: --config={config_file}: loading the config file raised"
       f" {raised.value!r}; see the traceback above")
   assert not (tmp_path / "run").exists()
@@ -509,27 +506,24 @@ def test_unreadable_only_checkpoint(workdir):
 # --- Through the command line: one line, no traceback -------------------------
 
 
-@pytest.mark.slow  # a subprocess
 def test_eval_of_a_checkpoint_that_does_not_exist(workdir):
-  before = run_files(workdir)
   missing = workdir / "checkpoints" / "ckpt-15"
-  proc = run_looper(TINY, f"--workdir={workdir}", "--mode=eval",
-                    f"--checkpoint={missing}")
-  assert error_line(proc) == (
-      f"looper: --checkpoint={missing}: no such checkpoint ({missing}.index"
-      f" is missing); give a prefix like {workdir}/checkpoints/ckpt-1000")
-  assert run_files(workdir) == before
+  assert_fails(config(), workdir,
+               f"--checkpoint={missing}: no such checkpoint ({missing}.index"
+               f" is missing); give a prefix like"
+               f" {workdir}/checkpoints/ckpt-1000",
+               mode="eval", checkpoint_path=str(missing))
 
 
-@pytest.mark.slow  # a subprocess
 def test_workdir_under_a_regular_file(tmp_path):
   """Root ignores chmod, so the unwritable workdir is one under a file."""
   afile = tmp_path / "afile"
   afile.write_text("not a directory")
   workdir = afile / "run"
-  proc = run_looper(TINY, f"--workdir={workdir}", "--config.train.steps=3")
-  assert error_line(proc) == (
-      f"looper: --workdir={workdir} is not a writable directory ({afile} is"
+  with pytest.raises(lc.ConfigError) as e:
+    run.run(config({"train.steps": 3}), str(workdir))
+  assert str(e.value) == (
+      f"--workdir={workdir} is not a writable directory ({afile} is"
       " not a directory); choose another --workdir")
   assert afile.read_text() == "not a directory"
 

@@ -289,6 +289,7 @@ def expected_early_stop(values: dict[int, float], patience: int, better):
   return None
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_early_stop_after_patience_evaluations(tmp_path):
   # 'max' of a falling loss: every evaluation after the first is "worse".
   run.run(eval_config(), str(tmp_path / "reference"))

@@ -99,6 +99,7 @@ def session_start(workdir):
       acc.SummaryMetadata(tag).plugin_data.content)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_hparams_are_the_set_fields_and_the_compared_ones_written_once(
     sweep):
   root, _ = sweep

@@ -52,6 +52,7 @@ def _trainer(fields):
   return pieces.trainer(configured(tiny.get_config(), fields), strategy)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_the_whole_replica_step_compiles_and_matches_the_plain_step(
     compiled_step):
   plain = _trainer(OPTIONS)

@@ -274,6 +274,61 @@ def test_nan_recovery_gives_up_after_its_tries():
     ctl.train()
 
 
+class FakeSpikes:
+  """The loop holding step `at` spikes `times` times (the replays after a
+  roll-back see other data, so the next one does not); the loops kept, by
+  their last step."""
+
+  def __init__(self, trainer, at, times=1):
+    self.trainer, self.at, self.left, self.kept = trainer, at, times, []
+
+  def spike(self, losses, first_step):
+    if self.left and first_step <= self.at < first_step + len(losses):
+      self.left -= 1
+      return f"train loss spiked at step {self.at}"
+    return None
+
+  def add(self, losses):
+    self.kept.append(self.trainer.global_step)
+
+
+def test_a_spike_rolls_back_like_a_nan_in_one_line(caplog):
+  trainer = FakeTrainer()
+  spikes = FakeSpikes(trainer, at=23)
+  saves = []  # the loops kept when each save was made
+  save = actions.Action(lambda now: (ckpt.save(now.step), saves.append(
+      list(spikes.kept))), every_steps=10)
+  ctl, trainer, ckpt = make(steps_per_loop=5, trainer=trainer,
+                            save_actions=[save], nan_recovery_tries=1,
+                            spikes=spikes)
+  with caplog.at_level("WARNING", logger="absl"):
+    result = ctl.train()
+  assert ckpt.restored == [20] and trainer.seeks == [100]
+  assert result["step"] == 40 and trainer.data_position == 100 + 20 * 4
+  # Loop 21..25 was not kept; each save holds the loops before it.
+  assert spikes.kept == [5, 10, 15, 20, 25, 30, 35, 40]
+  assert saves[1] == [5, 10, 15, 20] and saves[-1] == spikes.kept
+  assert [r.getMessage() for r in caplog.records] == [
+      "train loss spiked at step 23; restored ckpt-20 (step 20) and skipped"
+      " the data up to global example 100 (recovery 1 of"
+      " train.nan_recovery_tries=1)"]
+
+
+def test_a_spike_without_tries_left_stops_naming_the_factor():
+  trainer = FakeTrainer()
+  save = actions.Action(lambda now: ckpt.save(now.step), every_steps=10)
+  ctl, _, ckpt = make(steps_per_loop=5, trainer=trainer, save_actions=[save],
+                      nan_recovery_tries=1,
+                      spikes=FakeSpikes(trainer, at=23, times=2))
+  with pytest.raises(FloatingPointError) as e:
+    ctl.train()
+  assert str(e.value) == (
+      "train loss spiked at step 23 after 1 recoveries"
+      " (train.nan_recovery_tries); ckpt-20 is kept; lower"
+      " --config.optimizer.learning_rate or check the data, or raise"
+      " --config.train.spike_factor")
+
+
 def test_continuous_eval_evaluates_each_checkpoint_once():
   trainer = FakeTrainer()
   evaluated = []

@@ -163,6 +163,7 @@ RUNS = {  # name -> (config, FLOPs of a step, what a second counts)
 
 
 @pytest.mark.parametrize("name", RUNS)
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_a_run_reports_its_speed_everywhere_alike(name, tmp_path, caplog):
   make, step_flops, (count, per_step) = RUNS[name]
   c = configured(make(tmp_path), {

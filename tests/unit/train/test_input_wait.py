@@ -18,7 +18,7 @@ from looper.options import distribute
 from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 
@@ -68,7 +68,7 @@ def test_one_cpu_still_tells_compute_from_waiting():
   proc = subprocess.run(
       [sys.executable, "-c", "from tests.unit.train import test_input_wait as t;"
        " print(t.pinned_fraction())"],
-      cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **LOOPBACK_ENV),
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV),
       capture_output=True, text=True, timeout=300, check=True)
   assert float(proc.stdout.split()[-1]) < 0.3
 

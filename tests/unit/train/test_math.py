@@ -3,8 +3,8 @@
 The model is softmax regression with an L2 kernel regularizer trained by SGD
 with momentum; NumPy computes the same steps by hand (forward, gradients,
 momentum update), so every per-step loss read back from the event files, the
-train accuracy of the last loop and the eval metrics over all 1001 eval
-examples must match it.
+train accuracy of the last loop, the eval metrics over all 1001 eval
+examples and each loop's health figures (looper.train.health) must match it.
 """
 
 import json
@@ -44,11 +44,13 @@ def _softmax_ce(x, y, w, b):
 
 
 def numpy_reference(steps, batch, steps_per_loop):
-  """Per-step total losses, last loop's train accuracy, final eval metrics."""
+  """Per-step total losses, last loop's train accuracy, final eval metrics,
+  and each loop's health figures by its last step."""
   x, y = tiny.make_data(1001, seed=0)
   w, b = W0.copy(), B0.copy()
   vw, vb = np.zeros_like(w), np.zeros_like(b)
-  losses, correct = [], []
+  losses, correct, norms, health = [], [], [], {}
+  start = np.concatenate([w.ravel(), b])
   for step in range(steps):
     # No shuffling: global example i of the stream is example i % 1001.
     idx = np.arange(step * batch, (step + 1) * batch) % len(x)
@@ -59,13 +61,22 @@ def numpy_reference(steps, batch, steps_per_loop):
     d[np.arange(batch), y[idx]] -= 1
     d /= batch
     gw, gb = x[idx].T @ d + 2 * L2 * w, d.sum(axis=0)
+    norms.append(np.sqrt(np.sum(gw * gw) + np.sum(gb * gb)))
     vw, vb = MOMENTUM * vw - LR * gw, MOMENTUM * vb - LR * gb
     w, b = w + vw, b + vb
+    if (step + 1) % steps_per_loop == 0:  # a loop's end: its figures
+      now = np.concatenate([w.ravel(), b])
+      health[step + 1] = dict(
+          grad_norm=np.mean(norms), grad_norm_max=np.max(norms),
+          weight_norm=np.linalg.norm(now),
+          update_ratio=np.linalg.norm(now - start) / np.linalg.norm(start))
+      norms, start = [], now
   ex, ey = tiny.make_data(1001, seed=1)
   ce, _, hit = _softmax_ce(ex, ey, w, b)
   last_loop = np.concatenate(correct[-steps_per_loop:])
   return (np.array(losses), last_loop.mean(),
-          {"loss": ce.mean(), "accuracy": hit.mean(), "examples": 1001})
+          {"loss": ce.mean(), "accuracy": hit.mean(), "examples": 1001},
+          health)
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +94,36 @@ def reference_run(tmp_path_factory):
 
 def test_per_step_loss_matches_numpy(reference_run):
   workdir, _ = reference_run
-  want, _, _ = numpy_reference(40, 32, 10)
+  want, *_ = numpy_reference(40, 32, 10)
   np.testing.assert_allclose(curve(workdir / "train"), want, rtol=2e-5)
 
 
 def test_train_and_eval_metrics_match_numpy(reference_run):
   _, result = reference_run
-  _, train_accuracy, want_eval = numpy_reference(40, 32, 10)
+  _, train_accuracy, want_eval, _ = numpy_reference(40, 32, 10)
   assert result["train"]["accuracy"] == pytest.approx(train_accuracy, abs=1e-6)
   assert result["eval"]["examples"] == 1001
   assert result["eval"]["accuracy"] == pytest.approx(want_eval["accuracy"],
                                                      abs=1e-6)
   assert result["eval"]["loss"] == pytest.approx(want_eval["loss"], rel=1e-5)
+
+
+def test_health_figures_match_numpy(reference_run):
+  """Each loop's gradient norms (mean and max over its 10 updates, the L2
+  term's gradient in), weight norm and update ratio, as TensorBoard and
+  metrics.jsonl have them (global on any replica count: test_replicas)."""
+  workdir, result = reference_run
+  want = numpy_reference(40, 32, 10)[3]
+  lines = [json.loads(line) for line in
+           (workdir / "metrics.jsonl").read_text().splitlines()]
+  for name in ("grad_norm", "grad_norm_max", "weight_norm", "update_ratio"):
+    got = scalars(workdir / "train", name)
+    assert sorted(got) == [10, 20, 30, 40], name
+    for step, figures in want.items():
+      assert got[step] == pytest.approx(figures[name], rel=2e-5), (name, step)
+    assert {l["step"]: l[name] for l in lines if l["kind"] == "train"} == (
+        pytest.approx(got, rel=1e-6)), name
+  assert result["train"]["grad_norm_max"] > result["train"]["grad_norm"]
 
 
 def test_summaries_read_back(reference_run):

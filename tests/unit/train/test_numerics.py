@@ -1,6 +1,7 @@
 """Numerics: dropout masks, mixed precision (and its all-replica finiteness
 vote), XLA per step, accumulation, the weight average, train.deterministic.
-(The same numerics on 1/2/4 replicas: tests/e2e/replicas/test_replicas.py.)"""
+(The same numerics on 1/2 replicas: tests/e2e/replicas/test_replicas.py;
+4: python -m tests.stress.replicas.)"""
 
 import json
 import subprocess
@@ -21,7 +22,7 @@ from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures import private_home
 from tests.fixtures.events import curve
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 
@@ -121,7 +122,7 @@ print(json.dumps(dict(
 
 def _python(code: str) -> list[str]:
   """The lines `code` prints, run in a fresh Python with looper."""
-  env = dict(LOOPBACK_ENV, **private_home.env(), PYTHONPATH=str(ROOT),
+  env = dict(LOOPBACK_ENV, **private_home.env(), PYTHONPATH=PYTHONPATH,
              PATH="/usr/bin:/bin")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300,
@@ -174,6 +175,7 @@ def test_ema_follows_a_numpy_reference_and_is_what_eval_sees():
 
 
 @pytest.mark.parametrize("name", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_mixed_precision_resumes_exactly(tmp_path, name):
   from looper import run  # pylint: disable=g-import-not-at-top
   def config(steps):

@@ -31,7 +31,7 @@ from looper.workdir import checkpoint
 from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
-from tests.fixtures.paths import ROOT
+from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
 # Every adopted layer of keras_random_model and the Dropout inside its
@@ -51,6 +51,7 @@ def _checkpointer(trainer, root, items=None):
       keep=3, chief=True, task_id=0)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
   whole = pieces.trainer(_config(), tf.distribute.get_strategy())
   start = [s.numpy().copy() for s in whole.random.states.values()]
@@ -128,6 +129,7 @@ NOTE = (
     " of a recurrent layer's dropout=, or looper.train.layers")
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_draws_looper_cannot_reach_are_named_by_describe_and_check(
     tmp_path):
   config = configured(tiny.get_config(), {"train.batch_size": 64})
@@ -152,7 +154,7 @@ def test_draws_looper_cannot_reach_are_named_by_describe_and_check(
 def test_one_and_two_replicas_draw_the_same():
   proc = subprocess.run(
       [sys.executable, "-m", "tests.unit.train.test_randomness"], cwd=ROOT,
-      env={**os.environ, "PYTHONPATH": str(ROOT), **LOOPBACK_ENV},
+      env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV},
       capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.splitlines()[-1])

@@ -40,8 +40,9 @@ def test_loops_end_exactly_on_eval_checkpoint_and_last_step(tmp_path):
   steps = [s for s, _ in RecordingTrainer.loop_ends]
   assert steps == [7, 14, 15, 20, 27, 30, 37, 40]
   assert RecordingTrainer.loop_ends[0][1] == [
-      "accuracy", "examples_per_sec", "flops_per_sec", "input_wait_fraction",
-      "learning_rate", "loss", "mfu", "steps_per_sec"]
+      "accuracy", "examples_per_sec", "flops_per_sec", "grad_norm",
+      "grad_norm_max", "input_wait_fraction", "learning_rate", "loss", "mfu",
+      "steps_per_sec", "update_ratio", "weight_norm"]
   assert sorted(scalars(tmp_path / "eval", "loss")) == [20, 40]
   assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.index")) == [
       "ckpt-15.index", "ckpt-30.index", "ckpt-40.index"]
@@ -62,6 +63,7 @@ def test_compute_loss_override_changes_only_the_loss(tmp_path):
       2 * losses[trainer_lib.Trainer], rel=1e-6)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_nan_loss_stops_before_saving_over_a_good_checkpoint(tmp_path):
   c = tiny.get_config()
   c.train.steps, c.checkpoint.every_steps = 20, 10
@@ -210,6 +212,7 @@ def conversions(monkeypatch):
   return seen
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_autograph_converts_the_users_code_only(conversions):
   c = tiny.get_config()
   strategy = tf.distribute.get_strategy()

@@ -124,7 +124,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def fake_metadata(monkeypatch):
   """The fake, where this process and the looper processes it starts look."""
   server = FakeMetadata()
-  threading.Thread(target=server.serve_forever, daemon=True).start()
+  # Its shutdown waits for the loop's next poll: 0.5 s by default.
+  threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02},
+                   daemon=True).start()
   for name in ("GCE_METADATA_IP", "GCE_METADATA_HOST"):
     monkeypatch.setenv(name, server.address)
     monkeypatch.setitem(processes.LOOPBACK_ENV, name, server.address)

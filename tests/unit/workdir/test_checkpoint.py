@@ -15,6 +15,7 @@ from tests.fixtures import tiny
 from tests.fixtures.checkpoints import checkpoint_tensors
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_async_saves_equal_sync_saves_and_resume(tmp_path):
   for mode in ("sync", "async"):
     c = tiny.get_config()
@@ -33,6 +34,30 @@ def test_async_saves_equal_sync_saves_and_resume(tmp_path):
     assert sorted(want) == sorted(got) and len(want) >= 10
     for key in want:
       np.testing.assert_array_equal(want[key], got[key], err_msg=key)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_the_durable_step_is_the_newest_save_known_complete(tmp_path,
+                                                            async_save):
+  """What trackers may send (looper.trackers.delivery): an async save
+  counts once `wait` saw it end; a restore's step counts."""
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  wd = workdir.Workdir(str(tmp_path))
+  ckpt = checkpoint.Checkpointer(wd, {"model": model}, keep=3, chief=True,
+                                 task_id=0, async_save=async_save)
+  assert ckpt.durable_step is None
+  ckpt.save(10)
+  assert ckpt.durable_step == (None if async_save else 10)
+  ckpt.save(20)  # waits for the save of 10 first
+  assert ckpt.durable_step == (10 if async_save else 20)
+  ckpt.wait()
+  assert ckpt.durable_step == 20
+  ckpt.save_best(30)  # not a rolling checkpoint: a resume never reads it
+  assert ckpt.durable_step == 20
+  again = checkpoint.Checkpointer(wd, {"model": model}, keep=3, chief=True,
+                                  task_id=0, async_save=async_save)
+  again.restore()
+  assert again.durable_step == 20
 
 
 def test_a_failed_background_write_is_raised(tmp_path):

@@ -7,6 +7,8 @@ nothing the Workdir does not name.
 
 import os
 
+import pytest
+
 from looper import run
 from looper import workdir
 from tests.fixtures import tiny
@@ -47,6 +49,7 @@ def walk(root: str) -> set[str]:
   return found
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_every_mode_writes_only_what_the_workdir_names(tmp_path):
   wd = workdir.Workdir(str(tmp_path / "run"))
   c = tiny.get_config()

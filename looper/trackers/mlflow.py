@@ -1,0 +1,200 @@
+"""MLflow as an experiment tracker: one MLflow run per workdir, across restarts.
+
+Synopsis::
+
+    MLFLOW_TRACKING_URI=http://127.0.0.1:5000 MLFLOW_EXPERIMENT_NAME=mnist \\
+      looper train --config=experiments/mnist.py --workdir=/tmp/mnist \\
+      --config.trackers=mlflow
+
+    tracker = mlflow.MLflow(wd)   # a server that does not answer: one line
+    # then as every tracker (looper.trackers.delivery): open, write_*,
+    # start, deliver, close
+
+Where: the store MLFLOW_TRACKING_URI names, else the workdir's `mlflow.db`
+(sqlite) with artifacts in its `mlruns/` (MLflow's own default is
+./mlflow.db in the current folder). The experiment: MLFLOW_EXPERIMENT_ID,
+MLFLOW_EXPERIMENT_NAME (made if missing), or 'Default' on a server and
+'looper' in the workdir's store.
+
+What goes there: the run is named after the workdir (tag `looper.workdir`,
+its id kept in the workdir); params: the resolved config's fields, dotted
+(`train.steps`). Params cannot change in MLflow: a rerun that changes a
+field (a larger `train.steps`) records it as the tag `changed/<field>` with
+the new value (the param keeps the first), said in one line; fields new to
+the run become params. Metrics: every line of metrics.jsonl at its step
+and time (`train/loss`, `eval/accuracy`, an action's names), and at the
+last step the run's final figures (the HParams' `hparams/...` columns and
+`goodput/...`). Images: `log_image` at their step, one per image
+(`name/<i>` when several); texts: artifacts `texts/<name>/step-<N>.txt`;
+histograms are not sent (MLflow has no such kind). Status: RUNNING while
+an attempt trains, then FINISHED, KILLED (stopped: a rerun resumes it) or
+FAILED.
+
+A server that does not answer: MLflow's client retries a request for
+minutes by default (7 retries, backoff 2, a 120 s timeout). Unless those
+variables are set, looper asks once with no retry and a 5 s timeout before
+training (`PREFLIGHT`: one line within seconds), and sends with one retry
+and 10 s (`SENDING`): a server that dies mid-run costs seconds per
+checkpoint, not minutes.
+"""
+
+import contextlib
+import os
+
+from absl import logging
+import mlflow
+from mlflow import entities
+
+from looper import errors
+from looper import workdir as workdir_lib
+from looper.trackers import delivery
+
+# MLflow's HTTP client reads these per request.
+PREFLIGHT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+             "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+SENDING = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+           "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+           "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# MLflow's limits: per log_batch request, and a param's length.
+METRICS_PER_BATCH, PARAMS_PER_BATCH, PARAM_LENGTH = 1000, 100, 6000
+
+
+@contextlib.contextmanager
+def patience(values: dict[str, str]):
+  """The block's requests with `values` where the user set none."""
+  mine = {k: v for k, v in values.items() if k not in os.environ}
+  os.environ.update(mine)
+  try:
+    yield
+  finally:
+    for name in mine:
+      os.environ.pop(name, None)
+
+
+class MLflow(delivery.Tracker):
+  """MLflow's run of the workdir `wd` (see module doc)."""
+  name = "mlflow"
+
+  def __init__(self, wd: workdir_lib.Workdir):
+    super().__init__(wd)
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    self._local = not uri
+    if self._local:
+      if not workdir_lib.posix(wd.root):
+        raise errors.ConfigError(
+            f"config.trackers='mlflow': MLflow's local store (sqlite) cannot"
+            f" be in --workdir={wd.root}, an object store; set"
+            " MLFLOW_TRACKING_URI to a tracking server")
+      uri = "sqlite:///" + os.path.abspath(wd.mlflow_db)
+    self.uri = uri
+    self._client = mlflow.MlflowClient(tracking_uri=uri)
+    self._experiment = self._run = None
+    if uri.startswith(("http://", "https://")):
+      try:
+        with patience(PREFLIGHT):
+          self._client.search_experiments(max_results=1)
+      except Exception as e:  # pylint: disable=broad-except
+        raise errors.ConfigError(
+            f"config.trackers='mlflow': the MLflow server at {uri}"
+            f" (MLFLOW_TRACKING_URI) does not answer"
+            f" ({errors.first_line(e)}); start it, or set"
+            " MLFLOW_TRACKING_URI to one that runs") from None
+
+  def where(self) -> str:
+    return f"run {self._run} in {self.uri} (experiment {self._experiment})"
+
+  def _open(self, run_id, params):
+    with patience(SENDING):
+      if run_id:
+        try:
+          run = self._client.get_run(run_id)
+        except mlflow.exceptions.MlflowException as e:
+          logging.warning("mlflow: run %s (kept in %s) cannot be read (%s);"
+                          " starting a new run", run_id,
+                          self._wd.tracker(self.name), errors.first_line(e))
+        else:
+          self._experiment = run.info.experiment_id
+          self._client.update_run(run_id, status="RUNNING")
+          self._run = run_id
+          self._params(params, logged=run.data.params)
+          return run_id
+      self._experiment = self._experiment_id()
+      run = self._client.create_run(
+          self._experiment, run_name=os.path.basename(self._wd.root.rstrip(
+              "/")), tags={"looper.workdir": self._wd.root})
+      self._run = run.info.run_id
+      self._params(params, logged={})
+      return run.info.run_id
+
+  def _experiment_id(self) -> str:
+    if os.environ.get("MLFLOW_EXPERIMENT_ID"):
+      return os.environ["MLFLOW_EXPERIMENT_ID"]
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or (
+        "looper" if self._local else "")
+    if not name:
+      return "0"  # the server's 'Default'
+    found = self._client.get_experiment_by_name(name)
+    if found:
+      return found.experiment_id
+    return self._client.create_experiment(
+        name, artifact_location=("file://" + os.path.abspath(
+            self._wd.mlflow_artifacts)) if self._local else None)
+
+  def _params(self, params, logged=None):
+    """New fields as params; changed ones as tags `changed/<field>`."""
+    with patience(SENDING):
+      if logged is None:
+        logged = self._client.get_run(self._run).data.params
+      params = {k: v[:PARAM_LENGTH] for k, v in params.items()}
+      new = [entities.Param(k, v) for k, v in params.items()
+             if k not in logged]
+      changed = {k: v for k, v in params.items()
+                 if k in logged and logged[k] != v}
+      tags = [entities.RunTag(f"changed/{k}", v) for k, v in changed.items()]
+      for items in (new, tags):
+        for i in range(0, len(items), PARAMS_PER_BATCH):
+          chunk = items[i:i + PARAMS_PER_BATCH]
+          self._client.log_batch(
+              self._run, params=chunk if items is new else [],
+              tags=chunk if items is tags else [])
+    if changed:
+      logging.info(
+          "mlflow: fields changed since run %s logged its params, recorded"
+          " as tags changed/<field> (MLflow's params cannot change): %s",
+          self._run, ", ".join(f"{k}={v} (param: {logged[k]})"
+                               for k, v in sorted(changed.items())))
+
+  def _send(self, points):
+    metrics = []
+    with patience(SENDING):
+      for p in points:
+        if p.kind in ("scalars", "figures"):
+          at = int(p.time * 1000)
+          metrics += [entities.Metric(k, v, at, p.step)
+                      for k, v in p.values.items()]
+        elif p.kind == "images":
+          for name, images in p.values.items():
+            for i, image in enumerate(images):
+              self._client.log_image(
+                  self._run, image[..., 0] if image.shape[-1] == 1 else image,
+                  key=name if len(images) == 1 else f"{name}/{i}",
+                  step=p.step, timestamp=int(p.time * 1000))
+        elif p.kind == "texts":
+          for name, text in p.values.items():
+            self._client.log_text(self._run, text,
+                                  f"texts/{name}/step-{p.step}.txt")
+      for i in range(0, len(metrics), METRICS_PER_BATCH):
+        self._client.log_batch(self._run,
+                               metrics=metrics[i:i + METRICS_PER_BATCH])
+
+  def _held(self, points):
+    held = set()
+    with patience(SENDING):
+      for key in {k for p in points for k in p.values}:
+        held |= {(key, m.step)
+                 for m in self._client.get_metric_history(self._run, key)}
+    return held
+
+  def _finish(self, status):
+    with patience(SENDING):
+      self._client.set_terminated(self._run, status)

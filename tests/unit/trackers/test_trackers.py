@@ -1,0 +1,62 @@
+"""config.trackers: its names, one line each for a typo or a tracker not
+installed, before anything is written; the config as params."""
+
+import importlib.util
+import json
+
+import pytest
+import tensorflow as tf
+
+from looper import errors
+from looper import run
+from looper import trackers
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+
+
+def test_the_names_config_trackers_holds():
+  assert trackers.parse("") == []
+  assert trackers.parse(" mlflow , wandb") == ["mlflow", "wandb"]
+  for value, line in [
+      ("mlfow", "config.trackers='mlfow': 'mlfow' is not one of mlflow, wandb;"
+                " did you mean 'mlflow'? set --config.trackers (comma"
+                " separated, '' for none)"),
+      ("wandb,wandb", "config.trackers='wandb,wandb' names a tracker twice;"
+                      " name each once")]:
+    with pytest.raises(errors.ConfigError) as e:
+      trackers.parse(value)
+    assert str(e.value) == line
+
+
+@pytest.mark.parametrize("value, line, store", [
+    ("mlflow,tensorbored", "config.trackers='mlflow,tensorbored':"
+                           " 'tensorbored' is not one of", None),
+    ("wandb", "config.trackers='wandb': wandb is not installed; pip install"
+              " 'looper[wandb]', or drop wandb from --config.trackers", None),
+    ("mlflow", "config.trackers='mlflow': MLflow's local store (sqlite)"
+               " cannot be in --workdir=ram://trackers/run, an object store;"
+               " set MLFLOW_TRACKING_URI to a tracking server",
+     "ram://trackers")])
+def test_a_bad_tracker_is_one_line_before_anything_is_written(
+    tmp_path, monkeypatch, value, line, store):
+  if store:
+    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if
+                      name == "wandb" else find_spec(name, *a))
+  monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  workdir = f"{store or tmp_path}/run"
+  with pytest.raises(errors.ConfigError) as e:
+    run.Run(configured(tiny.get_config(), trackers=value), workdir, "train")
+  assert str(e.value).startswith(line) and "\n" not in str(e.value)
+  assert not tf.io.gfile.exists(workdir)
+
+
+def test_the_resolved_config_as_params_every_field_by_its_dotted_name():
+  config = json.dumps({"train": {"steps": 40, "precision": "float32",
+                                 "metrics": ["accuracy"]},
+                       "model": {}, "eval": {"steps": None}, "seed": 0})
+  assert trackers.params(config) == {
+      "train.steps": "40", "train.precision": "float32",
+      "train.metrics": '["accuracy"]', "model": "{}", "eval.steps": "null",
+      "seed": "0"}
