@@ -21,6 +21,7 @@ from looper.data import batch as batch_lib
 from looper.data import input as input_lib
 from looper.data import splits
 from looper.options import distribute
+from looper.options import sharding
 from looper.train import epochs
 from looper.workdir import summaries
 
@@ -40,7 +41,8 @@ def describe(config) -> str:
   lines = [console.header(config, strategy, None, "describe", None,
                           trainer.model, batch, epoch=epoch,
                           note=trainer.random.note(),
-                          state=trainer.optimizer_state_bytes()),
+                          state=sharding.per_device(strategy, trainer.update,
+                                                    trainer.ema)),
            "", "data"]
   for split in (config.data.train_split, *splits.eval_sets(config).values()):
     field = splits.split_field(config, split)

@@ -3,10 +3,11 @@
 Synopsis::
 
     with strategy.scope():
-      sharded = sharding.Sharded(model.trainable_variables, optimizer,
-                                 strategy)    # builds `optimizer` on shards
-    sharded.apply(grads)                      # a replica's step: the update
-    checkpoint_items["optimizer"] = sharded.checkpoint_view()
+      update = sharding.updater(optimizer, model.trainable_variables,
+                                strategy, shard=True)  # builds on shards
+    update.apply(grads)                       # a replica's step: the update
+    checkpoint_items["optimizer"] = update.checkpointed()
+    sharding.per_device(strategy, update)     # the state's bytes per device
 
 Each weight is flattened and padded to N * k elements (k = ceil(size / N),
 N replicas); replica r owns elements [r k, (r + 1) k): a weight shard of
@@ -31,7 +32,7 @@ The shards and slots are Keras variables made in the strategy's scope,
 whose per-device components hold different slices (written only inside
 `extended.update`, which gives each component its replica's value); they
 are never read whole. A checkpoint holds the optimizer as a replicated run
-saves it (`checkpoint_view`: each slot gathered to its weight's shape), so
+saves it (`checkpointed`: each slot gathered to its weight's shape), so
 checkpoints move between replica counts and to and from replicated runs.
 
 `refusal` says in one line why a strategy or an optimizer cannot shard:
@@ -98,7 +99,7 @@ class Sharded:
                 if not compat.uses_weight_decay(inner, v.value)]
     if excluded:
       inner.exclude_from_weight_decay(var_list=excluded)
-    # Which weight each slot was made for (`checkpoint_view`).
+    # Which weight each slot was made for (`checkpointed`).
     self._slot_of = {}
     index = {id(s): i for i, s in enumerate(self.shards)}
     make = inner.add_variable_from_reference
@@ -178,7 +179,7 @@ class Sharded:
     self.strategy.extended.update(slot.value, lambda s, x: s.assign(x),
                                   args=(parts,))
 
-  def checkpoint_view(self):
+  def checkpointed(self):
     """What a checkpoint holds for the optimizer: the layout a replicated
     run's optimizer saves, each slot whole (see module doc)."""
     return compat.optimizer_layout(self._inner, self.variables, {
@@ -216,15 +217,38 @@ def state_bytes(strategy: tf.distribute.Strategy,
   return where
 
 
-def per_device(strategy: tf.distribute.Strategy, optimizer,
-               sharded: Sharded | None, average=None) -> int:
+def per_device(strategy: tf.distribute.Strategy, update,
+               average=None) -> int:
   """The optimizer's state on the device holding most, in bytes: its
-  variables (slots, step, a loss scale), the weight shards if `sharded`
-  and the weight average (`average`, an ema.WeightAverage)."""
-  variables = list(optimizer.variables)
-  if sharded:
-    variables += sharded.shards
+  variables (slots, step, a loss scale), the weight shards of a Sharded
+  `update` and the weight average (`average`, an ema.WeightAverage)."""
+  variables = list(update.optimizer.variables)
+  variables += getattr(update, "shards", [])
   if average:
     variables += average.averages
   return max(state_bytes(strategy, variables).values(), default=0)
 
+
+class Replicated:
+  """The optimizer as Keras builds it: its slots whole on every replica."""
+
+  def __init__(self, variables, optimizer):
+    self.variables, self.optimizer = list(variables), optimizer
+    optimizer.build(self.variables)
+
+  def apply(self, grads) -> None:
+    self.optimizer.apply_gradients(zip(grads, self.variables))
+
+  def checkpointed(self):
+    """The inner optimizer under loss scaling (the slots' owner)."""
+    return getattr(self.optimizer, "inner_optimizer", self.optimizer)
+
+
+def updater(optimizer, variables, strategy: tf.distribute.Strategy, *,
+            shard: bool):
+  """`optimizer` built for `variables` (in the strategy's scope): Sharded
+  (distribution.shard_optimizer) or Replicated; `.apply(grads)` in a
+  replica step, `.checkpointed()` what a checkpoint holds."""
+  if shard:
+    return Sharded(variables, optimizer, strategy)
+  return Replicated(variables, optimizer)

@@ -122,13 +122,11 @@ class Trainer:
             self.optimizer, clip_norm=config.optimizer.clip_global_norm,
             observe=self.health.observe if self.health else None)
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
-      # loop ("must feed a value for placeholder"), so build them here: 1/N
-      # per replica under distribution.shard_optimizer (options/sharding).
-      self.sharded = (sharding.Sharded(self.model.trainable_variables,
-                                       self.optimizer, strategy)
-                      if config.distribution.shard_optimizer else None)
-      if not self.sharded:
-        self.optimizer.build(self.model.trainable_variables)
+      # loop ("must feed a value for placeholder"), so build them here (1/N
+      # per replica under distribution.shard_optimizer: options/sharding).
+      self.update = sharding.updater(
+          self.optimizer, self.model.trainable_variables, strategy,
+          shard=config.distribution.shard_optimizer)
       # optimizer.ema_decay: eval and export use the average (see ema).
       self.ema = (ema_lib.WeightAverage(self.model.trainable_variables,
                                         config.optimizer.ema_decay)
@@ -295,13 +293,8 @@ class Trainer:
   @autograph.plain
   def apply_gradients(self, grads) -> None:
     """The optimizer update: it sums `grads` over replicas first (one
-    all-reduce per step) and clips the sum (optimizer.clip_global_norm);
-    sharded, it updates this replica's slice and gathers the weights."""
-    if self.sharded:
-      self.sharded.apply(grads)
-    else:
-      self.optimizer.apply_gradients(zip(grads,
-                                         self.model.trainable_variables))
+    all-reduce per step) and clips the sum (optimizer.clip_global_norm)."""
+    self.update.apply(grads)
 
   @autograph.plain
   def eval_step(self, batch) -> None:
@@ -385,21 +378,13 @@ class Trainer:
     """The optimizer's current learning rate (schedules included)."""
     return float(tf.convert_to_tensor(self.optimizer.learning_rate))
 
-  def optimizer_state_bytes(self) -> int:
-    """The optimizer's state on the device holding most (the header's)."""
-    return sharding.per_device(self.strategy, self.optimizer, self.sharded,
-                               self.ema)
-
   def checkpoint_items(self) -> dict[str, Any]:
     """What a checkpoint holds; a subclass may add its own trackables."""
     # The inner optimizer under loss scaling: its slots are the same in
     # every precision, so checkpoints move between precisions. The dynamic
     # loss scale is not saved; it re-grows within a few hundred steps.
-    # Sharded, the slots are saved whole: any replica count restores them.
-    optimizer = (self.sharded.checkpoint_view() if self.sharded else
-                 precision.inner(self.optimizer))
-    items = dict(model=self.model, optimizer=optimizer, step=self.step,
-                 **self.input.checkpoint_items())
+    items = dict(model=self.model, optimizer=self.update.checkpointed(),
+                 step=self.step, **self.input.checkpoint_items())
     if self.ema:
       items["ema"] = self.ema.averages
     if self.random.states:

@@ -29,6 +29,7 @@ K = 50
 def measure(replicas: int, width: int, rounds: int) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import sharding  # pylint: disable=g-import-not-at-top
   from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
   from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
   from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
@@ -51,7 +52,8 @@ def measure(replicas: int, width: int, rounds: int) -> dict:
   return dict(ms=[float(np.median(times[s])) for s in (False, True)],
               ratio=float(np.median(ratios)),
               params=trainers[False].model.count_params(),
-              bytes=[trainers[s].optimizer_state_bytes() for s in (False, True)])
+              bytes=[sharding.per_device(strategy, trainers[s].update)
+                     for s in (False, True)])
 
 
 def main(argv=None) -> int:

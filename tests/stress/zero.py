@@ -47,6 +47,7 @@ def measure(replicas: int, cases: list[str]) -> dict:
   """In this process: each case on `replicas` CPU devices."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import sharding  # pylint: disable=g-import-not-at-top
   from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
   from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
   from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
@@ -60,7 +61,7 @@ def measure(replicas: int, cases: list[str]) -> dict:
       t = pieces.trainer(config, strategy)
       losses = t.train(STEPS)[0]
       runs[shard] = (losses, [v.numpy() for v in t.model.trainable_variables],
-                     t.optimizer_state_bytes())
+                     sharding.per_device(strategy, t.update, t.ema))
     out[case] = dict(
         losses=_relative(runs[True][0], runs[False][0]),
         weights=max(_relative(a, b) for a, b in zip(runs[True][1],

@@ -63,9 +63,8 @@ def _weights(trainer) -> list:
 
 
 def _state_bytes(trainer, strategy) -> list[int]:
-  optimizer = (trainer.sharded.optimizer if trainer.sharded
-               else trainer.optimizer)
-  return list(sharding.state_bytes(strategy, optimizer.variables).values())
+  return list(sharding.state_bytes(
+      strategy, trainer.update.optimizer.variables).values())
 
 
 def results(strategy, directory: str) -> dict:
