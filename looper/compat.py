@@ -3,6 +3,8 @@
 Synopsis::
 
     compat.after_all_reduce(optimizer, clip)     # optimizers.after_sum
+    compat.uses_weight_decay(optimizer, v)       # sharding: AdamW's
+    compat.optimizer_layout(optimizer, weights, whole)  # sharded: saved
     compat.in_multi_worker_mode(strategy)        # the endless train stream
     compat.configure_coordination_service(       # distribute, multi-worker
         leader="/job:worker/replica:0/task:0", jobs={"worker": 2},
@@ -23,13 +25,11 @@ Synopsis::
     compat.metric_direction(metric)              # callbacks: mode 'auto'
     with compat.keras_variables_deferred(): ...  # parsing: metric objects
 
-Each function reaches into a name TensorFlow or Keras may move or reshape in
-any release, because no public API does what looper needs. Its docstring
-says what it touches, why looper needs it, and the versions it was checked
-on (CHECKED_ON). tests/unit/floor/test_compat.py fails when one of them
-moves: the name, its signature, and the behaviour looper relies on where that is
-cheap to check. After upgrading TensorFlow or Keras, run it first, then update
-CHECKED_ON and the docstrings.
+Each reaches into a name TensorFlow or Keras may move in any release (no
+public API does it); its docstring says what it touches, why, and the
+versions it was checked on (CHECKED_ON). tests/unit/floor/test_compat.py
+fails when one moves (name, signature, behaviour where cheap to check):
+after an upgrade run it first, then update CHECKED_ON and the docstrings.
 
 Private modules are imported inside the function that needs them, so a
 moved one breaks only that feature. Nothing here imports from looper.
@@ -51,18 +51,13 @@ def after_all_reduce(optimizer,
   """Makes `optimizer` pass the gradients it summed over the replicas
   through `transform` before it applies them.
 
-  Touches: `_all_reduce_sum_gradients(grads_and_vars)` of Keras' TensorFlow
-  optimizer (keras/src/backend/tensorflow/optimizer.py), which
-  `apply_gradients` calls in replica context and whose (gradient, variable)
-  pairs it then applies; it is replaced on this instance. A
-  LossScaleOptimizer has its inner optimizer sum (in the replica threads of
-  `call_for_each_replica`, the gradients unscaled and known finite), so
-  the hook goes on the inner one.
-
+  Touches: Keras' TensorFlow optimizer's `_all_reduce_sum_gradients(
+  grads_and_vars)` (replica context), replaced on the instance (under loss
+  scaling the inner one's: it sums gradients unscaled and known finite).
   Why: `optimizer.clip_global_norm` clips the global batch's gradient after
-  the sum (Keras' clipnorm: each replica's before it), the health figures
-  log its norm, with no all-reduce of their own; no public hook is there.
-
+  the sum (Keras' clipnorm: each replica's before) and the health figures
+  log its norm, with no all-reduce of their own; sharding keeps a replica's
+  slice of the sum. No public hook is there.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   target = getattr(optimizer, "inner_optimizer", optimizer)
@@ -71,18 +66,63 @@ def after_all_reduce(optimizer,
       lambda grads_and_vars: transform(all_reduce(grads_and_vars)))
 
 
+def uses_weight_decay(optimizer, variable) -> bool:
+  """Whether `optimizer` decays `variable` (exclude_from_weight_decay).
+  Touches: Keras' `BaseOptimizer._use_weight_decay(variable)`. Why: a
+  sharded optimizer (looper.options.sharding) decides for each weight's
+  shard as for the weight. Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  return optimizer._use_weight_decay(variable)  # pylint: disable=protected-access
+
+
+def optimizer_layout(optimizer, weights, whole: dict):
+  """A checkpoint item with `optimizer`'s keys: `weights` for the variables
+  it was built on; for its variable v, what `save()` returns if `whole[id(
+  v)] = (save, restore)` (`restore(tensor)` restores it), else v.
+
+  Touches: Keras' optimizer's `_trackable_children()` and TensorFlow's
+  Trackable protocol (`_serialize_to_tensors`, `_restore_from_tensors`,
+  `_copy_trackable_to_cpu`: an async save's host copy). Why: an optimizer
+  built on shards (looper.options.sharding) saves its slots whole.
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  from tensorflow.python.trackable import autotrackable, base  # pylint: disable=g-import-not-at-top
+  key = base.VARIABLE_VALUE_KEY
+
+  class Whole(base.Trackable):  # saved as a variable is
+    def __init__(self, save, restore):
+      self.save, self.restore = save, restore
+    def _serialize_to_tensors(self):
+      return {key: tf.convert_to_tensor(self.save())}
+    def _restore_from_tensors(self, restored_tensors):
+      return self.restore(restored_tensors[key])
+    def _copy_trackable_to_cpu(self, object_map):
+      if self in object_map:
+        object_map[self].assign(self.save())
+      else:
+        with tf.device("/cpu:0"):
+          object_map[self] = tf.Variable(self.save(), trainable=False)
+
+  stand_ins = {i: Whole(*pair) for i, pair in whole.items()}
+  layout = autotrackable.AutoTrackable()
+  for name, child in optimizer._trackable_children().items():  # pylint: disable=protected-access
+    if name == "_trainable_variables":
+      setattr(layout, name, list(weights))
+    elif isinstance(child, list):  # a ListWrapper too
+      setattr(layout, name, [stand_ins.get(id(v), v) for v in child])
+    elif hasattr(child, "assign"):  # a variable
+      setattr(layout, name, stand_ins.get(id(child), child))
+  return layout
+
+
 def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
   """Whether `strategy` trains across several worker processes.
 
-  Touches: `strategy.extended._in_multi_worker_mode()`. True only for a
-  MultiWorkerMirroredStrategy with more than one worker; False for the
-  default, OneDevice, Mirrored and (whatever its hosts) TPU strategies.
-
-  Why: the train stream is declared endless only where tf.distribute asks
-  every worker at each get_next whether it still has data (the Trainer's
-  `_endless`). The public route, counting the tasks in the spec of
-  `strategy.cluster_resolver`, would restate for each strategy which jobs
-  train and that a TPU pod counts as one worker.
+  Touches: `strategy.extended._in_multi_worker_mode()`: True only for a
+  MultiWorkerMirroredStrategy of several workers (a TPU pod's is False).
+  Why: the train stream is endless only where tf.distribute asks every
+  worker at each get_next whether it has data; sharding gathers a slot by
+  a collective there. Counting the resolver's tasks restates per strategy.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return strategy.extended._in_multi_worker_mode()  # pylint: disable=protected-access
@@ -96,19 +136,13 @@ def configure_coordination_service(*, leader: str, jobs: dict[str, int],
   behind a barrier within `register_timeout_ms`, and a task whose
   heartbeats stop for `heartbeat_timeout_ms` fails the others.
 
-  Touches: the eager context (tensorflow.python.eager.context.context()),
-  its `configure_coordination_service(service_type, service_leader,
-  cluster_register_timeout_in_ms, heartbeat_timeout_in_ms,
-  coordinated_jobs)` with CoordinatedJob protos
-  (tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2), and the
-  `cluster_register_with_barrier` field of the config it stores (the
-  context's `coordination_service`), which its ConfigProto carries to the
-  server. MultiWorkerMirroredStrategy keeps a configuration set before it.
-
-  Why: by default a missing worker is waited for an hour or more, and a
-  peer whose host went silent until heartbeats time out; no public API or
-  environment variable sets either. Without the barrier the leader waits
-  regardless of the timeout.
+  Touches: the eager context's `configure_coordination_service(...)` with
+  CoordinatedJob protos (tsl coordination_config_pb2) and the stored
+  config's `cluster_register_with_barrier`, which its ConfigProto carries
+  to the server; MultiWorkerMirroredStrategy keeps what was set before it.
+  Why: by default a missing worker is waited for an hour or more, a silent
+  peer until heartbeats time out; no public API or environment variable
+  sets either (without the barrier the leader waits regardless).
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # pylint: disable=g-import-not-at-top
@@ -128,10 +162,8 @@ def disable_op_determinism() -> None:
 
   Touches: tensorflow.python.framework.config.disable_op_determinism();
   only `tf.config.experimental.enable_op_determinism` is public.
-
-  Why: `train.deterministic=False` undoes what an earlier deterministic run
-  in the same process (a notebook, a test) turned on; op determinism
-  refuses `tf.timestamp`, which times the input.
+  Why: `train.deterministic=False` undoes an earlier deterministic run in
+  the process (op determinism refuses `tf.timestamp`, which times input).
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.python.framework import config  # pylint: disable=g-import-not-at-top
@@ -143,13 +175,10 @@ def patch_keras_async_copy() -> None:
   once (idempotent; the checkpoint format is unchanged).
 
   Touches: `_copy_trackable_to_cpu(self, object_map)` of Keras' TensorFlow
-  Variable (keras/src/backend/tensorflow/core.py), replaced on the class
-  by one that delegates to the wrapped tf.Variable's method of that name.
-
-  Why: Keras' version creates a new CPU tf.Variable inside a tf.function
-  on every save, so the second async save fails with "tf.function only
-  supports singleton tf.Variables created on the first call"; the wrapped
-  tf.Variable updates its CPU copy in place.
+  Variable, replaced on the class by the wrapped tf.Variable's.
+  Why: Keras' makes a new CPU tf.Variable in a tf.function on every save:
+  the second async save fails ("tf.function only supports singleton
+  tf.Variables created on the first call"); tf.Variable's copies in place.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from keras.src.backend.tensorflow import core  # pylint: disable=g-import-not-at-top
@@ -168,11 +197,9 @@ def raise_async_save_error(checkpoint: tf.train.Checkpoint) -> None:
   """Raises the error of `checkpoint`'s last background write, if it
   failed (call after `checkpoint.sync()`).
 
-  Touches: the Checkpoint's `_async_checkpointer_impl` (None until its
-  first async save) and that helper's `_check_async_thread_error()`.
-
-  Why: `sync()` does not raise a failed background write; it would surface
-  only at the next save, or be lost at exit.
+  Touches: the Checkpoint's `_async_checkpointer_impl` (None before its
+  first async save) and its `_check_async_thread_error()`. Why: `sync()`
+  does not raise a failed background write (the next save would, or none).
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   helper = checkpoint._async_checkpointer_impl  # pylint: disable=protected-access
@@ -184,14 +211,11 @@ def mark_expected_partial(value) -> bool:
   """Marks `value` expected-partial if it is TensorFlow's record of a
   checkpoint restore; returns whether it was one.
 
-  Touches: tensorflow.python.checkpoint.checkpoint.
-  _CheckpointRestoreCoordinator and its `expect_partial` property (what
-  the public `status.expect_partial()` sets).
-
-  Why: a restore that fails (a workdir holding another model) raises
-  before it returns the status, and the record lives on in the frames of
-  the error's traceback: deleted at exit, after looper's one error line,
-  it logs "deleted with unrestored values" warnings unless marked.
+  Touches: checkpoint._CheckpointRestoreCoordinator's `expect_partial`
+  (what the public `status.expect_partial()` sets).
+  Why: a failed restore (another model's workdir) raises before returning
+  the status; its record, kept by the traceback's frames, logs "deleted
+  with unrestored values" at exit, after looper's one line, unless marked.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.python.checkpoint import checkpoint  # pylint: disable=g-import-not-at-top
@@ -205,10 +229,8 @@ def dataset_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
   """The GraphDef of `dataset`'s whole pipeline, its functions included.
 
   Touches: `tf.data.Dataset._as_serialized_graph()`.
-
-  Why: `looper check` names the ops that call back into Python
-  (`py_function`, `numpy_function`, `from_generator`), which a TPU host
-  cannot run; tf.data has no public view of a pipeline's graph.
+  Why: `looper check` names the ops that call back into Python, which a
+  TPU host cannot run; tf.data has no public view of a pipeline's graph.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return tf.compat.v1.GraphDef.FromString(
@@ -219,11 +241,9 @@ def function_graphs(graph) -> list:
   """The graphs of the functions defined in `graph` (a FuncGraph): the
   bodies and conditions of its while loops and branches of its conds.
 
-  Touches: `FuncGraph._functions` ({name: AtomicFunction}) and each
-  function's `graph`.
-
-  Why: `looper check` finds ops with data-dependent output shapes inside
-  loops too (a train loop's body); a FuncGraph lists them nowhere public.
+  Touches: `FuncGraph._functions` ({name: AtomicFunction}), their `graph`.
+  Why: `looper check` finds ops with data-dependent shapes inside loops too
+  (a train loop's body); a FuncGraph lists them nowhere public.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   bodies = (getattr(f, "graph", None) for f in graph._functions.values())  # pylint: disable=protected-access
@@ -235,11 +255,9 @@ def function_graph(graph, name: str):
   calls (a while loop's body, a cond's branch, a tf.function), or None.
 
   Touches: `Graph._get_function(name)` (an AtomicFunction) and its `graph`.
-
-  Why: looper.train.flops counts a step's FLOPs inside the loop's body and
-  the functions it calls, with their shapes; the library of
-  `graph.as_graph_def()` has no shapes, and no public API maps a call to
-  its graph.
+  Why: looper.train.flops counts a step's FLOPs in the loop's body and the
+  functions it calls, with shapes (`graph.as_graph_def()` has none); no
+  public API maps a call to its graph.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return getattr(graph._get_function(name), "graph", None)  # pylint: disable=protected-access
@@ -249,17 +267,13 @@ def on_gce() -> bool:
   """Whether this process runs on a Google Compute Engine VM (a Cloud TPU
   VM is one), decided as TensorFlow's preemption handler decides it.
 
-  Touches: `on_gcp()` of tensorflow/python/distribute/failure_handling/
-  failure_handling_util.py (PreemptionCheckpointHandler's
-  `detect_platform` asks it): one GET of
-  `http://$GCE_METADATA_IP/computeMetadata/v1/instance/hostname` (host
-  metadata.google.internal when unset) with `Metadata-Flavor: Google`,
-  through `requests` with a 5 s timeout; True on status 200, False on
-  another status or any requests error (a refused connection at once).
-
+  Touches: `on_gcp()` of failure_handling_util (what
+  PreemptionCheckpointHandler's `detect_platform` asks): one GET of
+  `http://$GCE_METADATA_IP/computeMetadata/v1/instance/hostname`
+  (metadata.google.internal when unset), `Metadata-Flavor: Google`, 5 s
+  timeout; True on status 200, False otherwise or on any requests error.
   Why: looper watches the metadata server's preemption and maintenance
-  notices (looper.train.vm_notices) exactly where TensorFlow would; no public
-  API says whether this is a GCE VM.
+  notices (looper.train.vm_notices) where TensorFlow would; no public API.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.python.distribute.failure_handling import failure_handling_util  # pylint: disable=g-import-not-at-top
@@ -271,17 +285,13 @@ def ask_dispatcher(address: str, method: str, timeout_secs: float) -> bytes:
   (HOST:PORT) with an empty request, waiting up to `timeout_secs` for it
   to come up; returns the serialized response.
 
-  Touches: the dispatcher's gRPC service and methods
-  (tensorflow/core/data/service/dispatcher.proto: service
-  `tensorflow.data.DispatcherService`, rpc `GetVersion` and `GetWorkers`),
-  called through grpcio (a TensorFlow dependency) without TF's protos: an
-  empty GetWorkersResponse (b'') means no worker. Raises grpc.RpcError:
-  DEADLINE_EXCEEDED when nothing answered, UNIMPLEMENTED when another
-  gRPC server answered (a service worker's port).
-
-  Why: `tf.data.experimental.service.distribute` waits an hour for a
-  dispatcher that does not answer, and forever for a worker, with no
-  timeout to set; looper's start-up check says what is missing at once.
+  Touches: the dispatcher's gRPC service `tensorflow.data.DispatcherService`
+  (dispatcher.proto; rpc `GetVersion`, `GetWorkers`) through grpcio,
+  without TF's protos: b'' (an empty GetWorkersResponse) is no worker.
+  Raises grpc.RpcError: DEADLINE_EXCEEDED (no answer), UNIMPLEMENTED
+  (another gRPC server answered: a service worker's port).
+  Why: tf.data's service waits an hour for a silent dispatcher, forever
+  for a worker (no timeout); looper's check names what is missing at once.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   import grpc  # pylint: disable=g-import-not-at-top
@@ -296,13 +306,10 @@ def shared_value(key: str, value: str | None) -> str:
   and returns it (value None).
 
   Touches: the eager context's `set_config_key_value(key, value)` and
-  `get_config_key_value(key)` (tensorflow.python.eager.context), which
-  reach the coordination service every MultiWorkerMirroredStrategy
-  process is connected to (TensorFlow's preemption handler uses them).
-
-  Why: every worker of a run must read one tf.data service job, under one
-  name that no earlier attempt used: the chief draws it, the others read
-  it; no public API shares a string between the workers.
+  `get_config_key_value(key)`: the coordination service of every
+  MultiWorkerMirroredStrategy process (as TF's preemption handler).
+  Why: all workers read one tf.data service job, named afresh by the chief
+  for each attempt; no public API shares a string between the workers.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
@@ -316,10 +323,8 @@ def sublayers(model) -> list:
   """`model` and every layer inside it (a MultiHeadAttention's dropout, an
   RNN's cell), each once, in the order Keras tracks them.
 
-  Touches: Keras' `Layer._flatten_layers(include_self, recursive)`.
-
-  Why: `model.layers` lists only the top level; the random layers looper
-  adopts sit anywhere (looper.train.randomness).
+  Touches: Keras' `Layer._flatten_layers(include_self, recursive)`. Why:
+  `model.layers` is the top level; random layers sit anywhere (randomness).
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return list(model._flatten_layers(include_self=True, recursive=True))  # pylint: disable=protected-access
@@ -328,11 +333,9 @@ def sublayers(model) -> list:
 def seed_generators(layer) -> list:
   """The SeedGenerators `layer` itself holds (not its sublayers').
 
-  Touches: Keras' `Layer._seed_generators`, which its attribute tracker
-  fills with each SeedGenerator assigned to the layer.
-
-  Why: a SeedGenerator's state is a variable `tf.train.Checkpoint(model=)`
-  does not reach; looper checkpoints it (looper.train.randomness).
+  Touches: Keras' `Layer._seed_generators` (its tracker's SeedGenerators).
+  Why: their states are variables `tf.train.Checkpoint(model=)` does not
+  reach; looper checkpoints them (looper.train.randomness).
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return list(getattr(layer, "_seed_generators", []))
@@ -343,15 +346,12 @@ def keras_variables_deferred():
   """Keras variables made inside (a metric object's) create no TensorFlow
   variable, now or later.
 
-  Touches: `keras.StatelessScope(initialize_variables=False)`, under
-  which a Keras variable is registered as uninitialized, not created, and
-  Keras' global list of those (`global_state` "uninitialized_variables"),
-  which the next StatelessScope to close would initialize: dropped.
-
-  Why: a config file's metric object would create its variables while the
-  config loads, starting TensorFlow before looper sets the devices up
-  (logical CPU devices, multi-worker collectives). Looper rebuilds the
-  metric from its class and config in the strategy's scope.
+  Touches: `keras.StatelessScope(initialize_variables=False)` (a Keras
+  variable is registered, not created) and Keras' global list of those
+  (`global_state` "uninitialized_variables"), dropped: the next scope to
+  close would create them.
+  Why: a config file's metric object would start TensorFlow while the
+  config loads (before the devices are set up); looper rebuilds it later.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   import keras  # pylint: disable=g-import-not-at-top
@@ -370,11 +370,9 @@ def output_operation(model):
   that makes a functional or Sequential model's one output; None for a
   subclassed model or several outputs.
 
-  Touches: `KerasTensor._keras_history`, the (operation, node index,
-  tensor index) Keras records on each symbolic tensor of a model.
-
-  Why: `model.layers` leaves out ops, so a model ending in
-  `keras.ops.softmax(x)` would look linear to the dry run's logits check.
+  Touches: `KerasTensor._keras_history` ((operation, node, tensor index)
+  of each symbolic tensor). Why: `model.layers` leaves out ops: a model
+  ending in `keras.ops.softmax(x)` would look linear to the dry run.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   outputs = getattr(model, "outputs", None)
@@ -389,7 +387,6 @@ def metric_direction(metric) -> str | None:
 
   Touches: the `_direction` Keras' metrics set in their constructors,
   which a MonitorCallback's mode 'auto' reads through a compiled model.
-
   Why: EarlyStopping(monitor="val_accuracy") on looper's model, which is
   not compiled (looper.train.callback_state.resolve_modes).
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.

@@ -195,9 +195,10 @@ def default_config() -> ml_collections.ConfigDict:
   # auto, or one of distribute.STRATEGIES; auto picks from the fields below
   c.distribution.strategy = "auto"
   c.distribution.num_cpu_devices = whole(1)  # >1: split the CPU, mirror over it
+  # ZeRO stage 1: 1/N of the optimizer's slots per replica (options/sharding)
+  c.distribution.shard_optimizer = boolean(False)
   c.distribution.tpu = ""  # TPU name or grpc:// address ('local' on a VM)
-  # A dry run of the TPU start-up checks (batch per core) off a TPU: the
-  # cores the real run will have. 0: check only on a TPU.
+  # Off a TPU: dry-run its start-up checks for this many cores (0: on a TPU)
   c.distribution.tpu_cores = whole(0, low=0)
   # multi_worker: how long a worker waits for the others to come up, and
   # how long one may stay unreachable later (missed heartbeats: a cut link,
@@ -382,10 +383,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 distribute.ALL_REDUCES)
   _check_choice(c.distribution.network, "distribution.network",
                 network.REACHES)
-  if c.distribution.strategy == "tpu":
-    _check(bool(c.distribution.tpu), "distribution.tpu", c.distribution.tpu,
-           "strategy 'tpu' needs the TPU name or address (use 'local' on a"
-           " TPU VM)")
+  _check(c.distribution.strategy != "tpu" or bool(c.distribution.tpu),
+         "distribution.tpu", c.distribution.tpu, "strategy 'tpu' needs the"
+         " TPU name or address (use 'local' on a TPU VM)")
   parse_split(c.data.train_split, "data.train_split")
   splits.check_eval_sets(c, c.loss if isinstance(c.loss, dict) else ())
 

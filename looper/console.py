@@ -194,13 +194,15 @@ def _differences(config: dict, trained: dict, prefix: str = "") -> list[str]:
 
 def header(config, strategy, workdir: str | None, mode: str,
            start: str | None, model, batch, peak=None, epoch=None,
-           note: str | None = None, trained: dict | None = None) -> str:
+           note: str | None = None, trained: dict | None = None,
+           state: int | None = None) -> str:
   """The lines that open a run: what runs where (`start`: from where it
   starts, or what it reads), with which batch (`batch`, the run's
   `looper.data.batch.Batch`), how many epochs the steps are (of `epoch`, a
   `looper.train.epochs.Epoch`, if the train split's size is known), the
   peak (a `looper.train.peak_flops.Peak`) the progress line's MFU is of,
-  and a `note` on what the run cannot promise (looper.train.randomness).
+  and a `note` on what the run cannot promise (looper.train.randomness);
+  `state`: the optimizer state's bytes per device (Trainer's).
 
   `trained`, a trained run's config.json, is what an evaluator or export
   describes (what was trained) instead of `config`, the command line's;
@@ -248,8 +250,13 @@ def header(config, strategy, workdir: str | None, mode: str,
                                  accelerated=bool({"GPU", "TPU"} & set(types)))
   if slower:
     lines[-1] += f" (slower here: {slower})"
+  from looper.workdir import formats  # pylint: disable=g-import-not-at-top
+  if state is not None:
+    size = "{} {}B".format(*formats.si(state))
+    lines.append(f"  memory     optimizer state {size} per device" + (
+        f" (sharded over {replicas} replicas)"
+        if config.distribution.shard_optimizer and replicas > 1 else ""))
   if peak:
-    from looper.workdir import formats  # pylint: disable=g-import-not-at-top
     lines.append(f"  MFU        of {formats.flops(peak.flops_per_sec)}:"
                  f" {peak.source}")
   if note:

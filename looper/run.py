@@ -62,6 +62,7 @@ from looper.modes import MODES
 from looper.options import best
 from looper.options import distribute
 from looper.options import precision
+from looper.options import sharding
 from looper.train import actions as actions_lib
 from looper.train import callbacks
 from looper.train import controller as controller_lib
@@ -326,6 +327,7 @@ class Run:
         modes.start(mode, restored, self.checkpoint_path), trainer.model,
         self.batch, peak=self.peak, epoch=self.epoch,
         note=trainer.random.note(),
+        state=sharding.per_device(self.strategy, trainer.update, trainer.ema),
         trained=None if self.trains else files.read_json(wd.config)))
     if mode == "export":
       return modes.export_checkpoint(trainer, self.evaluator, ckpt, wd,
@@ -389,8 +391,8 @@ class Run:
     init = self.config.init
     if not restored and init.checkpoint:
       items = {"model": self.trainer.model}
-      if init.optimizer:
-        items["optimizer"] = self.trainer.optimizer
+      if init.optimizer:  # as a checkpoint holds it (whole if sharded)
+        items["optimizer"] = self.trainer.checkpoint_items()["optimizer"]
       contents.warm_start(init.checkpoint, items)
       self.trainer.optimizer.iterations.assign(0)
     return restored

@@ -21,6 +21,7 @@ from looper.data import batch as batch_lib
 from looper.data import input as input_lib
 from looper.data import splits
 from looper.options import distribute
+from looper.options import sharding
 from looper.train import epochs
 from looper.workdir import summaries
 
@@ -39,7 +40,9 @@ def describe(config) -> str:
       steps_per_loop=config.train.steps_per_loop)
   lines = [console.header(config, strategy, None, "describe", None,
                           trainer.model, batch, epoch=epoch,
-                          note=trainer.random.note()),
+                          note=trainer.random.note(),
+                          state=sharding.per_device(strategy, trainer.update,
+                                                    trainer.ema)),
            "", "data"]
   for split in (config.data.train_split, *splits.eval_sets(config).values()):
     field = splits.split_field(config, split)

@@ -51,6 +51,7 @@ from looper.options import losses
 from looper.options import metrics
 from looper.options import optimizers
 from looper.options import precision
+from looper.options import sharding
 from looper.train import flops
 from looper.train import health
 from looper.train import loop
@@ -121,8 +122,11 @@ class Trainer:
             self.optimizer, clip_norm=config.optimizer.clip_global_norm,
             observe=self.health.observe if self.health else None)
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
-      # loop ("must feed a value for placeholder"), so build them here.
-      self.optimizer.build(self.model.trainable_variables)
+      # loop ("must feed a value for placeholder"), so build them here (1/N
+      # per replica under distribution.shard_optimizer: options/sharding).
+      self.update = sharding.updater(
+          self.optimizer, self.model.trainable_variables, strategy,
+          shard=config.distribution.shard_optimizer)
       # optimizer.ema_decay: eval and export use the average (see ema).
       self.ema = (ema_lib.WeightAverage(self.model.trainable_variables,
                                         config.optimizer.ema_decay)
@@ -290,7 +294,7 @@ class Trainer:
   def apply_gradients(self, grads) -> None:
     """The optimizer update: it sums `grads` over replicas first (one
     all-reduce per step) and clips the sum (optimizer.clip_global_norm)."""
-    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+    self.update.apply(grads)
 
   @autograph.plain
   def eval_step(self, batch) -> None:
@@ -379,7 +383,7 @@ class Trainer:
     # The inner optimizer under loss scaling: its slots are the same in
     # every precision, so checkpoints move between precisions. The dynamic
     # loss scale is not saved; it re-grows within a few hundred steps.
-    items = dict(model=self.model, optimizer=precision.inner(self.optimizer),
+    items = dict(model=self.model, optimizer=self.update.checkpointed(),
                  step=self.step, **self.input.checkpoint_items())
     if self.ema:
       items["ema"] = self.ema.averages

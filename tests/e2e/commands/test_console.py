@@ -47,27 +47,29 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
   assert re.fullmatch(
       rf"{TIME} looper train_and_eval: sequential \(212 parameters\) in"
       rf" {workdir} \(fresh start\)", lines[0]), lines[0]
-  assert lines[1:5] == [
+  assert lines[1:6] == [
       "  strategy   default, 1 replica (default device)",
       "  batch      32 global = 32 per replica x 1; eval 64",
       "  steps      20, 10 per loop; eval every 20, checkpoint every 20",
-      "  precision  float32"]
+      "  precision  float32",
+      # SGD's momentum of 212 float32 weights, and its int64 step count.
+      "  memory     optimizer state 856 B per device"]
   # The peak MFU is of: the probes' figure, measured or cached in the
   # session's cache (test_peak_flops).
   assert re.fullmatch(
       r"  MFU        of [\d.]+ \w?FLOP/s: the measured float32 matmul peak of"
       r" this CPU's \d+ cores: (the best of .+, )?a (probe|loop) \(.+ UTC\);"
-      r" cached in " + re.escape(peak_flops.cache_path()), lines[5]), lines[5]
+      r" cached in " + re.escape(peak_flops.cache_path()), lines[6]), lines[6]
   # 8 -> 16 -> 4, batch 32: 192 multiply-adds forward, 192 for the weights'
   # gradients, 64 for the hidden layer's (none for the inputs'), x 2.
   assert re.fullmatch(rf"{TIME} FLOPs per train step: 2.867e\+04 \(counted"
-                      r" once from its graph: .*\)", lines[6]), lines[6]
+                      r" once from its graph: .*\)", lines[7]), lines[7]
   assert re.fullmatch(rf"{TIME} train step 10/20: loss=\S+ accuracy=\S+"
                       r" grad_norm=\S+ grad_norm_max=\S+ weight_norm=\S+"
                       r" update_ratio=\S+"
                       r" learning_rate=\S+ \| [\d.]+k? steps/s, [\d.]+k?"
                       r" examples/s, [\d.]+ \w?FLOP/s = [\d.e+-]+% MFU \|"
-                      r" ETA \S+( \| input-bound: .*)?", lines[7]), lines[7]
+                      r" ETA \S+( \| input-bound: .*)?", lines[8]), lines[8]
   done = next(i for i, l in enumerate(lines) if " looper done: " in l)
   took = re.fullmatch(rf"{TIME} looper done: step 20 in (0:00:\d\d) \(this"
                       r" attempt's wall time\)", lines[done])
@@ -196,4 +198,5 @@ def test_eval_and_export_describe_the_run_they_read(tmp_path, caplog):
         "  batch      32 global = 32 per replica x 1; eval 64",
         "  steps      10, 10 per loop; eval every 20, checkpoint every 5",
         "  precision  float32",
+        "  memory     optimizer state 856 B per device",
         differs]

@@ -73,6 +73,59 @@ def test_apply_gradients_passes_the_sum_through_the_hook(scaled):
   np.testing.assert_array_equal(w.numpy(), [-3.0])  # unscaled, tripled
 
 
+# --- uses_weight_decay, optimizer_layout: a sharded optimizer's saves -------
+
+
+def test_uses_weight_decay_answers_both_ways_of_excluding():
+  kernel, other, bias = (keras.Variable([1.0], name=n)
+                         for n in ("kernel", "other", "bias"))
+  opt = keras.optimizers.AdamW(weight_decay=0.1)
+  opt.exclude_from_weight_decay(var_list=[kernel], var_names=["bias"])
+  opt.build([kernel, other, bias])
+  assert [compat.uses_weight_decay(opt, v) for v in (kernel, other, bias)
+          ] == [False, True, False]
+
+
+def test_optimizer_layout_saves_a_stand_in_under_the_optimizers_keys(
+    tmp_path):
+  w = keras.Variable([1.0, 2.0, 3.0])
+  opt = keras.optimizers.Adam(0.1)
+  opt.build([w])
+  opt.apply_gradients([(tf.constant([1.0, 1.0, 1.0]), w)])
+  slot = opt.variables[2]  # after the step and rate: the first moment
+  assert "momentum" in slot.name
+  restored = []
+  layout = compat.optimizer_layout(opt, [w], {id(slot): (
+      lambda: slot * 10.0, restored.append)})
+  direct = tf.train.Checkpoint(optimizer=opt).write(str(tmp_path / "direct"))
+  compat.patch_keras_async_copy()  # as the Checkpointer does
+  options = tf.train.CheckpointOptions(
+      experimental_enable_async_checkpoint=True)  # the host copy, twice
+  saving = tf.train.Checkpoint(optimizer=layout)
+  saving.write(str(tmp_path / "first"), options=options)
+  saving.sync()
+  slot.assign(slot * 2.0)
+  path = saving.write(str(tmp_path / "laid_out"), options=options)
+  saving.sync()
+  want, got = tf.train.load_checkpoint(direct), tf.train.load_checkpoint(path)
+  shapes = {k: v for k, v in want.get_variable_to_shape_map().items()
+            if k.startswith("optimizer/")}
+  assert len(shapes) == 5  # the step, rate, weight and Adam's two slots
+  assert shapes == {k: v for k, v in got.get_variable_to_shape_map().items()
+                    if k.startswith("optimizer/")}
+  for key in shapes:
+    if "_variables/2/" in key:  # the slot, by its stand-in
+      np.testing.assert_allclose(got.get_tensor(key),
+                                 want.get_tensor(key) * 20.0)
+    else:
+      np.testing.assert_array_equal(got.get_tensor(key), want.get_tensor(key))
+  tf.train.Checkpoint(optimizer=compat.optimizer_layout(
+      opt, [w], {id(slot): (lambda: slot, restored.append)})).read(
+          direct).assert_existing_objects_matched()
+  np.testing.assert_array_equal(restored[0], want.get_tensor(
+      [k for k in shapes if "_variables/2/" in k][0]))
+
+
 # --- in_multi_worker_mode ---------------------------------------------------
 
 

@@ -1,0 +1,103 @@
+"""The sharded optimizer (distribution.shard_optimizer) against the
+replicated one, over the options a step carries: outside the suite.
+
+Synopsis::
+
+    python -m tests.stress.zero                    # 2 and 4 replicas
+    python -m tests.stress.zero --replicas 2 --cases clip,fp16
+
+Per case and replica count (a process each: one MirroredStrategy per
+process), the tiny experiment's Trainer runs replicated, then sharded, for
+STEPS steps; it prints the largest relative difference of the per-step
+losses and of the final weights (the contract: <= 1e-6 in float32), and
+the optimizer state per device of each. Exit status 1 if a case is over.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.fixtures.paths import ROOT
+
+STEPS = 12
+# name -> config fields (the tiny experiment's).
+CASES = {
+    "clip": {"optimizer.name": "adam", "optimizer.clip_global_norm": 0.3},
+    "accumulation": {"optimizer.name": "adamw", "optimizer.weight_decay": 0.1,
+                     "train.grad_accum_steps": 2},
+    "bf16": {"optimizer.name": "adam", "train.precision": "mixed_bfloat16"},
+    "fp16": {"optimizer.name": "adam", "train.precision": "mixed_float16"},
+    "ema": {"optimizer.name": "adam", "optimizer.ema_decay": 0.9},
+    "embedding": {"optimizer.name": "adam", "model.embed": 4},
+    "dropout_sgd": {"model.dropout": 0.3, "optimizer.momentum": 0.9},
+    "class_weights": {"optimizer.name": "adam",
+                      "data.class_weights": (1.0, 3.0, 1.0, 0.5)},
+}
+
+
+def _relative(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
+
+
+def measure(replicas: int, cases: list[str]) -> dict:
+  """In this process: each case on `replicas` CPU devices."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import sharding  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
+  from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
+  out = {}
+  for case in cases:
+    runs = {}
+    for shard in (False, True):
+      config = configured(tiny.get_config(), CASES[case],
+                          distribution__shard_optimizer=shard)
+      t = pieces.trainer(config, strategy)
+      losses = t.train(STEPS)[0]
+      runs[shard] = (losses, [v.numpy() for v in t.model.trainable_variables],
+                     sharding.per_device(strategy, t.update, t.ema))
+    out[case] = dict(
+        losses=_relative(runs[True][0], runs[False][0]),
+        weights=max(_relative(a, b) for a, b in zip(runs[True][1],
+                                                    runs[False][1])),
+        bytes=[runs[False][2], runs[True][2]])
+  return out
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--replicas", default="2,4")
+  parser.add_argument("--cases", default=",".join(CASES))
+  args = parser.parse_args(argv)
+  over = 0
+  for n in args.replicas.split(","):
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.stress.zero", "--measure", n,
+         args.cases], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        check=False)
+    if proc.returncode != 0:
+      print(f"{n} replicas failed:\n{proc.stderr[-3000:]}")
+      return 1
+    for case, r in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+      bad = max(r["losses"], r["weights"]) > 1e-6
+      over += bad
+      print(f"{n} replicas, {case}: losses {r['losses']:.1e}, weights"
+            f" {r['weights']:.1e} relative; optimizer state per device"
+            f" {r['bytes'][0]} B replicated, {r['bytes'][1]} B sharded"
+            f"{'  OVER 1e-6' if bad else ''}", flush=True)
+  return 1 if over else 0
+
+
+if __name__ == "__main__":
+  if sys.argv[1:2] == ["--measure"]:
+    import os  # pylint: disable=g-import-not-at-top
+    print(json.dumps(measure(int(sys.argv[2]), sys.argv[3].split(","))),
+          flush=True)
+    os._exit(0)  # pylint: disable=protected-access
+  sys.exit(main())

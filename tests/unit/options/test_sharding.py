@@ -1,0 +1,199 @@
+"""distribution.shard_optimizer: the sharded run is the replicated run.
+
+Against the reference of the same trainer unsharded: per-step losses and
+final weights (2 replicas: a process of its own, as one MirroredStrategy
+per process; 1 replica here), the optimizer state per device, and
+checkpoints in one layout: sharded <-> replicated, 2 replicas -> 1.
+"""
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from unittest import mock
+
+from looper.errors import ConfigError
+from looper.options import sharding
+from looper.train import trainer as trainer_lib
+from tests.fixtures import pieces
+from tests.fixtures import tiny
+from tests.fixtures.configs import configured
+from tests.fixtures.paths import ROOT
+
+STEPS = 8
+
+
+class ExcludedFromDecay(trainer_lib.Trainer):
+  """AdamW that decays neither biases (by name) nor the first kernel (by
+  variable): both of Keras' ways."""
+
+  def build_optimizer(self):
+    optimizer = super().build_optimizer()
+    optimizer.exclude_from_weight_decay(
+        var_list=[self.model.trainable_variables[0]], var_names=["bias"])
+    return optimizer
+
+
+# name -> (config fields, Trainer class).
+CASES = {
+    "adam": ({"optimizer.name": "adam", "optimizer.clip_global_norm": 0.5},
+             trainer_lib.Trainer),
+    "adamw": ({"optimizer.name": "adamw", "optimizer.weight_decay": 0.3,
+               "optimizer.learning_rate": 0.05}, ExcludedFromDecay),
+    "sgd": ({"optimizer.momentum": 0.9, "train.grad_accum_steps": 2},
+            trainer_lib.Trainer),
+}
+
+
+TWO = ("adam", "adamw")  # on 2 replicas (sgd's here: the time of the suite)
+
+
+def _trainer(strategy, case: str, shard: bool, cls=None):
+  config = configured(tiny.get_config(), CASES[case][0],
+                      distribution__shard_optimizer=shard)
+  return pieces.trainer(config, strategy, cls or CASES[case][1])
+
+
+def _weights(trainer) -> list:
+  return [v.numpy().tolist() for v in trainer.model.trainable_variables]
+
+
+def _state_bytes(trainer, strategy) -> list[int]:
+  return list(sharding.state_bytes(
+      strategy, trainer.update.optimizer.variables).values())
+
+
+def results(strategy, directory: str) -> dict:
+  """Each case replicated and sharded; Adam's checkpoints across."""
+  out = {}
+  for case in TWO:
+    for shard in (False, True):
+      t = _trainer(strategy, case, shard)
+      out[f"{case}/{shard}"] = dict(
+          losses=t.train(STEPS)[0].tolist(), weights=_weights(t),
+          bytes=_state_bytes(t, strategy))
+      if case == "adam":  # save, then go on: what a restore must give
+        path = tf.train.Checkpoint(**t.checkpoint_items()).write(
+            f"{directory}/{shard}")
+        out[f"adam/{shard}"]["path"] = path
+        out[f"adam/{shard}"]["on"] = t.train(STEPS)[0].tolist()
+  for shard in (False, True):  # the other's checkpoint, and on
+    t = _trainer(strategy, "adam", shard)
+    tf.train.Checkpoint(**t.checkpoint_items()).read(
+        out[f"adam/{not shard}"]["path"]).assert_existing_objects_matched()
+    out[f"adam/{shard}/from_other"] = t.train(STEPS)[0].tolist()
+  return out
+
+
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("sharding")
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.unit.options.test_sharding",
+       str(directory)], cwd=ROOT, capture_output=True, text=True,
+      timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _same_run(got: dict, want: dict, what: str) -> None:
+  np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-6,
+                             err_msg=what)
+  for a, b in zip(got["weights"], want["weights"]):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=what)
+
+
+@pytest.mark.slow  # a process of 2 CPU devices
+@pytest.mark.parametrize("case", TWO)
+def test_two_replicas_sharded_train_as_replicated(two_replicas, case):
+  got, want = two_replicas[f"{case}/True"], two_replicas[f"{case}/False"]
+  _same_run(got, want, case)
+  # Adam's two slots on each device: whole replicated, ceil(size / 2) of
+  # each weight sharded (float32), and the int64 step counter.
+  sizes = [np.size(w) for w in want["weights"]]
+  assert want["bytes"] == [8 + 2 * 4 * sum(sizes)] * 2
+  assert got["bytes"] == [8 + 2 * 4 * sum(-(-n // 2) for n in sizes)] * 2
+
+
+@pytest.mark.slow  # a process of 2 CPU devices
+def test_two_replicas_checkpoints_move_between_sharded_and_replicated(
+    two_replicas):
+  for shard in (False, True):
+    np.testing.assert_array_equal(
+        two_replicas[f"adam/{shard}/from_other"],
+        two_replicas[f"adam/{not shard}"]["on"])
+  # Same keys, shapes and values: one layout whatever the sharding.
+  rep, sharded = (tf.train.load_checkpoint(two_replicas[f"adam/{s}"]["path"])
+                  for s in (False, True))
+  shapes = rep.get_variable_to_shape_map()
+  assert shapes == sharded.get_variable_to_shape_map()
+  for key in shapes:
+    if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
+      np.testing.assert_array_equal(rep.get_tensor(key),
+                                    sharded.get_tensor(key), err_msg=key)
+
+
+@pytest.mark.slow  # a process of 2 CPU devices
+def test_two_replicas_sharded_checkpoint_resumes_on_one(two_replicas):
+  strategy = tf.distribute.get_strategy()
+  t = _trainer(strategy, "adam", True)
+  tf.train.Checkpoint(**t.checkpoint_items()).read(
+      two_replicas["adam/True"]["path"]).assert_existing_objects_matched()
+  np.testing.assert_allclose(t.train(STEPS)[0], two_replicas["adam/True"]["on"],
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_replica_sharded_is_the_replicated_run(case):
+  strategy = tf.distribute.get_strategy()
+  runs = {}
+  for shard in (False, True):
+    t = _trainer(strategy, case, shard)
+    runs[shard] = dict(losses=t.train(STEPS)[0].tolist(), weights=_weights(t))
+  _same_run(runs[True], runs[False], "one replica")
+  if case != "adamw":
+    return
+  # And the exclusions acted: decaying every weight is another run.
+  t = _trainer(strategy, "adamw", True, trainer_lib.Trainer)
+  t.train(STEPS)
+  assert not all(np.allclose(a, b) for a, b in zip(_weights(t),
+                                                   runs[True]["weights"]))
+
+
+@pytest.mark.parametrize("name", ["Adafactor", "Muon", "Lamb"])
+def test_shape_dependent_optimizers_are_refused_in_one_line(name):
+  optimizer = getattr(keras.optimizers, name)()
+  why = sharding.refusal(tf.distribute.get_strategy(), optimizer)
+  assert why.startswith("config.distribution.shard_optimizer=True:")
+  assert name in why and "\n" not in why and "shard_optimizer=False" in why
+  assert sharding.refusal(tf.distribute.get_strategy(),
+                          keras.optimizers.AdamW()) is None
+
+
+def test_a_tpu_strategy_is_refused_in_one_line():
+  tpu = mock.Mock(spec=tf.distribute.TPUStrategy)
+  why = sharding.refusal(tpu, keras.optimizers.Adam())
+  assert "TPUStrategy" in why and "\n" not in why
+
+
+def test_the_trainer_refuses_what_cannot_shard():
+
+  class Factored(trainer_lib.Trainer):
+    def build_optimizer(self):
+      return keras.optimizers.Adafactor()
+  config = configured(tiny.get_config(), distribution__shard_optimizer=True)
+  with pytest.raises(ConfigError, match="Adafactor"):
+    pieces.trainer(config, tf.distribute.get_strategy(), Factored)
+
+
+if __name__ == "__main__":  # `two_replicas`' process
+  import os  # pylint: disable=g-import-not-at-top
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  print(json.dumps(results(
+      tf.distribute.MirroredStrategy(distribute.split_cpu(2)), sys.argv[1])),
+        flush=True)
+  os._exit(0)  # pylint: disable=protected-access
