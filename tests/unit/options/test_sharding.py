@@ -190,6 +190,24 @@ def test_the_trainer_refuses_what_cannot_shard():
     pieces.trainer(config, tf.distribute.get_strategy(), Factored)
 
 
+def test_a_sparse_gradient_is_refused_in_one_line():
+  """An Embedding's sparse gradient: sharded, such a model's curve left
+  the replicated one (on 1 replica 0.05 apart in 8 steps; `python -m
+  tests.stress.zero --cases embedding` on 2), so it is refused when the
+  step is traced, before any update."""
+  config = configured(tiny.get_config(), {"model.embed": 4},
+                      distribution__shard_optimizer=True)
+  t = pieces.trainer(config, tf.distribute.get_strategy())
+  before = _weights(t)
+  with pytest.raises(ConfigError) as e:
+    t.train(STEPS)
+  assert str(e.value) == (
+      "config.distribution.shard_optimizer=True: a sparse gradient (an"
+      " Embedding's) cannot be sharded yet; set"
+      " --config.distribution.shard_optimizer=False")
+  assert _weights(t) == before
+
+
 if __name__ == "__main__":  # `two_replicas`' process
   import os  # pylint: disable=g-import-not-at-top
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
