@@ -255,7 +255,7 @@ class Run:
     places: looper.train.callbacks); the trackers' deliveries last."""
     c, wd, out = self.config, self.workdir, self.summaries
     calls = self.callbacks.actions(eval_logs=self.evaluation.evaluate,
-                                   latest=self.checkpointer.latest)
+                                   latest=self.checkpointer.kept)
     report = [standard_actions.train_summaries(out),
               standard_actions.loop_end_hook(self.trainer), *calls.report]
     evaluate = [*calls.before_eval, standard_actions.evaluations(

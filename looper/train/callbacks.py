@@ -261,7 +261,7 @@ class Callbacks:
               latest: Callable[[], str | None]) -> Groups:
     """The actions calling the callbacks. `eval_logs(step)`: the logs of the
     evaluation at `step` (the eval action's); `latest()`: the newest
-    checkpoint, for an error's line."""
+    checkpoint once a save in flight ended, for an error's line."""
     if not self._all:
       return Groups()
     self._eval_logs, self._latest = eval_logs, latest

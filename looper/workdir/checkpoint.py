@@ -115,6 +115,16 @@ class Checkpointer:
     """Path prefix of the newest complete checkpoint, or None."""
     return tf.train.latest_checkpoint(self.directory)
 
+  def kept(self) -> str | None:
+    """The newest complete checkpoint once a save in flight has ended: what
+    a failure's line names (a background save ends before the process
+    does). A failed save is not kept: its line is logged, the older named."""
+    try:
+      self.wait()
+    except CheckpointError as e:
+      logging.warning("%s", e)
+    return self.latest()
+
   def all(self) -> list[str]:
     """Complete checkpoints in the directory, oldest first."""
     state = tf.train.get_checkpoint_state(self.directory)
