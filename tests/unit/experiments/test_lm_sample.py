@@ -86,6 +86,7 @@ def _reference_greedy(model, prompt: bytes, num: int, keep: int) -> bytes:
   return bytes(text[len(prompt):])
 
 
+@pytest.mark.slow  # 8 cases of 1-2.5 s: out of the fast lane
 @pytest.mark.parametrize("keep", [None, 1, 5, T])
 @pytest.mark.parametrize("prompt", [b"ab", b"a prompt longer than T"])
 def test_greedy_generation_is_the_reference_with_and_without_cache(

@@ -139,6 +139,7 @@ def test_two_replicas_sharded_checkpoint_resumes_on_one(two_replicas):
                              rtol=1e-5)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 @pytest.mark.parametrize("case", CASES)
 def test_one_replica_sharded_is_the_replicated_run(case):
   strategy = tf.distribute.get_strategy()
