@@ -3,9 +3,9 @@
 One set of runs with every numerics option a replica step carries on: the
 dropout masks, an active clip (the tiny run's gradient norms are ~0.5-2),
 two micro-batches per update and the weight average (which eval uses).
-Each run of several replicas is its own process: one MirroredStrategy per
-process, and logical CPU devices can only be set before TensorFlow starts;
-the one-replica runs are the test's (`run_here`). 4 replicas (the same
+The runs are the test's (`run_here`: the session's processes have 2
+logical CPUs); logical CPU devices can only be set before TensorFlow
+starts, so another count runs in a process of its own. 4 replicas (the same
 code path as 2): `python -m tests.stress.replicas`, with these checks.
 """
 
@@ -14,7 +14,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from tests.fixtures.configs import run_here
+from tests.fixtures.configs import SESSION_CPUS, run_here
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.processes import run_ok
 
@@ -39,10 +39,11 @@ def run_all(root: pathlib.Path, replicas) -> dict:
   out["plain"] = out["plain", 1]
   run_here(*NUMERICS, f"--workdir={out[1]}")
   run_here(*PLAIN, f"--workdir={out['plain']}")
-  for n in replicas:
+  for n in replicas:  # the session's count here, another in a process
+    run = run_here if n == SESSION_CPUS else run_ok
     devices = f"--config.distribution.num_cpu_devices={n}"
-    run_ok(*NUMERICS, f"--workdir={out[n]}", devices)
-    run_ok(*PLAIN, f"--workdir={out['plain', n]}", devices)
+    run(*NUMERICS, f"--workdir={out[n]}", devices)
+    run(*PLAIN, f"--workdir={out['plain', n]}", devices)
   return out
 
 
