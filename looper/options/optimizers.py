@@ -152,44 +152,93 @@ def after_sum(optimizer: keras.optimizers.Optimizer, *,
               observe: Callable[[tf.Tensor], None] | None = None) -> None:
   """Makes `optimizer` take the global norm of the SUM over replicas of the
   gradients (the global batch's gradient) once per update, right after its
-  own all-reduce: `observe(norm)` sees it (train.health_metrics:
+  own all-reduce: `observe(share)` gets this replica's share of its square
+  (the shares sum to ||g||^2 over the replicas: train.health_metrics,
   looper.train.health), then a `clip_norm` > 0 clips the sum to at most
-  that norm (`optimizer.clip_global_norm`). Call once, after building it.
+  that norm (`optimizer.clip_global_norm`). Call once, after building it;
+  neither set: nothing to do.
 
   Keras' clipnorm/global_clipnorm clip each replica's gradients before the
   sum, which changes the update with the replica count; this clips the
   gradient of the global batch, the same on any number of replicas, and
   costs no all-reduce of its own (the norm needs the sum: summing in the
   step and again in the optimizer doubled the step's communication).
-  Keras has no public hook after its sum: `compat.after_all_reduce` says
-  where it runs (under a LossScaleOptimizer: the gradients unscaled and
-  known finite).
+  Observed only, each replica squares 1/N of the gradient
+  (`share_of_squares`); clipped, each needs the whole norm, so each squares
+  all of it and replica 0's counts. Keras has no public hook after its
+  sum: `compat.after_all_reduce` says where it runs (under a
+  LossScaleOptimizer: the gradients unscaled and known finite).
   """
+  if not clip_norm and observe is None:
+    return
+
   def transform(grads_and_vars):
     grads, variables = zip(*grads_and_vars)
-    norm = tf.sqrt(tf.add_n([_squared_norm(g) for g in grads
-                             if g is not None]))
-    if observe is not None:
-      observe(norm)
+    present = [g for g in grads if g is not None]
     if not clip_norm:
+      observe(share_of_squares(present))
       return grads_and_vars
-    factor = clip_norm / tf.maximum(norm, clip_norm)
+    squares = _squares(present)
+    if observe is not None:
+      observe(_once(squares))
+    factor = clip_norm / tf.maximum(tf.sqrt(squares), clip_norm)
     return [(_times(g, factor), v) for g, v in zip(grads, variables)]
   compat.after_all_reduce(optimizer, transform)
 
 
-def _squared_norm(grad) -> tf.Tensor:
-  """|grad|^2 in float32. An Embedding's gradient (IndexedSlices) may hold
-  a row several times (a token seen twice; the replicas' rows after the
-  sum, which gathers them): the rows add up first, as they do in the
-  update (TensorFlow's clip_by_global_norm squares them apart, so its norm
-  would change with the replica count). One kernel per gradient, with no
-  squared copy of it (tf.nn.l2_loss, as tf.linalg.global_norm): the health
-  figures take it every update."""
-  if isinstance(grad, tf.IndexedSlices):
-    rows, where = tf.unique(grad.indices)
-    grad = tf.math.unsorted_segment_sum(grad.values, where, tf.size(rows))
-  return 2.0 * tf.nn.l2_loss(tf.cast(grad, tf.float32))
+def share_of_squares(grads) -> tf.Tensor:
+  """This replica's share of the sum of the squares of `grads` (the same
+  on every replica, as after an all-reduce), in float32: the shares of the
+  N replicas sum to it. Replica r squares part r of each dense gradient's
+  elements (N contiguous parts, each 16-element aligned: a view, no
+  copy); sparse gradients (their rows known at run time) go to replica
+  0. A replica id known only at run time (a TPU's): every replica squares
+  all, replica 0's counts."""
+  context = tf.distribute.get_replica_context()
+  n = context.num_replicas_in_sync if context else 1
+  if n == 1:
+    return _squares(grads)
+  r = tf.get_static_value(context.replica_id_in_sync_group)
+  if r is None:
+    return _once(_squares(grads))
+  parts = []
+  for g in grads:
+    size = None if isinstance(g, tf.IndexedSlices) else g.shape.num_elements()
+    if size is None:
+      parts += [g] if r == 0 else []
+      continue
+    part = -(-size // (16 * n)) * 16  # ceil(size / n), 16-aligned
+    low, high = min(r * part, size), min((r + 1) * part, size)
+    if high > low:
+      parts.append(tf.reshape(g, [-1])[low:high])
+  return _squares(parts)
+
+
+def _squares(grads) -> tf.Tensor:
+  """The sum of the squares of every element of `grads` in float32 (0 for
+  none). An Embedding's gradient (IndexedSlices) may hold a row several
+  times (a token seen twice; the replicas' rows after the sum, which
+  gathers them): the rows add up first, as they do in the update
+  (TensorFlow's clip_by_global_norm squares them apart, so its norm would
+  change with the replica count). One kernel per gradient, with no squared
+  copy of it (tf.nn.l2_loss, as tf.linalg.global_norm): the health figures
+  take it every update."""
+  halves = []
+  for grad in grads:
+    if isinstance(grad, tf.IndexedSlices):
+      rows, where = tf.unique(grad.indices)
+      grad = tf.math.unsorted_segment_sum(grad.values, where, tf.size(rows))
+    halves.append(tf.nn.l2_loss(tf.cast(grad, tf.float32)))
+  return 2.0 * tf.add_n(halves) if halves else tf.constant(0.0)
+
+
+def _once(squares: tf.Tensor) -> tf.Tensor:
+  """`squares` each replica holds alike, as shares: replica 0's counts."""
+  context = tf.distribute.get_replica_context()
+  if not context or context.num_replicas_in_sync == 1:
+    return squares
+  return squares * tf.cast(tf.equal(context.replica_id_in_sync_group, 0),
+                           squares.dtype)
 
 
 def _times(grad, factor):
@@ -205,7 +254,7 @@ def add(a, b):
   """The sum of two gradients of one variable (accumulation). An
   Embedding's are IndexedSlices (rows of the batch's tokens), which `+`
   cannot add: their sum is both sets of rows (repeated rows add up
-  wherever they are applied, as `_squared_norm` adds them), still sparse."""
+  wherever they are applied, as `_squares` adds them), still sparse."""
   if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
     return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
                             tf.concat([a.indices, b.indices], 0),

@@ -114,13 +114,11 @@ class Trainer:
       self.optimizer = precision.wrap(self.build_optimizer(),
                                       config.train.precision)
       # train.health_metrics: gradient and weight norms per loop (health).
-      self.health = (health.Health(strategy, self.model.trainable_variables)
-                     if config.train.health_metrics else None)
-      if config.optimizer.clip_global_norm or self.health:
-        # The summed gradient's norm, taken once: clipped by, logged.
-        optimizers.after_sum(
-            self.optimizer, clip_norm=config.optimizer.clip_global_norm,
-            observe=self.health.observe if self.health else None)
+      self.health = config.train.health_metrics and health.Health(
+          strategy, self.model.trainable_variables, steps_per_loop)
+      optimizers.after_sum(  # the summed gradient's norm: clipped by, logged
+          self.optimizer, clip_norm=config.optimizer.clip_global_norm,
+          observe=self.health.observe if self.health else None)
       # Keras 3 creates slots lazily; under >1 replica that fails inside the
       # loop ("must feed a value for placeholder"), so build them here (1/N
       # per replica under distribution.shard_optimizer: options/sharding).
@@ -346,6 +344,8 @@ class Trainer:
     """Runs `steps` steps in one call (`loop.TrainLoop`); returns per-step
     losses and metrics. Fewer losses than `steps` come back if a stop was
     requested (`self.stop.request(reason)`)."""
+    if self.health:  # as the loop's loss buffer, for a longer call
+      self.health.room(steps)
     try:
       losses, logs, self.weights_finite = self._loop(steps)
     except tf.errors.InvalidArgumentError as e:  # XLA, or the data

@@ -16,14 +16,19 @@ configuration runs twice, once in each build order, and the figure is the
 geometric mean of the two ratios. The MLP is the worst case: the most
 parameters per FLOP (the gradient norm reads every gradient once more).
 
-2026-11-27, AMD EPYC (2 cores, no AMX), on/off: MLP 0.977 on 1 replica (20
-rounds), 0.954 on 2 (12), CNN 1.002 on 1 (8). On 2 replicas (logical CPUs
-sharing the 2 cores) any read of the summed gradient costs ~5%: the norm
-of half the gradients on each replica, or of all on replica 0 only, cost
-the same, a constant in the norm's place nothing (measured in one process,
-alternating). A whole run of tests/fixtures/tiny.py (0.7 ms steps, 10-step
-loops: python -m tests.bench.run_overhead) pays ~14 small ops per update:
-on 0.939 (0.918-1.007), off 0.984 (0.930-1.054) against 7552624.
+2026-11-27, AMD EPYC (2 cores, no AMX), on/off: MLP 0.986 on 1 replica (12
+rounds), 0.980 on 2 (12; 9dba010, each replica squaring the whole summed
+gradient: 0.924 in the same hour, 0.954 before), CNN 0.995 on 1 (12), 0.993
+on 2 (4). The norm's kernels: ~35-45 us per update for the MLP's 669k
+gradients on both cores (l2_loss; a matmul, a reduce_sum of squares or XLA
+no faster), 1.5-2% of its 6.6 ms step; in one process, alternating, a
+constant in the norm's place cost nothing on 1 replica. A whole run of
+tests/fixtures/tiny.py (0.7 ms steps, 10-step loops: python -m
+tests.bench.run_overhead --against=. --fields=config.train.health_metrics=
+False) pays 7%: on/off 0.932 (0.925-0.954); its train calls alone (0.26 ms
+steps) 0.915-0.924 as before the split, 0.910 in 100-step calls: ~18 us
+of small ops per update (~12: a kernel per gradient, the buffer's write),
+not the loop's start and end.
 """
 
 import argparse

@@ -104,7 +104,7 @@ def test_linear_scaling_of_the_rate_with_the_batch():
 
 @pytest.mark.parametrize("scaled", [False, True])
 def test_the_optimizer_clips_the_unscaled_gradient_after_its_sum(scaled):
-  """And the health figures see its norm before the clip (5, not 1)."""
+  """And the health figures see its square before the clip (25, not 1)."""
   with tf.distribute.get_strategy().scope():
     variables = [tf.Variable([0.0]), tf.Variable(tf.zeros([3, 1]))]
     sgd = keras.optimizers.SGD(1.0)
@@ -122,7 +122,7 @@ def test_the_optimizer_clips_the_unscaled_gradient_after_its_sum(scaled):
   np.testing.assert_allclose(variables[0].numpy(), [-0.6], rtol=1e-6)
   np.testing.assert_allclose(variables[1].numpy()[:, 0], [0, 0, -0.8],
                              rtol=1e-6)
-  np.testing.assert_allclose([float(n) for n in seen], [5.0], rtol=1e-6)
+  np.testing.assert_allclose([float(n) for n in seen], [25.0], rtol=1e-6)
 
 
 def test_an_update_loss_scaling_skips_is_not_observed():
@@ -139,5 +139,5 @@ def test_an_update_loss_scaling_skips_is_not_observed():
   assert seen == [] and float(w[0]) == 1.0
   assert float(opt.dynamic_scale.numpy()) == scale / 2
   opt.apply_gradients([(tf.constant([2.0 * scale / 2]), w)])
-  np.testing.assert_allclose([float(n) for n in seen], [2.0], rtol=1e-6)
+  np.testing.assert_allclose([float(n) for n in seen], [4.0], rtol=1e-6)
   np.testing.assert_allclose(w.numpy(), [-1.0], rtol=1e-6)
