@@ -38,6 +38,16 @@ class ExcludedFromDecay(trainer_lib.Trainer):
     return optimizer
 
 
+class Constrained(trainer_lib.Trainer):
+  """A max-norm on the last kernel: Keras applies it to the whole weight
+  after each update, which binds from the first steps."""
+
+  def build_model(self):
+    model = super().build_model()
+    model.layers[-1].kernel.constraint = keras.constraints.MaxNorm(0.3)
+    return model
+
+
 # name -> (config fields, Trainer class).
 CASES = {
     "adam": ({"optimizer.name": "adam", "optimizer.clip_global_norm": 0.5,
@@ -48,6 +58,7 @@ CASES = {
               ExcludedFromDecay),
     "sgd": ({"optimizer.momentum": 0.9, "train.grad_accum_steps": 2},
             trainer_lib.Trainer),
+    "constrained": ({"optimizer.name": "adam"}, Constrained),
 }
 
 
@@ -168,6 +179,9 @@ def test_one_replica_sharded_is_the_replicated_run(case):
   for shard in (False, True):
     runs[shard] = _run(_trainer(strategy, case, shard))
   _same_run(runs[True], runs[False], "one replica")
+  if case == "constrained":  # it bound: a column at the max norm
+    norms = np.linalg.norm(runs[True]["weights"][-2], axis=0)
+    np.testing.assert_allclose(norms.max(), 0.3, rtol=1e-5)
   if case != "adamw":
     return
   # And the exclusions acted: decaying every weight is another run.
