@@ -104,7 +104,7 @@ def launched(workers: int, cases: list[str], directory: str) -> dict:
     assert saved_a.keys() == saved_b.keys(), case
     out[case] = dict(losses=_relative(a, b), weights=max(
         _relative(saved_a[k], saved_b[k]) for k in saved_a
-        if np.asarray(saved_b[k]).dtype.kind == "f"), bytes=["-", "-"])
+        if np.asarray(saved_b[k]).dtype.kind == "f"))
   return out
 
 
@@ -139,9 +139,10 @@ def _report(where: str, results: dict) -> int:
   for case, r in results.items():
     bad = max(r["losses"], r["weights"]) > 1e-6
     over += bad
+    state = (f"; optimizer state per device {r['bytes'][0]} B replicated,"
+             f" {r['bytes'][1]} B sharded" if "bytes" in r else "")
     print(f"{where}, {case}: losses {r['losses']:.1e}, weights"
-          f" {r['weights']:.1e} relative; optimizer state per device"
-          f" {r['bytes'][0]} B replicated, {r['bytes'][1]} B sharded"
+          f" {r['weights']:.1e} relative{state}"
           f"{'  OVER 1e-6' if bad else ''}", flush=True)
   return 1 if over else 0
 
