@@ -14,6 +14,7 @@ from absl import logging as absl_logging
 import pytest
 
 from tests.fixtures import private_home
+from tests.fixtures.configs import SESSION_CPUS
 from tests.fixtures.paths import PYTHONPATH
 from tests.fixtures.processes import LOOPBACK_ENV
 
@@ -42,6 +43,12 @@ _SESSION = {}
 
 def pytest_configure(config):  # pylint: disable=unused-argument
   gc.disable()
+  # Two logical CPUs before TensorFlow starts: a run of 2 replicas (the
+  # references the contracts compare against) runs in the test's process,
+  # not in a new one (~5 CPU-s of start-up each); one replica still runs on
+  # the default strategy, on the first of them.
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  distribute.split_cpu(SESSION_CPUS)
   # INFO lines, as looper.main sets them for a run: tests that read them
   # (caplog) must not depend on an earlier test having run looper.main in
   # this process (pytest-xdist deals the files to workers in any order).

@@ -111,9 +111,23 @@ def tpu_strategy(tpu: str) -> tf.distribute.TPUStrategy:
 
 def _mirrored(dist: ml_collections.ConfigDict, gpus: list):
   # Devices must be listed: by default Mirrored ignores logical CPUs.
-  devices = ([f"/gpu:{i}" for i in range(len(gpus))] if gpus else
-             split_cpu(dist.num_cpu_devices))
-  return tf.distribute.MirroredStrategy(devices)
+  return mirrored([f"/gpu:{i}" for i in range(len(gpus))] if gpus else
+                  split_cpu(dist.num_cpu_devices))
+
+
+_MIRRORED = {}  # devices -> this process's MirroredStrategy over them
+
+
+def mirrored(devices: list[str]) -> tf.distribute.MirroredStrategy:
+  """The process's MirroredStrategy over `devices`, made once. A second one
+  over the same devices numbers its all-reduces from the same collective
+  keys as the first, and once both have run they clash (TensorFlow 2.21:
+  "Shape mismatch in the collective instance 100"): a notebook or a sweep
+  that runs looper twice in one process reuses the first."""
+  key = tuple(devices)
+  if key not in _MIRRORED:
+    _MIRRORED[key] = tf.distribute.MirroredStrategy(list(devices))
+  return _MIRRORED[key]
 
 
 # `distribution.all_reduce`: how multi_worker sums across the workers.

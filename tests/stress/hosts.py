@@ -4,13 +4,16 @@ Synopsis::
 
     python -m tests.stress.hosts                    # as root, ~1 minute
     python -m tests.stress.hosts --modes=elements
+    python -m tests.stress.hosts --cuts=1,0         # + cut links, ~2 minutes
 
 tests/e2e/multiworker/test_hosts.py's check, by hand: three workers, each
 on its own host (a network namespace), give one process's per-step losses
 (rtol 1e-5), eval counts every example once, the chief alone writes. The
 suite runs it in array and file mode; 3 workers in element mode against
 one process are test_slurm.py's three tasks there (the same code path but
-the addresses), and are run on hosts here. Needs root (namespaces).
+the addresses), and are run on hosts here. `--cuts`: then test_hosts' cut
+links, a link cut per host listed (the suite cuts the worker's, 1; 0 is
+the chief's), a blip, and the rerun bit-exact. Needs root (namespaces).
 """
 
 import argparse
@@ -28,7 +31,10 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--modes", default="elements,arrays,files",
                       help="comma-separated: elements, arrays, files")
-  wanted = parser.parse_args(argv).modes.split(",")
+  parser.add_argument("--cuts", default="",
+                      help="comma-separated hosts to cut (0 chief, 1 worker)")
+  flags = parser.parse_args(argv)
+  wanted = flags.modes.split(",")
   # As the test session: loopback only, a HOME of its own (before Keras).
   os.environ.update(LOOPBACK_ENV)
   private_home.enter()
@@ -38,6 +44,11 @@ def main(argv=None) -> int:
     modes = test_hosts.write_modes(root / "shards")
     test_hosts.three_hosts_equal_one_process(root,
                                              {m: modes[m] for m in wanted})
+    if flags.cuts:
+      cuts = [int(c) for c in flags.cuts.split(",")]
+      (root / "cuts").mkdir()
+      test_hosts.cuts_then_a_blip_end_exact(root / "cuts", modes, cuts)
+      print(f"cut hosts {cuts} ended in one line each; the rerun is exact")
   finally:
     shutil.rmtree(root, ignore_errors=True)
     private_home.leave()

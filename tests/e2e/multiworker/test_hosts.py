@@ -9,12 +9,13 @@ and a link is cut by bringing its switch port down mid-loop:
   example once, in array and file mode (element mode, the same check:
   `python -m tests.stress.hosts`; 3 workers in element mode against one
   process in the suite: test_slurm.py's three tasks);
-- a cut worker or a cut chief ends every worker within
-  distribution.worker_timeout_secs plus a margin, each with one line naming
-  the task it lost, non-zero; every checkpoint stays readable;
+- a cut worker ends every worker within distribution.worker_timeout_secs
+  plus a margin, each with one line naming the task it lost, non-zero;
+  every checkpoint stays readable (a cut chief, the same from its side:
+  `python -m tests.stress.hosts --cuts=1,0`);
 - a blip (the link back within an eighth of the timeout) is ridden out:
   the run ends normally, one set of checkpoints, by the chief;
-- and the run of those three attempts (file mode) ends bit-exactly where
+- and the run of those attempts (file mode) ends bit-exactly where
   an uninterrupted one does (element mode resumes on 2 workers in
   test_multiworker.py and test_slurm.py).
 Skipped with one line where a prerequisite is missing (root, its network
@@ -161,17 +162,16 @@ def cut_mid_run(net: Hosts, cut: int, args, workdir) -> None:
   net.restore(cut)
 
 
-def test_cut_links_end_in_one_line_a_blip_is_ridden_out_the_rerun_is_exact(
-    tmp_path, modes):
-  """Three attempts of one run, each the same command on both hosts: a cut
-  worker, then (resumed) a cut chief, then (resumed) a blip; it ends bit
-  for bit where the same run on the same hosts uninterrupted ends. (Hosts
-  equal one process: the test above.)"""
+def cuts_then_a_blip_end_exact(tmp_path, modes, cuts) -> None:  # pylint: disable=redefined-outer-name
+  """Attempts of one run, each the same command on both hosts: one per
+  host in `cuts` (its link cut mid-run; each resumed), then a blip; it
+  ends bit for bit where the same run on the same hosts uninterrupted
+  ends."""
   workdir = tmp_path / "run"
   args = (*modes["files"], *LONG, f"--workdir={workdir}")
   with Hosts(2, tmp_path) as net:
-    cut_mid_run(net, 1, args, workdir)
-    cut_mid_run(net, 0, args, workdir)
+    for cut in cuts:
+      cut_mid_run(net, cut, args, workdir)
     # A blip (the link back within an eighth of the timeout): ridden out,
     # the run ends normally.
     net.procs = []
@@ -198,3 +198,11 @@ def test_cut_links_end_in_one_line_a_blip_is_ridden_out_the_rerun_is_exact(
   for key in want:
     np.testing.assert_array_equal(state[key], want[key], err_msg=key)
   assert scalars(workdir / "eval", "examples") == {300: 1009, 600: 1009}
+
+
+def test_cut_links_end_in_one_line_a_blip_is_ridden_out_the_rerun_is_exact(
+    tmp_path, modes):
+  """A cut worker, then (resumed) a blip: the run ends as one uninterrupted.
+  (A cut chief, the same lines from the other side: python -m
+  tests.stress.hosts --cuts=1,0. Hosts equal one process: the test above.)"""
+  cuts_then_a_blip_end_exact(tmp_path, modes, cuts=(1,))

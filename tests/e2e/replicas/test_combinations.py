@@ -6,23 +6,15 @@ crashed on an Embedding's sparse gradients), so each row of COMBINATIONS
 sets several at once, and every pair of values of any two options (and
 most triples) meets in some row, on a dense model and on one with an
 Embedding. Each row trains 6 steps and evaluates (the weight average, if
-on, is what eval sees) on 1 replica in this process and on 2 in another;
-the per-step losses and the eval loss must agree.
-
-    python -m tests.e2e.replicas.test_combinations 2  # the 2-replica results
+on, is what eval sees) on 1 replica and on 2, both in the test's process
+(the session's 2 logical CPUs: tests/conftest.py); the per-step losses and
+the eval loss must agree.
 """
-
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.fixtures.configs import configured
-from tests.fixtures.paths import PYTHONPATH, ROOT
-from tests.fixtures.processes import LOOPBACK_ENV
+from tests.fixtures.configs import SESSION_CPUS, configured
 
 # precision, optimizer.clip_global_norm, train.grad_accum_steps,
 # optimizer.ema_decay, weighted (data.class_weights with
@@ -80,22 +72,12 @@ def results(strategy) -> list:
   return out
 
 
-@pytest.mark.slow  # a process with 2 logical CPUs
+@pytest.mark.slow  # 24 runs: seconds
 def test_every_combination_is_the_same_on_1_and_2_replicas():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  # The 2-replica process runs while this one computes 1 replica's.
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "tests.e2e.replicas.test_combinations", "2"],
-      cwd=ROOT,
-      env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV},
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  try:
-    one = results(tf.distribute.get_strategy())
-    out, err = proc.communicate(timeout=600)
-  finally:
-    proc.kill()
-  assert proc.returncode == 0, err[-3000:]
-  two = json.loads(out.splitlines()[-1])
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  one = results(tf.distribute.get_strategy())
+  two = results(distribute.mirrored(distribute.split_cpu(SESSION_CPUS)))
   for row, a, b in zip(COMBINATIONS, one, two):
     rtol = RTOL[row[0]]
     np.testing.assert_allclose(b["losses"], a["losses"], rtol=rtol,
@@ -104,12 +86,3 @@ def test_every_combination_is_the_same_on_1_and_2_replicas():
                                err_msg=str(row))
     # Training moved the model (a row that learns nothing proves nothing).
     assert a["losses"][-1] != a["losses"][0], row
-
-
-if __name__ == "__main__":
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from looper.options import distribute  # pylint: disable=g-import-not-at-top
-  devices = distribute.split_cpu(int(sys.argv[1]))
-  print(json.dumps(results(tf.distribute.MirroredStrategy(devices))),
-        flush=True)
-  os._exit(0)  # pylint: disable=protected-access  (the same at exit)

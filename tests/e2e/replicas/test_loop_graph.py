@@ -1,7 +1,7 @@
 """The train loop's graph under Mirrored(2): a body that never makes the host
 wait for a device.
 
-Traced in a process of its own (2 logical CPUs), the loop is read as the
+Traced on 2 logical CPUs (the test session's), the loop is read as the
 GPU/TPU would run it: inside the while body and outside the replica step
 (the `REPLICA_STEP` name scope) there may be no read of a model or optimizer
 variable, no collective, and nothing may flow out of the replica step (a
@@ -163,8 +163,14 @@ def _read(proc) -> dict:
   return json.loads(out.splitlines()[-1])
 
 
+def mirrored_facts() -> dict:
+  """loop_facts of every case on the session's 2 logical CPUs."""
+  return {case: loop_facts({"distribution.num_cpu_devices": 2, **fields})
+          for case, fields in CASES.items()}
+
+
 def test_the_loop_body_is_next_and_the_replica_step_only():
-  facts = _read(_facts())
+  facts = mirrored_facts()
   for case, got in facts.items():
     assert got["reads"] == [], case
     assert got["cond_reads"] == ["stop flag"], case
@@ -203,6 +209,4 @@ if __name__ == "__main__":
   if sys.argv[1:] == ["worker"]:  # one replica per worker process
     print(json.dumps(loop_facts({"distribution.strategy": "multi_worker"})))
   else:
-    print(json.dumps({case: loop_facts({"distribution.num_cpu_devices": 2,
-                                        **fields})
-                      for case, fields in CASES.items()}))
+    print(json.dumps(mirrored_facts()))

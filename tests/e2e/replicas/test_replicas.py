@@ -3,9 +3,9 @@
 One set of runs with every numerics option a replica step carries on: the
 dropout masks, an active clip (the tiny run's gradient norms are ~0.5-2),
 two micro-batches per update and the weight average (which eval uses).
-Each run of several replicas is its own process: one MirroredStrategy per
-process, and logical CPU devices can only be set before TensorFlow starts;
-the one-replica runs are the test's (`run_here`). 4 replicas (the same
+The runs are the test's (`run_here`: the session's processes have 2
+logical CPUs); logical CPU devices can only be set before TensorFlow
+starts, so another count runs in a process of its own. 4 replicas (the same
 code path as 2): `python -m tests.stress.replicas`, with these checks.
 """
 
@@ -14,7 +14,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from tests.fixtures.configs import run_here
+from tests.fixtures.configs import SESSION_CPUS, run_here
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.processes import run_ok
 
@@ -34,9 +34,10 @@ def run_all(root: pathlib.Path, replicas) -> dict:
   out = {n: root / f"replicas{n}" for n in (1, *replicas)}
   out["plain"] = root / "plain"
   run_here(*NUMERICS, f"--workdir={out[1]}")
-  for n in replicas:
-    run_ok(*NUMERICS, f"--workdir={out[n]}",
-           f"--config.distribution.num_cpu_devices={n}")
+  for n in replicas:  # the session's count here, another in a process
+    (run_here if n == SESSION_CPUS else run_ok)(
+        *NUMERICS, f"--workdir={out[n]}",
+        f"--config.distribution.num_cpu_devices={n}")
   run_here("--config=tests/fixtures/tiny.py", "--config.train.steps=20",
            f"--workdir={out['plain']}")
   return out

@@ -3,18 +3,21 @@
 The stop (35 steps of 32 = 1120 examples) lies inside the second epoch of
 the 1001-example train split and off the checkpoint interval (20), so the
 restart must jump to epoch 1 and skip within it, from the final save.
-On 2 replicas: two processes, two runs each (no command line is tested
-here): the uninterrupted run and the first part; then the restart, from
-disk in a fresh process, and a rerun at its end.
+On 2 replicas (the session's logical CPUs), in the test's process (no
+command line is tested here; each run builds its pieces anew and reads
+only the disk): the uninterrupted run and the first part; then the
+restart, and a rerun at its end.
 """
+
+import logging
 
 import numpy as np
 import pytest
 
 from tests.fixtures.events import curve, scalars
-from tests.fixtures.processes import runs_in_one_process
+from tests.fixtures.configs import run_here
 
-# Subprocesses (own strategies, workers): the slow lane (BUILD.md).
+# Four runs of seconds: the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
 ARGS = ("--config=tests/fixtures/tiny.py",
@@ -22,14 +25,19 @@ ARGS = ("--config=tests/fixtures/tiny.py",
 
 
 def test_resume_equals_uninterrupted_and_a_rerun_at_the_end_trains_nothing(
-    tmp_path):
+    tmp_path, caplog):
   whole, split = tmp_path / "whole", tmp_path / "split"
-  runs_in_one_process((*ARGS, f"--workdir={whole}", "--config.train.steps=50"),
-                      (*ARGS, f"--workdir={split}", "--config.train.steps=35"))
+  run_here(*ARGS, f"--workdir={whole}", "--config.train.steps=50")
+  run_here(*ARGS, f"--workdir={split}", "--config.train.steps=35")
   assert sorted(p.name for p in (split / "checkpoints").glob("*.index")) == [
       "ckpt-20.index", "ckpt-35.index"]
-  resumed, rerun = runs_in_one_process(
-      *[(*ARGS, f"--workdir={split}", "--config.train.steps=50")] * 2)
+  printed = []  # what each of the last two runs logged
+  for _ in range(2):
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      run_here(*ARGS, f"--workdir={split}", "--config.train.steps=50")
+    printed.append(caplog.text)
+  resumed, rerun = printed
   assert f"(resumed from {split}/checkpoints/ckpt-35)" in resumed
 
   # Every step 1..50 exactly once, after the rerun too (a step written

@@ -277,6 +277,7 @@ def test_a_worker_that_joins_while_a_run_reads_takes_over_its_input():
   assert set(seen) == set(range(N)) and max(seen.values()) <= 4
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_training_input_continues_across_a_dispatcher_restart(tmp_path):
   with _cluster(workers=2, work_dir=str(tmp_path)) as (address, _, restart):
     it = iter(_remote(_config(address)).train(

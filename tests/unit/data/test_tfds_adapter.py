@@ -145,6 +145,7 @@ def test_errors_are_one_line_naming_the_field(tfds, tiny_dir, tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_trains_end_to_end_on_tfds_files(tfds, tiny_dir, tmp_path):
   del tfds
   c = _tiny_config(tiny_dir)

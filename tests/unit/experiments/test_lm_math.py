@@ -15,11 +15,10 @@ learning rate of update k peak * k / W for k <= W, then
 peak * (1 + cos(pi * (k - 1 - W) / (T - W))) / 2 (looper/options/optimizers.py's
 documented schedule, cosine to 0). looper runs the LM's config shrunk (a
 block of width 32, context 16, windows at every offset) for 30 updates of 8
-windows (27 more than one epoch) on 1 replica here, and on 2 replicas
-accumulating 2 micro-batches per update in a process of their own; every
+windows (27 more than one epoch) on 1 replica, and on 2 replicas
+accumulating 2 micro-batches per update (the session's logical CPUs); every
 step's loss must match the plain loop's (rtol 1e-5; measured: 1e-7; the
 plain loop without the decay moves them 3e-3, without the clip 5e-3).
-About 6 s here and 12 s in the process (2 blocks: 8 s and 17 s).
 """
 
 import math
@@ -32,7 +31,6 @@ import tensorflow as tf
 from experiments import lm
 from tests.fixtures.configs import configured, run_here
 from tests.fixtures.events import curve
-from tests.fixtures.processes import run_ok
 
 STEPS, BATCH, WARMUP = 30, 8, 5
 # Train text of 229 bytes: 213 windows of 17 at stride 1 (30 steps of 8 is
@@ -139,14 +137,15 @@ def test_one_replica_gives_the_plain_loops_losses(corpus, reference,
   assert reference[-1] < reference[0] - 0.5  # it trained: no vacuous match
 
 
-@pytest.mark.slow  # a subprocess: 2 replicas need their own TensorFlow
+@pytest.mark.slow  # 2 replicas: seconds
 def test_two_replicas_accumulating_give_the_plain_loops_losses(
     corpus, reference, tmp_path):
   """Each update 2 micro-batches of 4 (2 windows per replica each): the
-  same 8 windows, positions [8k, 8k + 8), as one batch of 8."""
-  run_ok(*_flags(corpus), f"--workdir={tmp_path}", "--mode=train",
-         "--config.distribution.num_cpu_devices=2",
-         f"--config.train.batch_size={BATCH // 2}",
-         "--config.train.grad_accum_steps=2")
+  same 8 windows, positions [8k, 8k + 8), as one batch of 8 (on the
+  session's 2 logical CPUs)."""
+  run_here(*_flags(corpus), f"--workdir={tmp_path}", "--mode=train",
+           "--config.distribution.num_cpu_devices=2",
+           f"--config.train.batch_size={BATCH // 2}",
+           "--config.train.grad_accum_steps=2")
   np.testing.assert_allclose(curve(tmp_path / "train"), reference,
                              rtol=1e-5)

@@ -47,6 +47,7 @@ def whole(net):
   return tf.function(lambda x: net(x, training=False))
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 @pytest.mark.parametrize("policy,tied,atol", [
     ("float32", True, 1e-5), ("float32", False, 1e-5),
     ("mixed_bfloat16", True, 5e-3)])
@@ -127,6 +128,7 @@ def test_a_byte_costs_one_position_and_a_full_window_one_window(
   assert [at for _, at in shapes[8:12]] == [4, 5, 6, 7]
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_an_export_samples_the_bytes_of_the_cached_model(net, tmp_path):
   serving = tf.function(
       lambda inputs: {"logits": net(inputs, training=False)},

@@ -22,9 +22,8 @@ from looper import config as lc
 from looper import run
 from looper.options import distribute
 from tests.fixtures import pieces
-from tests.fixtures.configs import configured
+from tests.fixtures.configs import configured, run_here
 from tests.fixtures.events import curve, scalars
-from tests.fixtures.processes import run_ok
 
 POSITIVE, NEGATIVE = (11, 12, 13, 14, 15), (16, 17, 18, 19, 20)
 NUM_TRAIN, NUM_TEST, BATCH, MAX_LEN, BUCKET = 1000, 300, 32, 64, 16
@@ -173,11 +172,11 @@ def test_config_checks_are_one_line(data):
                             f" >= 1; set --config.model.{field}")
 
 
-@pytest.mark.slow  # a subprocess
+@pytest.mark.slow  # trains for seconds
 def test_trains_end_to_end_with_the_same_curve_on_two_replicas(data,
                                                               tmp_path):
-  """In this process on one replica, then through the command line on two:
-  the model learns the sentiment words (chance: 50%), and the per-step
+  """On one replica, then on two (the session's logical CPUs): the model
+  learns the sentiment words (chance: 50%), and the per-step
   losses agree (the same examples per step, each replica at the global
   batch's length)."""
   data_dir, _ = data
@@ -187,10 +186,10 @@ def test_trains_end_to_end_with_the_same_curve_on_two_replicas(data,
   assert result["eval"]["examples"] == NUM_TEST
   assert result["eval"]["accuracy"] >= 0.9, result["eval"]
 
-  run_ok("--config=experiments/text_classifier.py",
-         f"--workdir={tmp_path / 'two'}", f"--config.data.dir={data_dir}",
-         *[f"--config.{k}={v}" for k, v in FLAGS.items()],
-         "--config.distribution.num_cpu_devices=2")
+  run_here("--config=experiments/text_classifier.py",
+           f"--workdir={tmp_path / 'two'}", f"--config.data.dir={data_dir}",
+           *[f"--config.{k}={v}" for k, v in FLAGS.items()],
+           "--config.distribution.num_cpu_devices=2")
   two = curve(tmp_path / "two" / "train")
   assert len(two) == 40
   np.testing.assert_allclose(two, curve(tmp_path / "one" / "train"),

@@ -14,6 +14,7 @@ from looper import config as lc
 from looper import network
 from looper.options import distribute
 from looper.options import slurm
+from tests.fixtures.configs import SESSION_CPUS
 from tests.fixtures.processes import LOST_WORKER_1
 
 
@@ -73,8 +74,10 @@ def test_tpu_path_resolves_connects_initializes(monkeypatch):
 
 
 def test_cpu_devices_cannot_change_after_start():
-  tf.constant(1)  # TensorFlow has started with one CPU device
-  with pytest.raises(lc.ConfigError, match="already started with 1 CPU"):
+  tf.constant(1)  # TensorFlow has started (the session's 2 CPU devices)
+  distribute.split_cpu(SESSION_CPUS)  # the same count again: fine
+  with pytest.raises(lc.ConfigError,
+                     match=f"already started with {SESSION_CPUS} CPU"):
     distribute.split_cpu(3)
 
 

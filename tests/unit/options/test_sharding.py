@@ -1,14 +1,10 @@
 """distribution.shard_optimizer: the sharded run is the replicated run.
 
 Against the reference of the same trainer unsharded: per-step losses and
-final weights (2 replicas: a process of its own, as one MirroredStrategy
-per process; 1 replica here), the optimizer state per device, and
+final weights (1 replica, and 2 on the session's logical CPUs), the
+optimizer state per device, and
 checkpoints in one layout: sharded <-> replicated, 2 replicas -> 1.
 """
-
-import json
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -17,12 +13,12 @@ import tensorflow as tf
 from unittest import mock
 
 from looper.errors import ConfigError
+from looper.options import distribute
 from looper.options import sharding
 from looper.train import trainer as trainer_lib
 from tests.fixtures import pieces
 from tests.fixtures import tiny
-from tests.fixtures.configs import configured
-from tests.fixtures.paths import ROOT
+from tests.fixtures.configs import SESSION_CPUS, configured
 
 STEPS = 8
 
@@ -114,13 +110,9 @@ def results(strategy, directory: str) -> dict:
 
 @pytest.fixture(scope="module")
 def two_replicas(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("sharding")
-  proc = subprocess.run(
-      [sys.executable, "-m", "tests.unit.options.test_sharding",
-       str(directory)], cwd=ROOT, capture_output=True, text=True,
-      timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  """`results` on the session's 2 logical CPUs (tests/conftest.py)."""
+  return results(distribute.mirrored(distribute.split_cpu(SESSION_CPUS)),
+                 tmp_path_factory.mktemp("sharding"))
 
 
 def _same_run(got: dict, want: dict, what: str) -> None:
@@ -132,7 +124,7 @@ def _same_run(got: dict, want: dict, what: str) -> None:
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=what)
 
 
-@pytest.mark.slow  # a process of 2 CPU devices
+@pytest.mark.slow  # 2 replicas: seconds
 @pytest.mark.parametrize("case", TWO)
 def test_two_replicas_sharded_train_as_replicated(two_replicas, case):
   got, want = two_replicas[f"{case}/True"], two_replicas[f"{case}/False"]
@@ -144,7 +136,7 @@ def test_two_replicas_sharded_train_as_replicated(two_replicas, case):
   assert got["bytes"] == [8 + 2 * 4 * sum(-(-n // 2) for n in sizes)] * 2
 
 
-@pytest.mark.slow  # a process of 2 CPU devices
+@pytest.mark.slow  # 2 replicas: seconds
 def test_two_replicas_checkpoints_move_between_sharded_and_replicated(
     two_replicas):
   for shard in (False, True):
@@ -162,7 +154,7 @@ def test_two_replicas_checkpoints_move_between_sharded_and_replicated(
                                     sharded.get_tensor(key), err_msg=key)
 
 
-@pytest.mark.slow  # a process of 2 CPU devices
+@pytest.mark.slow  # 2 replicas: seconds
 def test_two_replicas_sharded_checkpoint_resumes_on_one(two_replicas):
   strategy = tf.distribute.get_strategy()
   t = _trainer(strategy, "adam", True)
@@ -254,12 +246,3 @@ def test_the_trainer_refuses_what_cannot_shard():
   config = configured(tiny.get_config(), distribution__shard_optimizer=True)
   with pytest.raises(ConfigError, match="Adafactor"):
     pieces.trainer(config, tf.distribute.get_strategy(), Factored)
-
-
-if __name__ == "__main__":  # `two_replicas`' process
-  import os  # pylint: disable=g-import-not-at-top
-  from looper.options import distribute  # pylint: disable=g-import-not-at-top
-  print(json.dumps(results(
-      tf.distribute.MirroredStrategy(distribute.split_cpu(2)), sys.argv[1])),
-        flush=True)
-  os._exit(0)  # pylint: disable=protected-access

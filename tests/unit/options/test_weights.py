@@ -8,11 +8,6 @@ with NumPy over the whole split, in the element, array and file input
 modes, and over each of several eval sets.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import logging
 
 import numpy as np
@@ -21,13 +16,13 @@ import tensorflow as tf
 
 from looper import run
 from looper.data import shards
+from looper.options import distribute
 from looper.train import evaluator as evaluator_lib
 from tests.fixtures import pieces
 from tests.fixtures import weighted
 from tests.fixtures.checkpoints import restored_trainer
-from tests.fixtures.configs import configured
+from tests.fixtures.configs import SESSION_CPUS, configured
 from tests.fixtures.events import scalars
-from tests.fixtures.paths import ROOT
 
 STEPS = 10
 CLASS_WEIGHTS = (1.0, 3.0, 0.5, 2.0)
@@ -90,22 +85,14 @@ def results(strategy, n: int, cases) -> dict:
   return out
 
 
-def _fields(fields):
-  return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """Every case on its SUITE replica counts: 1 here, 2 in a process (one
-  MirroredStrategy per process: collectives of two would clash)."""
+  """Every case on its SUITE replica counts: 1, and 2 on the session's
+  logical CPUs (tests/conftest.py)."""
   every = cases(tmp_path_factory.mktemp("shards"))
   out = results(tf.distribute.get_strategy(), 1, every)
-  proc = subprocess.run(
-      [sys.executable, "-m", "tests.unit.options.test_weights", "2",
-       json.dumps([(n, k, _fields(f), r) for n, k, f, r in every])],
-      cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+  out.update(results(distribute.mirrored(distribute.split_cpu(SESSION_CPUS)),
+                     SESSION_CPUS, every))
   return out
 
 
@@ -121,7 +108,7 @@ def check_case(runs, name, kind, fields, n):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.slow  # a process of 2 CPU devices
+@pytest.mark.slow  # 2 replicas: seconds
 @pytest.mark.parametrize("name,kind,fields,replicas", CASES,
                          ids=[c[0] for c in CASES])
 def test_training_equals_single_device_sgd(runs, name, kind, fields,
@@ -130,7 +117,7 @@ def test_training_equals_single_device_sgd(runs, name, kind, fields,
     check_case(runs, name, kind, fields, n)
 
 
-@pytest.mark.slow  # a process of 2 CPU devices
+@pytest.mark.slow  # 2 replicas: seconds
 def test_the_weights_and_the_normalization_matter(runs):
   """Controls: the cases above would fail if looper ignored the weights or
   divided by the wrong count."""
@@ -186,7 +173,7 @@ def check_files(runs, replicas):
                            rtol=1e-3)
 
 
-@pytest.mark.slow  # a process of 2 CPU devices
+@pytest.mark.slow  # 2 replicas: seconds
 def test_file_mode_is_the_same_on_1_and_2_replicas(runs):
   check_files(runs, (2,))
 
@@ -257,7 +244,7 @@ def assert_each_set_exact(kind: str, got: dict, outputs, where: str = ""):
     assert got[name] == pytest.approx(value, rel=1e-5), f"{name} {where}"
 
 
-@pytest.mark.slow  # a process of 2 CPU devices
+@pytest.mark.slow  # 2 replicas: seconds
 def test_each_eval_set_is_exact_on_1_and_2_replicas(runs):
   for n in SUITE:
     got = runs[f"tokens/{n}"]
@@ -322,12 +309,3 @@ def test_two_heads_end_to_end(tmp_path, caplog):
   model = restored_trainer(c, tmp_path / "checkpoints" / "ckpt-20").model
   for name, value in model(x).items():
     np.testing.assert_allclose(served[name], value, rtol=1e-5, atol=1e-6)
-
-
-if __name__ == "__main__":  # `runs`' processes: N replicas, the cases
-  from looper.options import distribute  # pylint: disable=g-import-not-at-top
-  replicas = int(sys.argv[1])
-  print(json.dumps(results(
-      tf.distribute.MirroredStrategy(distribute.split_cpu(replicas)),
-      replicas, json.loads(sys.argv[2]))), flush=True)
-  os._exit(0)  # pylint: disable=protected-access  (the same at exit)

@@ -47,16 +47,19 @@ def test_kill9_at_random_moments_resumes_bit_exact(tmp_path):
   (resuming what the kill before left), then run to its end: bit-exact.
   Saving first: a kill there leaves a checkpoint's temporary files behind,
   which the later kind does not look for. 40 steps: a save at 10, an eval
-  at 20 to kill at. A kill in a loop is the LM's and goodput's kill -9
-  (test_lm.py, test_goodput.py); `python -m tests.stress.kill9` runs many
-  trials of each kind, 120 steps."""
+  at 20 to kill at. The uninterrupted reference and the last rerun (it
+  reads the disk alone) run here, on the session's 2 logical CPUs. A kill
+  in a loop is the LM's and goodput's kill -9 (test_lm.py, test_goodput.py);
+  `python -m tests.stress.kill9` runs many trials of each kind, 120 steps."""
   steps = 40
-  kill9.run_to_end(tmp_path / "reference", steps)
+  to_end = lambda workdir: run_here(*kill9.ARGS, f"--workdir={workdir}",
+                                    f"--config.train.steps={steps}")
+  to_end(tmp_path / "reference")
   rng = random.Random(1)
   kills = [kill9.run_and_kill(tmp_path / "run", kind, rng, steps)
            for kind in ("save", "eval")]
   assert "exited before the kill" not in kills, kills
-  kill9.run_to_end(tmp_path / "run", steps)
+  to_end(tmp_path / "run")
   assert kill9.compare(tmp_path / "reference", tmp_path / "run",
                        steps) == "", kills
 
@@ -184,6 +187,7 @@ def test_nan_recovery_skips_the_window_that_blew_up(tmp_path, caplog):
   assert np.isfinite(losses).all()
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_warm_start_restores_the_model_and_reports(tmp_path, caplog):
   caplog.set_level(logging.INFO, logger="absl")
   source = tiny.get_config()
@@ -254,6 +258,7 @@ def eval_config(steps=60, **checkpoint):
   return c
 
 
+@pytest.mark.slow  # over 2 s: out of the fast lane
 def test_best_checkpoint_is_the_best_evaluation(tmp_path):
   c = eval_config(best_metric="loss", best_mode="min")
   c.optimizer.learning_rate = 2.0  # noisy on purpose: the best is not last

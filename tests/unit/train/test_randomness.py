@@ -6,17 +6,13 @@
   can fail).
 - Replica invariance: each layer's output on 2 replicas is, row for row,
   its output on the whole batch on one device; the model's loss curve is
-  the same on 1 and 2 replicas (a process with 2 logical CPUs).
+  the same on 1 and 2 replicas (the session's 2 logical CPUs).
 - Draws looper cannot reach are named by train's header, describe and
   check; a workdir written before random states were saved still resumes.
 (kill -9 at random moments: tests/stress/kill9.py runs this model.)
 """
 
-import json
 import logging
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -30,9 +26,7 @@ from looper.train import randomness
 from looper.workdir import checkpoint
 from tests.fixtures import pieces
 from tests.fixtures import tiny
-from tests.fixtures.configs import configured
-from tests.fixtures.paths import PYTHONPATH, ROOT
-from tests.fixtures.processes import LOOPBACK_ENV
+from tests.fixtures.configs import SESSION_CPUS, configured
 
 # Every adopted layer of keras_random_model and the Dropout inside its
 # MultiHeadAttention: 8 random states.
@@ -150,14 +144,9 @@ def test_draws_looper_cannot_reach_are_named_by_describe_and_check(
       _config(), tf.distribute.get_strategy()).random.note() is None
 
 
-@pytest.mark.slow  # a process with 2 logical CPUs
+@pytest.mark.slow  # 2 replicas: seconds
 def test_one_and_two_replicas_draw_the_same():
-  proc = subprocess.run(
-      [sys.executable, "-m", "tests.unit.train.test_randomness"], cwd=ROOT,
-      env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV},
-      capture_output=True, text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.splitlines()[-1])
+  out = _one_and_two()
   for name, (one, two) in out["layers"].items():
     np.testing.assert_allclose(two, one, rtol=1e-6, atol=1e-6,
                                err_msg=name)
@@ -225,9 +214,12 @@ def _apply(make, x, strategy):
   return [o.numpy().tolist() for o in step(next(iter(dataset)))]
 
 
-def _main():
+def _one_and_two() -> dict:
+  """Each adopted layer's draws, and a run's curve, on 1 replica and on the
+  session's 2 logical CPUs (tests/conftest.py); what a non-example draw
+  logs."""
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
-  two = tf.distribute.MirroredStrategy(distribute.split_cpu(2))
+  two = distribute.mirrored(distribute.split_cpu(SESSION_CPUS))
   one = tf.distribute.get_strategy()
   layers, inputs = {}, {}
   for name, (make, x) in _layer_cases().items():
@@ -239,14 +231,12 @@ def _main():
   handler = logging.Handler()
   handler.emit = lambda record: said.append(record.getMessage())
   logging.getLogger("absl").addHandler(handler)
-  with two.scope():
-    layer = keras.layers.Dropout(0.5, name="kernel_dropout")
-    randomness.adopt(layer, rows=4)
-  two.run(tf.function(lambda: layer(tf.ones([3, 16]), training=True)))
-  print(json.dumps({"layers": layers, "inputs": inputs, "curve": curve,
-                    "not_examples": said}), flush=True)
-  os._exit(0)  # pylint: disable=protected-access  (no teardown stall)
-
-
-if __name__ == "__main__":
-  _main()
+  try:
+    with two.scope():
+      layer = keras.layers.Dropout(0.5, name="kernel_dropout")
+      randomness.adopt(layer, rows=4)
+    two.run(tf.function(lambda: layer(tf.ones([3, 16]), training=True)))
+  finally:
+    logging.getLogger("absl").removeHandler(handler)
+  return {"layers": layers, "inputs": inputs, "curve": curve,
+          "not_examples": said}

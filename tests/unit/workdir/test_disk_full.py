@@ -116,8 +116,7 @@ def test_a_full_disk_ends_in_one_line_and_the_rerun_resumes_exactly(
   assert_same_tensors(reference / "checkpoints" / "ckpt-40", kept)
 
   resize(64 * 1024)
-  rerun = run_looper(*args, f"--workdir={run}")
-  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  run_here(*args, f"--workdir={run}")  # the rerun reads the disk alone
   np.testing.assert_array_equal(curve(run / "train"),
                                 curve(reference / "train"))
   assert_same_tensors(reference / "checkpoints" / "ckpt-120",

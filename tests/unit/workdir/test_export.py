@@ -21,6 +21,7 @@ from tests.fixtures import checkpoints
 from tests.fixtures import pieces
 from tests.fixtures import processes
 from tests.fixtures import tiny
+from tests.fixtures.configs import run_here
 
 STEPS = 20
 ARGS = ("--config=tests/fixtures/tiny.py", f"--config.train.steps={STEPS}",
@@ -31,7 +32,7 @@ ARGS = ("--config=tests/fixtures/tiny.py", f"--config.train.steps={STEPS}",
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("export")
-  processes.run_ok(f"--workdir={workdir}", *ARGS)
+  run_here(f"--workdir={workdir}", *ARGS)  # the session's 2 logical CPUs
   return workdir
 
 
