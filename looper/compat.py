@@ -4,7 +4,8 @@ Synopsis::
 
     compat.after_all_reduce(optimizer, clip)     # optimizers.after_sum
     compat.uses_weight_decay(optimizer, v)       # sharding: AdamW's
-    compat.optimizer_layout(optimizer, weights, whole)  # sharded: saved
+    compat.saved_as_variable(save, restore)      # sharded: saved whole
+    compat.optimizer_layout(optimizer, weights, stand_ins)  # its slots so
     compat.in_multi_worker_mode(strategy)        # the endless train stream
     compat.configure_coordination_service(       # distribute, multi-worker
         leader="/job:worker/replica:0/task:0", jobs={"worker": 2},
@@ -75,35 +76,40 @@ def uses_weight_decay(optimizer, variable) -> bool:
   return optimizer._use_weight_decay(variable)  # pylint: disable=protected-access
 
 
-def optimizer_layout(optimizer, weights, whole: dict):
-  """A checkpoint item with `optimizer`'s keys: `weights` for the variables
-  it was built on; for its variable v, what `save()` returns if `whole[id(
-  v)] = (save, restore)` (`restore(tensor)` restores it), else v.
-
-  Touches: Keras' optimizer's `_trackable_children()` and TensorFlow's
-  Trackable protocol (`_serialize_to_tensors`, `_restore_from_tensors`,
-  `_copy_trackable_to_cpu`: an async save's host copy). Why: an optimizer
-  built on shards (looper.options.sharding) saves its slots whole.
+def saved_as_variable(save: Callable[[], tf.Tensor],
+                      restore: Callable[[tf.Tensor], None]):
+  """A checkpoint item saved as a variable holding `save()`; its restore
+  calls `restore(tensor)`. Touches: TensorFlow's Trackable protocol
+  (`_serialize_to_tensors`, `_restore_from_tensors`,
+  `_copy_trackable_to_cpu`: an async save's host copy). Why: sharded slots
+  and averages (looper.options.sharding) are saved whole, as replicated.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
-  from tensorflow.python.trackable import autotrackable, base  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.trackable import base  # pylint: disable=g-import-not-at-top
   key = base.VARIABLE_VALUE_KEY
 
   class Whole(base.Trackable):  # saved as a variable is
-    def __init__(self, save, restore):
-      self.save, self.restore = save, restore
     def _serialize_to_tensors(self):
-      return {key: tf.convert_to_tensor(self.save())}
+      return {key: tf.convert_to_tensor(save())}
     def _restore_from_tensors(self, restored_tensors):
-      return self.restore(restored_tensors[key])
+      return restore(restored_tensors[key])
     def _copy_trackable_to_cpu(self, object_map):
       if self in object_map:
-        object_map[self].assign(self.save())
+        object_map[self].assign(save())
       else:
         with tf.device("/cpu:0"):
-          object_map[self] = tf.Variable(self.save(), trainable=False)
+          object_map[self] = tf.Variable(save(), trainable=False)
+  return Whole()
 
-  stand_ins = {i: Whole(*pair) for i, pair in whole.items()}
+
+def optimizer_layout(optimizer, weights, stand_ins: dict):
+  """A checkpoint item with `optimizer`'s keys: `weights` for the variables
+  it was built on; for its variable v, `stand_ins[id(v)]` if there, else
+  v. Touches: Keras' optimizer's `_trackable_children()`. Why: one built on
+  shards (looper.options.sharding) saves its slots whole.
+  Checked on TensorFlow 2.21.0 / Keras 3.15.1.
+  """
+  from tensorflow.python.trackable import autotrackable  # pylint: disable=g-import-not-at-top
   layout = autotrackable.AutoTrackable()
   for name, child in optimizer._trackable_children().items():  # pylint: disable=protected-access
     if name == "_trainable_variables":

@@ -40,6 +40,10 @@ class WeightAverage:
         aggregation=tf.VariableAggregation.NONE)
                      for v in self.variables]
 
+  def checkpointed(self) -> list:
+    """What a checkpoint holds: the averages."""
+    return self.averages
+
   def update(self) -> None:
     """One step of the average (in replica context, after the update)."""
     for average, v in zip(self.averages, self.variables):

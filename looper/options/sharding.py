@@ -5,35 +5,42 @@ Synopsis::
     with strategy.scope():
       update = sharding.updater(optimizer, model.trainable_variables,
                                 strategy, shard=True)  # builds on shards
+      average = update.average(0.999)         # optimizer.ema_decay, sharded
+    update.refresh()                          # a train loop's start
     update.apply(grads)                       # a replica's step: the update
     checkpoint_items["optimizer"] = update.checkpointed()
     sharding.per_device(strategy, update)     # the state's bytes per device
 
 Each weight is flattened and padded to N * k elements (k = ceil(size / N),
 N replicas); replica r owns elements [r k, (r + 1) k): a weight shard of
-its own and the optimizer's slots for it (Adam's two moments, SGD's
-momentum), on its device. One update, in every replica::
+its own, the optimizer's slots for it (Adam's two moments, SGD's
+momentum) and its weight average, on its device. A train loop starts by
+setting each shard from its weight (the weights may have moved between
+loops: a restore, a roll-back); then one update, in every replica::
 
-    shard <- slice r of the weight          # the weights may have moved:
-                                            # a restore, a roll-back
     optimizer.apply(grads, shards)          # Keras' own: sums the grads over
       # the replicas (all-reduce), clips the sum (clip_global_norm), keeps
-      # slice r of it (the hook below), decays and updates the shards and
-      # their slots with its update_step
-    weight <- all_gather(shards)[:size]     # the same on every replica
+      # slice r of it (the hook below; a sparse one stays sparse), decays
+      # and updates the shards and their slots with its update_step
+    weights <- all_gather(shards)           # ONE gather, the shards end to
+                                            # end; the same on every replica
 
 So the update math is the optimizer's own, applied elementwise to slices
 (the same numbers as on the whole weight: exact), and the weights stay
 whole on every replica for the forward pass. The gradient is still summed
 whole (stage 1: the all-reduce, then N-1 of N slices unused); the state is
-what shrinks: ceil(P / N) x slots per device plus the weight shard.
+what shrinks: ceil(P / N) x (slots + 1) per device, the 1 the weight shard
+(Keras' update_step assigns to a variable of the slot's shape: the shard
+is that variable, and between loops it holds the trained values while
+the EMA's swap puts the average into the weights).
 
 The shards and slots are Keras variables made in the strategy's scope,
 whose per-device components hold different slices (written only inside
 `extended.update`, which gives each component its replica's value); they
-are never read whole. A checkpoint holds the optimizer as a replicated run
-saves it (`checkpointed`: each slot gathered to its weight's shape), so
-checkpoints move between replica counts and to and from replicated runs.
+are never read whole. A checkpoint holds the optimizer and the average as
+a replicated run saves them (`checkpointed`: each gathered to its
+weight's shape), so checkpoints move between replica counts and to and
+from replicated runs.
 
 `refusal` says in one line why a strategy or an optimizer cannot shard:
 TPUStrategy (its variables, not shown yet), and optimizers whose update of
@@ -50,6 +57,7 @@ import tensorflow as tf
 
 from looper import compat
 from looper.errors import ConfigError
+from looper.options import ema
 
 # Keras' elementwise optimizers (each element's update reads only its own
 # gradient and slots) and their subclasses; AdamW is an Adam.
@@ -92,7 +100,7 @@ class Sharded:
     self.optimizer = optimizer
     self.strategy = strategy
     self.replicas = strategy.num_replicas_in_sync
-    self.shards = [self._shard(v) for v in self.variables]
+    self.shards = [self.shard_of(v) for v in self.variables]
     # Its exclusions by variable (var_list=) name the weights: the same
     # decision, moved to their shards.
     excluded = [s for v, s in zip(self.variables, self.shards)
@@ -116,84 +124,202 @@ class Sharded:
     self._inner = inner
     compat.after_all_reduce(optimizer, self._own_slices)
 
-  def _shard(self, weight) -> keras.Variable:
-    """This replica's part of `weight`, under its name and scope: AdamW's
-    exclusion patterns (exclude_from_weight_decay(var_names=)) match the
-    TensorFlow variable's name, so they decide for it as for the weight."""
+  def shard_of(self, weight, name: str | None = None) -> keras.Variable:
+    """A variable of ceil(size / N) elements of `weight` per replica (its
+    components differ; zeros until set), under the weight's scope and
+    `name` (default its own: AdamW's exclusion patterns,
+    exclude_from_weight_decay(var_names=), match the TensorFlow variable's
+    name, so they decide for the shard as for the weight)."""
     with contextlib.ExitStack() as scopes:
       for part in weight.path.split("/")[:-1]:
         scopes.enter_context(keras.name_scope(part))
       return keras.Variable(tf.zeros([self._rows(weight)], weight.dtype),
-                            name=weight.name, trainable=False)
+                            name=name or weight.name, trainable=False)
 
   def _rows(self, variable) -> int:
     return math.ceil(variable.shape.num_elements() / self.replicas)
 
   def _slice(self, tensor, rows: int, replica=None):
     """Replica `replica`'s (default: this one's) `rows` elements of
-    `tensor`, flattened and padded; the id may be a tensor (a TPU's)."""
-    flat = tf.reshape(tf.convert_to_tensor(tensor), [-1])
-    flat = tf.pad(flat, [[0, rows * self.replicas - flat.shape[0]]])
+    `tensor` (`part_of`)."""
     if replica is None:
       replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    return tf.slice(flat, [tf.cast(replica, tf.int32) * rows], [rows])
+    return part_of(tensor, rows, self.replicas, replica)
 
   def _own_slices(self, grads_and_vars):
     """After Keras' all-reduce (and the clip of the sum): this replica's
     slice of each summed gradient, for its shard."""
-    return [(None if g is None else self._slice(g, s.shape[0]), s)
+    return [(None if g is None else
+             _sparse_slice(g, s.shape[0]) if isinstance(g, tf.IndexedSlices)
+             else self._slice(g, s.shape[0]), s)
             for g, s in grads_and_vars]
+
+  def refresh(self) -> None:
+    """Each shard from its weight (cross-replica context, in the train
+    function before its steps): the weights may have moved since the last
+    update (a restore, a roll-back, a callback); within the steps only the
+    update moves them, and it keeps shard and weight equal."""
+    self.strategy.run(self.refresh_here)
+
+  def refresh_here(self) -> None:
+    """`refresh` in a replica's context."""
+    _assign_each(tf.distribute.get_replica_context(),
+                 [s.value for s in self.shards],
+                 [self._slice(v.value, s.shape[0])
+                  for v, s in zip(self.variables, self.shards)])
 
   def apply(self, grads) -> None:
     """One update from this replica's gradients (replica context)."""
-    if any(isinstance(g, tf.IndexedSlices) for g in grads):
-      # Measured: sharded, an Embedding's curve left the replicated one
-      # (tests.stress.zero --cases embedding); refused when traced.
-      raise ConfigError(
-          "config.distribution.shard_optimizer=True: a sparse gradient (an"
-          " Embedding's) cannot be sharded yet; set"
-          " --config.distribution.shard_optimizer=False")
-    context = tf.distribute.get_replica_context()
-    _assign_each(context, [s.value for s in self.shards],
-                 [self._slice(v.value, s.shape[0])
-                  for v, s in zip(self.variables, self.shards)])
     self.optimizer.apply(grads, self.shards)
-    whole = context.all_gather([s.value.read_value() for s in self.shards],
-                               axis=0)
-    _assign_each(context, [v.value for v in self.variables], [
-        _constrained(v, tf.reshape(w[:v.shape.num_elements()], v.shape))
-        for v, w in zip(self.variables, whole)])
+    context = tf.distribute.get_replica_context()
+    whole = [_constrained(v, w)
+             for v, w in zip(self.variables, self.gathered(self.shards))]
+    # A constraint (a max-norm) reads the whole weight: its shard takes
+    # the constrained slice back, as a replicated weight would be.
+    bound = [i for i, v in enumerate(self.variables) if v.constraint]
+    _assign_each(
+        context,
+        [v.value for v in self.variables] + [
+            self.shards[i].value for i in bound],
+        whole + [self._slice(whole[i], self.shards[i].shape[0])
+                 for i in bound])
+
+  def gathered(self, parts) -> list[tf.Tensor]:
+    """Every weight whole from its shard-like variable in `parts` (the
+    shards, the averages) on each replica: one all-gather per dtype over
+    the parts laid end to end ([N, sum of k] back; replica context)."""
+    context = tf.distribute.get_replica_context()
+    whole = [None] * len(parts)
+    by_dtype = {}
+    for i, part in enumerate(parts):
+      by_dtype.setdefault(part.dtype, []).append(i)
+    for indices in by_dtype.values():
+      flat = tf.concat([parts[i].value.read_value() for i in indices],
+                       axis=0)
+      table = tf.reshape(context.all_gather(flat, axis=0),
+                         [self.replicas, -1])
+      start = 0
+      for i in indices:
+        rows, weight = parts[i].shape[0], self.variables[i]
+        part = tf.reshape(table[:, start:start + rows], [-1])
+        whole[i] = tf.reshape(part[:weight.shape.num_elements()],
+                              weight.shape)
+        start += rows
+    return whole
 
   # --- Checkpoints ----------------------------------------------------------
 
-  def whole_slot(self, slot) -> tf.Tensor:
-    """A slot gathered from the replicas, in its weight's shape (cross-
-    replica context; under multi-worker a collective: every worker
-    saves)."""
-    weight = self.variables[self._slot_of[id(slot)]]
+  def whole(self, part, weight) -> tf.Tensor:
+    """A shard-like variable `part` of `weight` (a slot, an average)
+    gathered from the replicas, in its weight's shape (cross-replica
+    context; under multi-worker a collective: every worker saves)."""
     if compat.in_multi_worker_mode(self.strategy):  # a collective
-      flat = self.strategy.gather(slot.value, axis=0)
+      flat = self.strategy.gather(part.value, axis=0)
     else:  # the devices' parts, in replica order (no retraced gather)
-      flat = tf.concat(self.strategy.experimental_local_results(slot.value),
+      flat = tf.concat(self.strategy.experimental_local_results(part.value),
                        axis=0)
     return tf.reshape(flat[:weight.shape.num_elements()], weight.shape)
 
-  def restore_slot(self, slot, value: tf.Tensor) -> None:
-    """Sets each replica's part of `slot` from its whole `value`."""
+  def set_parts(self, part, value: tf.Tensor) -> None:
+    """Sets each replica's component of `part` from its whole `value`."""
     parts = self.strategy.experimental_distribute_values_from_function(
-        lambda context: self._slice(value, slot.shape[0],
+        lambda context: self._slice(value, part.shape[0],
                                     context.replica_id_in_sync_group))
-    self.strategy.extended.update(slot.value, lambda s, x: s.assign(x),
+    self.strategy.extended.update(part.value, lambda s, x: s.assign(x),
                                   args=(parts,))
+
+  def saved_whole(self, part, weight):
+    """A checkpoint item saving `part` as `weight`'s whole variable
+    (restoring sets the parts): the layout of a replicated run."""
+    return compat.saved_as_variable(lambda: self.whole(part, weight),
+                                    lambda value: self.set_parts(part, value))
 
   def checkpointed(self):
     """What a checkpoint holds for the optimizer: the layout a replicated
     run's optimizer saves, each slot whole (see module doc)."""
     return compat.optimizer_layout(self._inner, self.variables, {
-        slot: (lambda v=v: self.whole_slot(v),
-               lambda value, v=v: self.restore_slot(v, value))
-        for slot, v in ((id(v), v) for v in self._inner.variables
-                        if id(v) in self._slot_of)})
+        id(v): self.saved_whole(v, self.variables[self._slot_of[id(v)]])
+        for v in self._inner.variables if id(v) in self._slot_of})
+
+  def average(self, decay: float) -> "ShardedAverage":
+    """optimizer.ema_decay's average, sharded as the slots are."""
+    return ShardedAverage(self, decay)
+
+
+class ShardedAverage:
+  """ema.WeightAverage's average, 1/N per replica: each replica averages
+  its weight shards (the same elementwise numbers), and the swap for eval
+  and export gathers the averages into the weights, then the shards (the
+  trained weights' parts) back."""
+
+  def __init__(self, sharded: Sharded, decay: float):
+    """Call inside `strategy.scope()`; starts from the current weights."""
+    self.sharded, self.decay = sharded, decay
+    self.averages = [sharded.shard_of(v, "ema") for v in sharded.variables]
+    for average, v in zip(self.averages, sharded.variables):
+      sharded.set_parts(average, v.value)
+    run = sharded.strategy.run
+    self._swap_in = tf.function(lambda: run(self._gathered_in, args=(True,)),
+                                autograph=False)
+    self._swap_out = tf.function(lambda: run(self._gathered_in,
+                                             args=(False,)), autograph=False)
+
+  def update(self) -> None:
+    """One step of the average (in replica context, after the update)."""
+    for average, shard in zip(self.averages, self.sharded.shards):
+      average.value.assign(self.decay * average.value +
+                           (1 - self.decay) * shard.value)
+
+  def checkpointed(self) -> list:
+    """The averages whole, as ema.WeightAverage's are saved."""
+    return [self.sharded.saved_whole(a, v)
+            for a, v in zip(self.averages, self.sharded.variables)]
+
+  @contextlib.contextmanager
+  def swapped(self):
+    """The weights hold the average inside, their own values after."""
+    self._swap_in()
+    try:
+      yield
+    finally:
+      self._swap_out()
+
+  def _gathered_in(self, averages: bool) -> None:
+    """The weights from the averages (first the shards from the weights:
+    they hold the trained values meanwhile), or back from the shards."""
+    sharded, context = self.sharded, tf.distribute.get_replica_context()
+    if averages:
+      sharded.refresh_here()
+    _assign_each(context, [v.value for v in sharded.variables],
+                 sharded.gathered(self.averages if averages else
+                                  sharded.shards))
+
+
+def part_of(tensor, rows: int, replicas: int, replica) -> tf.Tensor:
+  """Replica `replica`'s `rows` elements of `tensor`, flattened and padded
+  to `replicas` x `rows`; the id may be a tensor (a TPU's: fixed shapes,
+  XLA compiles it)."""
+  flat = tf.reshape(tf.convert_to_tensor(tensor), [-1])
+  if rows * replicas > flat.shape[0]:
+    flat = tf.pad(flat, [[0, rows * replicas - flat.shape[0]]])
+  return tf.slice(flat, [tf.cast(replica, tf.int32) * rows], [rows])
+
+
+def _sparse_slice(grad: tf.IndexedSlices, rows: int) -> tf.IndexedSlices:
+  """This replica's `rows` elements of a sparse gradient (an Embedding's),
+  still sparse: one entry per element of each of its rows, in their order
+  (duplicate rows kept apart), those in the slice. Keras' update of a sparse gradient is not that of its dense sum
+  (Adam squares each entry, then sums duplicates: its second moment takes
+  sum(g_i^2), not (sum g_i)^2), so the slice is updated as the whole."""
+  # Elements per row (after the all-reduce its static shape is unknown).
+  width = tf.cast(tf.reduce_prod(grad.dense_shape[1:]), tf.int32)
+  flat = tf.reshape(tf.cast(grad.indices, tf.int32)[:, None] * width
+                    + tf.range(width), [-1])
+  replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+  local = flat - tf.cast(replica, tf.int32) * rows
+  inside = tf.where((local >= 0) & (local < rows))[:, 0]
+  return tf.IndexedSlices(tf.gather(tf.reshape(grad.values, [-1]), inside),
+                          tf.gather(local, inside), tf.constant([rows]))
 
 
 def _constrained(variable, value):
@@ -228,7 +354,7 @@ def per_device(strategy: tf.distribute.Strategy, update,
                average=None) -> int:
   """The optimizer's state on the device holding most, in bytes: its
   variables (slots, step, a loss scale), the weight shards of a Sharded
-  `update` and the weight average (`average`, an ema.WeightAverage)."""
+  `update` and the weight average (`average`, its `.average(decay)`)."""
   variables = list(update.optimizer.variables)
   variables += getattr(update, "shards", [])
   if average:
@@ -243,8 +369,15 @@ class Replicated:
     self.variables, self.optimizer = list(variables), optimizer
     optimizer.build(self.variables)
 
+  def refresh(self) -> None:
+    """Nothing: the weights are the optimizer's variables."""
+
   def apply(self, grads) -> None:
     self.optimizer.apply_gradients(zip(grads, self.variables))
+
+  def average(self, decay: float) -> ema.WeightAverage:
+    """optimizer.ema_decay's average, whole on every replica."""
+    return ema.WeightAverage(self.variables, decay)
 
   def checkpointed(self):
     """The inner optimizer under loss scaling (the slots' owner)."""

@@ -125,9 +125,8 @@ class Trainer:
       self.update = sharding.updater(
           self.optimizer, self.model.trainable_variables, strategy,
           shard=config.distribution.shard_optimizer)
-      # optimizer.ema_decay: eval and export use the average (see ema).
-      self.ema = (ema_lib.WeightAverage(self.model.trainable_variables,
-                                        config.optimizer.ema_decay)
+      # optimizer.ema_decay: eval and export use the average (ema; sharded).
+      self.ema = (self.update.average(config.optimizer.ema_decay)
                   if config.optimizer.ema_decay else None)
       self.train_metrics = self.build_metrics()
       self.eval_metrics = self.build_metrics()
@@ -360,6 +359,7 @@ class Trainer:
   def _loop_start(self) -> None:
     """In the train function, before its steps."""
     self.train_metrics.reset()
+    self.update.refresh()  # sharded: the shards from the weights
     if self.health:
       self.health.start()
 
@@ -386,7 +386,7 @@ class Trainer:
     items = dict(model=self.model, optimizer=self.update.checkpointed(),
                  step=self.step, **self.input.checkpoint_items())
     if self.ema:
-      items["ema"] = self.ema.averages
+      items["ema"] = self.ema.checkpointed()
     if self.random.states:
       items["random"] = self.random.states
     return items

@@ -3,13 +3,18 @@ replicated, on CPU replicas.
 
 Synopsis::
 
-    python -m tests.bench.zero                  # 2 and 4 replicas
+    python -m tests.bench.zero                  # 2 and 4 replicas, tiny
     python -m tests.bench.zero --replicas 2 --width 4096 --rounds 5
+    python -m tests.bench.zero --model mlp      # where compute dominates
 
-Per replica count (a process each), the tiny experiment's MLP at `width`
-with Adam: both trainers built, then `rounds` alternating rounds of one
-K-step call each (after a first, traced call); prints the median ms per
-step of each, their ratio (sharded / replicated, the median of the
+Per replica count (a process each), with Adam, one of two models: `tiny`,
+the tiny experiment's 8-`width`-4 MLP (its parameters grow with `width`
+only linearly: 26,628 at 2048, a step of about 1 ms, the update's fixed
+costs dominate), or `mlp`, tests.bench.throughput's 784-512-512-10 MLP on
+MNIST at batch 128 (669,706 parameters, where the forward and backward
+pass dominate). Both trainers built, then `rounds` alternating rounds of
+one K-step call each (after a first, traced call); prints the median ms
+per step of each, their ratio (sharded / replicated, the median of the
 rounds' ratios) and the optimizer state per device.
 """
 
@@ -26,19 +31,29 @@ from tests.fixtures.paths import ROOT
 K = 50
 
 
-def measure(replicas: int, width: int, rounds: int) -> dict:
+def _config(model: str, width: int):
+  """The benchmarked experiment (module doc), with Adam, K steps a call."""
+  from tests.bench import throughput  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
+  from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
+  if model == "mlp":
+    config = throughput._config("mlp", "float32", *throughput._data())  # pylint: disable=protected-access
+  else:
+    config = configured(tiny.get_config(), model__width=width)
+  return configured(config, optimizer__name="adam", train__steps=10_000,
+                    train__steps_per_loop=K)
+
+
+def measure(replicas: int, model: str, width: int, rounds: int) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
   from looper.options import sharding  # pylint: disable=g-import-not-at-top
   from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
-  from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
   from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
   strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
   trainers = {}
   for shard in (False, True):
-    config = configured(tiny.get_config(), optimizer__name="adam",
-                        model__width=width, train__steps=10_000,
-                        train__steps_per_loop=K,
+    config = configured(_config(model, width),
                         distribution__shard_optimizer=shard)
     trainers[shard] = pieces.trainer(config, strategy)
     trainers[shard].train(K)  # traced
@@ -59,13 +74,14 @@ def measure(replicas: int, width: int, rounds: int) -> dict:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--replicas", default="2,4")
+  parser.add_argument("--model", choices=("tiny", "mlp"), default="tiny")
   parser.add_argument("--width", type=int, default=2048)
   parser.add_argument("--rounds", type=int, default=5)
   args = parser.parse_args(argv)
   for n in args.replicas.split(","):
     proc = subprocess.run(
         [sys.executable, "-m", "tests.bench.zero", "--measure", n,
-         str(args.width), str(args.rounds)], cwd=ROOT, capture_output=True,
+         args.model, str(args.width), str(args.rounds)], cwd=ROOT, capture_output=True,
         text=True, timeout=1800, check=False)
     if proc.returncode != 0:
       print(f"{n} replicas failed:\n{proc.stderr[-3000:]}")
@@ -81,6 +97,8 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
   if sys.argv[1:2] == ["--measure"]:
     import os  # pylint: disable=g-import-not-at-top
-    print(json.dumps(measure(*map(int, sys.argv[2:5]))), flush=True)
+    n, model, width, rounds = sys.argv[2:6]
+    print(json.dumps(measure(int(n), model, int(width), int(rounds))),
+          flush=True)
     os._exit(0)  # pylint: disable=protected-access
   sys.exit(main())

@@ -5,12 +5,17 @@ Synopsis::
 
     python -m tests.stress.zero                    # 2 and 4 replicas
     python -m tests.stress.zero --replicas 2 --cases clip,fp16
+    python -m tests.stress.zero --workers 2 --cases clip,embedding
 
 Per case and replica count (a process each: one MirroredStrategy per
 process), the tiny experiment's Trainer runs replicated, then sharded, for
 STEPS steps; it prints the largest relative difference of the per-step
 losses and of the final weights (the contract: <= 1e-6 in float32), and
 the optimizer state per device of each. Exit status 1 if a case is over.
+With --workers, each case runs as a 2-worker MultiWorkerMirroredStrategy
+job (looper.cli.launch on 127.0.0.1, one replica each) instead, and the
+final checkpoints (weights, Adam's slots, the EMA: one layout) are
+compared tensor by tensor.
 """
 
 import argparse
@@ -32,6 +37,7 @@ CASES = {
     "fp16": {"optimizer.name": "adam", "train.precision": "mixed_float16"},
     "ema": {"optimizer.name": "adam", "optimizer.ema_decay": 0.9},
     "embedding": {"optimizer.name": "adam", "model.embed": 4},
+    "embedding_sgd": {"model.embed": 4},  # plain SGD: a sparse update
     "dropout_sgd": {"model.dropout": 0.3, "optimizer.momentum": 0.9},
     "class_weights": {"optimizer.name": "adam",
                       "data.class_weights": (1.0, 3.0, 1.0, 0.5)},
@@ -70,11 +76,49 @@ def measure(replicas: int, cases: list[str]) -> dict:
   return out
 
 
+def launched(workers: int, cases: list[str], directory: str) -> dict:
+  """Each case as a `workers`-worker job, replicated then sharded: the
+  relative differences of the curves and of every checkpointed tensor."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import events  # pylint: disable=g-import-not-at-top
+  from tests.unit.cli.test_launch import launch  # pylint: disable=g-import-not-at-top
+  out = {}
+  for case in cases:
+    runs = {}
+    for shard in (False, True):
+      workdir = f"{directory}/{case}-{shard}"
+      proc = launch(
+          "--config=tests/fixtures/tiny.py", f"--workdir={workdir}",
+          f"--config.train.steps={STEPS}", "--config.train.steps_per_loop=4",
+          f"--config.distribution.shard_optimizer={shard}",
+          *(f"--config.{k}={v}" for k, v in CASES[case].items()),
+          workers=workers)
+      log = proc.communicate(timeout=600)[0]
+      if proc.returncode != 0:
+        raise RuntimeError(f"{case}, shard_optimizer={shard}:\n{log[-3000:]}")
+      saved = tf.train.load_checkpoint(f"{workdir}/checkpoints")
+      runs[shard] = (events.curve(f"{workdir}/train"), {
+          k: saved.get_tensor(k) for k in saved.get_variable_to_shape_map()
+          if k != "_CHECKPOINTABLE_OBJECT_GRAPH"})
+    (a, saved_a), (b, saved_b) = runs[True], runs[False]
+    assert saved_a.keys() == saved_b.keys(), case
+    out[case] = dict(losses=_relative(a, b), weights=max(
+        _relative(saved_a[k], saved_b[k]) for k in saved_a
+        if np.asarray(saved_b[k]).dtype.kind == "f"))
+  return out
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--replicas", default="2,4")
   parser.add_argument("--cases", default=",".join(CASES))
+  parser.add_argument("--workers", type=int, default=0)
   args = parser.parse_args(argv)
+  if args.workers:
+    import tempfile  # pylint: disable=g-import-not-at-top
+    with tempfile.TemporaryDirectory() as directory:
+      return _report(f"{args.workers} workers", launched(
+          args.workers, args.cases.split(","), directory))
   over = 0
   for n in args.replicas.split(","):
     proc = subprocess.run(
@@ -84,13 +128,22 @@ def main(argv=None) -> int:
     if proc.returncode != 0:
       print(f"{n} replicas failed:\n{proc.stderr[-3000:]}")
       return 1
-    for case, r in json.loads(proc.stdout.strip().splitlines()[-1]).items():
-      bad = max(r["losses"], r["weights"]) > 1e-6
-      over += bad
-      print(f"{n} replicas, {case}: losses {r['losses']:.1e}, weights"
-            f" {r['weights']:.1e} relative; optimizer state per device"
-            f" {r['bytes'][0]} B replicated, {r['bytes'][1]} B sharded"
-            f"{'  OVER 1e-6' if bad else ''}", flush=True)
+    over += _report(f"{n} replicas",
+                    json.loads(proc.stdout.strip().splitlines()[-1]))
+  return 1 if over else 0
+
+
+def _report(where: str, results: dict) -> int:
+  """Prints each case's line; 1 if one is over 1e-6, else 0."""
+  over = 0
+  for case, r in results.items():
+    bad = max(r["losses"], r["weights"]) > 1e-6
+    over += bad
+    state = (f"; optimizer state per device {r['bytes'][0]} B replicated,"
+             f" {r['bytes'][1]} B sharded" if "bytes" in r else "")
+    print(f"{where}, {case}: losses {r['losses']:.1e}, weights"
+          f" {r['weights']:.1e} relative{state}"
+          f"{'  OVER 1e-6' if bad else ''}", flush=True)
   return 1 if over else 0
 
 

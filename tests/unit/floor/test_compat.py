@@ -73,7 +73,7 @@ def test_apply_gradients_passes_the_sum_through_the_hook(scaled):
   np.testing.assert_array_equal(w.numpy(), [-3.0])  # unscaled, tripled
 
 
-# --- uses_weight_decay, optimizer_layout: a sharded optimizer's saves -------
+# --- uses_weight_decay, saved_as_variable, optimizer_layout: sharded saves --
 
 
 def test_uses_weight_decay_answers_both_ways_of_excluding():
@@ -95,8 +95,9 @@ def test_optimizer_layout_saves_a_stand_in_under_the_optimizers_keys(
   slot = opt.variables[2]  # after the step and rate: the first moment
   assert "momentum" in slot.name
   restored = []
-  layout = compat.optimizer_layout(opt, [w], {id(slot): (
-      lambda: slot * 10.0, restored.append)})
+  layout = compat.optimizer_layout(opt, [w], {
+      id(slot): compat.saved_as_variable(lambda: slot * 10.0,
+                                         restored.append)})
   direct = tf.train.Checkpoint(optimizer=opt).write(str(tmp_path / "direct"))
   compat.patch_keras_async_copy()  # as the Checkpointer does
   options = tf.train.CheckpointOptions(
@@ -120,7 +121,8 @@ def test_optimizer_layout_saves_a_stand_in_under_the_optimizers_keys(
     else:
       np.testing.assert_array_equal(got.get_tensor(key), want.get_tensor(key))
   tf.train.Checkpoint(optimizer=compat.optimizer_layout(
-      opt, [w], {id(slot): (lambda: slot, restored.append)})).read(
+      opt, [w], {id(slot): compat.saved_as_variable(
+          lambda: slot, restored.append)})).read(
           direct).assert_existing_objects_matched()
   np.testing.assert_array_equal(restored[0], want.get_tensor(
       [k for k in shapes if "_variables/2/" in k][0]))

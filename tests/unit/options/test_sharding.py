@@ -34,14 +34,27 @@ class ExcludedFromDecay(trainer_lib.Trainer):
     return optimizer
 
 
+class Constrained(trainer_lib.Trainer):
+  """A max-norm on the last kernel: Keras applies it to the whole weight
+  after each update, which binds from the first steps."""
+
+  def build_model(self):
+    model = super().build_model()
+    model.layers[-1].kernel.constraint = keras.constraints.MaxNorm(0.3)
+    return model
+
+
 # name -> (config fields, Trainer class).
 CASES = {
-    "adam": ({"optimizer.name": "adam", "optimizer.clip_global_norm": 0.5},
-             trainer_lib.Trainer),
+    "adam": ({"optimizer.name": "adam", "optimizer.clip_global_norm": 0.5,
+              "optimizer.ema_decay": 0.9}, trainer_lib.Trainer),
+    # An Embedding: sparse gradients, duplicate rows (see _sparse_slice).
     "adamw": ({"optimizer.name": "adamw", "optimizer.weight_decay": 0.3,
-               "optimizer.learning_rate": 0.05}, ExcludedFromDecay),
+               "optimizer.learning_rate": 0.05, "model.embed": 4},
+              ExcludedFromDecay),
     "sgd": ({"optimizer.momentum": 0.9, "train.grad_accum_steps": 2},
             trainer_lib.Trainer),
+    "constrained": ({"optimizer.name": "adam"}, Constrained),
 }
 
 
@@ -58,6 +71,18 @@ def _weights(trainer) -> list:
   return [v.numpy().tolist() for v in trainer.model.trainable_variables]
 
 
+def _run(trainer) -> dict:
+  """STEPS steps: the losses, the weights and their average (EMA, swapped
+  in as eval does), after which the weights must be back."""
+  run = dict(losses=trainer.train(STEPS)[0].tolist(),
+             weights=_weights(trainer))
+  if trainer.ema:
+    with trainer.ema.swapped():
+      run["averaged"] = _weights(trainer)
+    assert _weights(trainer) == run["weights"]
+  return run
+
+
 def _state_bytes(trainer, strategy) -> list[int]:
   return list(sharding.state_bytes(
       strategy, trainer.update.optimizer.variables).values())
@@ -69,9 +94,7 @@ def results(strategy, directory: str) -> dict:
   for case in TWO:
     for shard in (False, True):
       t = _trainer(strategy, case, shard)
-      out[f"{case}/{shard}"] = dict(
-          losses=t.train(STEPS)[0].tolist(), weights=_weights(t),
-          bytes=_state_bytes(t, strategy))
+      out[f"{case}/{shard}"] = dict(_run(t), bytes=_state_bytes(t, strategy))
       if case == "adam":  # save, then go on: what a restore must give
         path = tf.train.Checkpoint(**t.checkpoint_items()).write(
             f"{directory}/{shard}")
@@ -95,7 +118,9 @@ def two_replicas(tmp_path_factory):
 def _same_run(got: dict, want: dict, what: str) -> None:
   np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-6,
                              err_msg=what)
-  for a, b in zip(got["weights"], want["weights"]):
+  assert ("averaged" in got) == ("averaged" in want)
+  for a, b in zip(got["weights"] + got.get("averaged", []),
+                  want["weights"] + want.get("averaged", [])):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=what)
 
 
@@ -145,9 +170,11 @@ def test_one_replica_sharded_is_the_replicated_run(case):
   strategy = tf.distribute.get_strategy()
   runs = {}
   for shard in (False, True):
-    t = _trainer(strategy, case, shard)
-    runs[shard] = dict(losses=t.train(STEPS)[0].tolist(), weights=_weights(t))
+    runs[shard] = _run(_trainer(strategy, case, shard))
   _same_run(runs[True], runs[False], "one replica")
+  if case == "constrained":  # it bound: a column at the max norm
+    norms = np.linalg.norm(runs[True]["weights"][-2], axis=0)
+    np.testing.assert_allclose(norms.max(), 0.3, rtol=1e-5)
   if case != "adamw":
     return
   # And the exclusions acted: decaying every weight is another run.
@@ -155,6 +182,45 @@ def test_one_replica_sharded_is_the_replicated_run(case):
   t.train(STEPS)
   assert not all(np.allclose(a, b) for a, b in zip(_weights(t),
                                                    runs[True]["weights"]))
+
+
+def _part_update(optimizer, shard, grad, rows: int, replicas: int):
+  """replica -> the update of `shard` by its part of `grad`."""
+  def update(replica):
+    optimizer.apply([sharding.part_of(grad, rows, replicas, replica)],
+                    [shard])
+  return update
+
+
+def test_a_tensor_replica_id_under_xla_updates_as_the_graph_and_the_whole():
+  """GPU/TPU by construction, a CPU proxy: each of 4 replicas' part of an
+  Adam update, the part chosen by a replica id that is a tensor (a TPU's)
+  in an XLA-compiled function, is the graph function's and, laid end to
+  end, the update of the whole weight (Keras' own, two steps)."""
+  rng = np.random.default_rng(0)
+  weight, grad = (rng.normal(size=(5, 3)).astype(np.float32)
+                  for _ in range(2))
+  n, rows = 4, 4  # ceil(15 / 4): the last part padded
+  whole = keras.Variable(weight)
+  reference = keras.optimizers.Adam(0.1)
+  reference.build([whole])
+  for _ in range(2):
+    reference.apply([tf.constant(grad)], [whole])
+  got = {}
+  for jit in (True, False):
+    parts = []
+    for r in range(n):
+      shard = keras.Variable(sharding.part_of(weight, rows, n, r))
+      optimizer = keras.optimizers.Adam(0.1)
+      optimizer.build([shard])
+      step = tf.function(_part_update(optimizer, shard, grad, rows, n),
+                         jit_compile=jit)
+      for _ in range(2):
+        step(tf.constant(r))
+      parts.append(shard.numpy())
+    got[jit] = np.concatenate(parts)[:weight.size].reshape(weight.shape)
+  np.testing.assert_allclose(got[True], got[False], rtol=1e-6)
+  np.testing.assert_array_equal(got[False], whole.numpy())
 
 
 @pytest.mark.parametrize("name", ["Adafactor", "Muon", "Lamb"])
@@ -181,21 +247,3 @@ def test_the_trainer_refuses_what_cannot_shard():
   config = configured(tiny.get_config(), distribution__shard_optimizer=True)
   with pytest.raises(ConfigError, match="Adafactor"):
     pieces.trainer(config, tf.distribute.get_strategy(), Factored)
-
-
-def test_a_sparse_gradient_is_refused_in_one_line():
-  """An Embedding's sparse gradient: sharded, such a model's curve left
-  the replicated one (on 1 replica 0.05 apart in 8 steps; `python -m
-  tests.stress.zero --cases embedding` on 2), so it is refused when the
-  step is traced, before any update."""
-  config = configured(tiny.get_config(), {"model.embed": 4},
-                      distribution__shard_optimizer=True)
-  t = pieces.trainer(config, tf.distribute.get_strategy())
-  before = _weights(t)
-  with pytest.raises(ConfigError) as e:
-    t.train(STEPS)
-  assert str(e.value) == (
-      "config.distribution.shard_optimizer=True: a sparse gradient (an"
-      " Embedding's) cannot be sharded yet; set"
-      " --config.distribution.shard_optimizer=False")
-  assert _weights(t) == before
