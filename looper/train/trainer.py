@@ -45,7 +45,6 @@ from looper import references
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
 from looper.errors import ConfigError
-from looper.options import ema as ema_lib
 from looper.options import keras_objects
 from looper.options import losses
 from looper.options import metrics
