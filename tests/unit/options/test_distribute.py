@@ -81,6 +81,16 @@ def test_cpu_devices_cannot_change_after_start():
     distribute.split_cpu(3)
 
 
+def test_one_mirrored_strategy_per_device_set_in_a_process():
+  """A second MirroredStrategy over the same devices numbers its
+  all-reduces from the first's collective keys, and once both have run
+  they clash ("Shape mismatch in the collective instance 100": two 2-replica
+  runs in one notebook); looper keeps one per device set."""
+  devices = distribute.split_cpu(SESSION_CPUS)
+  assert distribute.mirrored(devices) is distribute.mirrored(list(devices))
+  assert distribute.mirrored(devices[:1]) is not distribute.mirrored(devices)
+
+
 def _strategy(cluster, task_type, task_id):
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_id)
