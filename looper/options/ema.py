@@ -28,6 +28,13 @@ import contextlib
 import tensorflow as tf
 
 
+def step(averages, values, decay: float) -> None:
+  """average <- decay * average + (1 - decay) * value, for each pair: the
+  one formula of the replicated average and the sharded one (sharding)."""
+  for average, value in zip(averages, values):
+    average.assign(decay * average + (1 - decay) * value)
+
+
 class WeightAverage:
   """average <- decay * average + (1 - decay) * weight, after every update."""
 
@@ -46,8 +53,7 @@ class WeightAverage:
 
   def update(self) -> None:
     """One step of the average (in replica context, after the update)."""
-    for average, v in zip(self.averages, self.variables):
-      average.assign(self.decay * average + (1 - self.decay) * v.value)
+    step(self.averages, [v.value for v in self.variables], self.decay)
 
   @contextlib.contextmanager
   def swapped(self):

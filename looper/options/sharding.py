@@ -266,9 +266,8 @@ class ShardedAverage:
 
   def update(self) -> None:
     """One step of the average (in replica context, after the update)."""
-    for average, shard in zip(self.averages, self.sharded.shards):
-      average.value.assign(self.decay * average.value +
-                           (1 - self.decay) * shard.value)
+    ema.step([a.value for a in self.averages],
+             [s.value for s in self.sharded.shards], self.decay)
 
   def checkpointed(self) -> list:
     """The averages whole, as ema.WeightAverage's are saved."""

@@ -113,8 +113,9 @@ class Trainer:
       self.optimizer = precision.wrap(self.build_optimizer(),
                                       config.train.precision)
       # train.health_metrics: gradient and weight norms per loop (health).
-      self.health = config.train.health_metrics and health.Health(
-          strategy, self.model.trainable_variables, steps_per_loop)
+      self.health = (health.Health(strategy, self.model.trainable_variables,
+                                   steps_per_loop)
+                     if config.train.health_metrics else None)
       optimizers.after_sum(  # the summed gradient's norm: clipped by, logged
           self.optimizer, clip_norm=config.optimizer.clip_global_norm,
           observe=self.health.observe if self.health else None)
