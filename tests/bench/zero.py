@@ -6,6 +6,7 @@ Synopsis::
     python -m tests.bench.zero                  # 2 and 4 replicas, tiny
     python -m tests.bench.zero --replicas 2 --width 4096 --rounds 5
     python -m tests.bench.zero --model mlp      # where compute dominates
+    python -m tests.bench.zero --memory         # 1, 2, 4: bytes and RSS
 
 Per replica count (a process each), with Adam, one of two models: `tiny`,
 the tiny experiment's 8-`width`-4 MLP (its parameters grow with `width`
@@ -16,10 +17,17 @@ pass dominate). Both trainers built, then `rounds` alternating rounds of
 one K-step call each (after a first, traced call); prints the median ms
 per step of each, their ratio (sharded / replicated, the median of the
 rounds' ratios) and the optimizer state per device.
+
+--memory: the tiny MLP at `width` 2**21 (27 million parameters), Adam,
+replicated then sharded on each replica count, a process each training
+two steps: the optimizer state's bytes per parameter on the device
+holding most (from its variables) and the process's peak resident memory
+(all its replicas: logical CPUs share it; wait4's ru_maxrss).
 """
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -71,13 +79,57 @@ def measure(replicas: int, model: str, width: int, rounds: int) -> dict:
                      for s in (False, True)])
 
 
+def state(replicas: int, shard: bool, width: int) -> dict:
+  """In this process: the optimizer state of two steps (--memory)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import sharding  # pylint: disable=g-import-not-at-top
+  from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
+  from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
+  config = configured(_config("tiny", width), train__steps_per_loop=2,
+                      distribution__shard_optimizer=shard)
+  trainer = pieces.trainer(config, strategy)
+  trainer.train(2)
+  return dict(params=trainer.model.count_params(),
+              bytes=sharding.per_device(strategy, trainer.update))
+
+
+def memory(replicas: list[str], width: int) -> None:
+  """Each replica count, replicated then sharded: a process each (--memory)."""
+  for n in replicas:
+    row = []
+    for shard in (False, True):
+      proc = subprocess.Popen(
+          ["timeout", "1800", sys.executable, "-m", "tests.bench.zero",
+           "--state", n,
+           str(shard), str(width)], cwd=ROOT, stdout=subprocess.PIPE,
+          stderr=subprocess.DEVNULL, text=True)
+      out = proc.stdout.read()
+      # This child's peak (timeout's: its own, or its reaped child's).
+      _, status, usage = os.wait4(proc.pid, 0)
+      if status:
+        raise RuntimeError(f"{n} replicas, shard_optimizer={shard}: {status}")
+      r = json.loads(out.strip().splitlines()[-1])
+      row.append(f"{r['bytes'] / r['params']:.1f} B/param/device, peak RSS"
+                 f" {usage.ru_maxrss / 1024:,.0f} MB")
+    print(f"{n} replicas, {r['params']:,} parameters, Adam: replicated"
+          f" {row[0]}; sharded {row[1]}", flush=True)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--replicas", default="2,4")
+  parser.add_argument("--replicas", help="default 2,4; --memory: 1,2,4")
   parser.add_argument("--model", choices=("tiny", "mlp"), default="tiny")
-  parser.add_argument("--width", type=int, default=2048)
+  parser.add_argument("--width", type=int,
+                      help="tiny's; default 2048, --memory: 2**21")
   parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--memory", action="store_true")
   args = parser.parse_args(argv)
+  if args.memory:
+    memory((args.replicas or "1,2,4").split(","), args.width or 1 << 21)
+    return 0
+  args.replicas, args.width = args.replicas or "2,4", args.width or 2048
   for n in args.replicas.split(","):
     proc = subprocess.run(
         [sys.executable, "-m", "tests.bench.zero", "--measure", n,
@@ -95,8 +147,11 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+  if sys.argv[1:2] == ["--state"]:
+    print(json.dumps(state(int(sys.argv[2]), sys.argv[3] == "True",
+                           int(sys.argv[4]))), flush=True)
+    os._exit(0)  # pylint: disable=protected-access
   if sys.argv[1:2] == ["--measure"]:
-    import os  # pylint: disable=g-import-not-at-top
     n, model, width, rounds = sys.argv[2:6]
     print(json.dumps(measure(int(n), model, int(width), int(rounds))),
           flush=True)

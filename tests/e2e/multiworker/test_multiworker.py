@@ -2,7 +2,12 @@
 
 On CPU each worker is one replica. A run resumes across topologies (the
 data position is in global examples), its per-step losses those of one
-process (float tolerance: the all-reduce sums in another order). The
+process (float tolerance: the all-reduce sums in another order); its 2
+workers shard the optimizer's state (distribution.shard_optimizer: SGD's
+momentum, 1/2 each), the processes before and after do not, so the
+checkpoint moves replicated -> sharded -> replicated (2 workers
+replicated equal one process in test_slurm.py and
+test_callbacks_topologies.py). The
 launch also holds `looper launch`'s own contract (its tests:
 tests/unit/cli/test_launch.py): each worker's lines prefixed, its pid and
 its share of the GPUs named, the workdir written by the chief only, one
@@ -27,7 +32,7 @@ ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.batch_size=48",
         "--config.train.steps_per_loop=5", "--config.checkpoint.every_steps=10",
         "--config.eval.every_steps=10",
         # Dropout masks too must not depend on the topology.
-        "--config.model.dropout=0.3")
+        "--config.model.dropout=0.3", "--config.optimizer.momentum=0.9")
 
 
 def launched(workers, *args, **env_vars):
@@ -45,12 +50,14 @@ def test_resume_across_topologies(tmp_path):
   # Two GPUs named the user's way: one each (a CPU-only TensorFlow ignores
   # the variable).
   out = launched(2, "--config.train.steps=20", f"--workdir={tmp_path}/run",
+                 "--config.distribution.shard_optimizer=True",
                  CUDA_VISIBLE_DEVICES="3,5")
   assert "[worker 0] " in out and "[worker 1] " in out
   first, second = pids(out.splitlines())
   assert f"[launch] worker 0: pid {first}, CUDA_VISIBLE_DEVICES=3\n" in out
   assert f"[launch] worker 1: pid {second}, CUDA_VISIBLE_DEVICES=5\n" in out
   assert "train step 20/20" in out
+  assert "per device (sharded over 2 replicas)" in out
   # Two workers resumed one process's run and trained like one process.
   np.testing.assert_allclose(curve(tmp_path / "run" / "train"), whole[:20],
                              rtol=1e-5)

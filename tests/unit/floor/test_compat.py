@@ -73,6 +73,28 @@ def test_apply_gradients_passes_the_sum_through_the_hook(scaled):
   np.testing.assert_array_equal(w.numpy(), [-3.0])  # unscaled, tripled
 
 
+# --- all_gather: sharding's one collective per step ----------------------
+
+
+def test_all_gather_is_one_collective_and_the_replicas_end_to_end():
+  from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  from tests.fixtures.configs import SESSION_CPUS  # pylint: disable=g-import-not-at-top
+  strategy = distribute.mirrored(distribute.split_cpu(SESSION_CPUS))
+
+  @tf.function
+  def step():  # replica r gives [r, r + 0.5]
+    def gather():
+      r = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+                  tf.float32)
+      return compat.all_gather(tf.stack([r, r + 0.5]))
+    return strategy.run(gather)
+  got = [t.numpy().tolist()
+         for t in strategy.experimental_local_results(step())]
+  assert got == [[0.0, 0.5, 1.0, 1.5]] * 2
+  ops = [op.type for op in step.get_concrete_function().graph.get_operations()]
+  assert [o for o in ops if "Collective" in o] == ["CollectiveGatherV2"] * 2
+
+
 # --- uses_weight_decay, saved_as_variable, optimizer_layout: sharded saves --
 
 

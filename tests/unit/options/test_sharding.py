@@ -1,9 +1,10 @@
 """distribution.shard_optimizer: the sharded run is the replicated run.
 
-Against the reference of the same trainer unsharded: per-step losses and
-final weights (1 replica, and 2 on the session's logical CPUs), the
-optimizer state per device, and
-checkpoints in one layout: sharded <-> replicated, 2 replicas -> 1.
+Against the reference of the same trainer unsharded, on the session's 2
+logical CPUs: per-step losses and final weights, the optimizer state per
+device, and checkpoints in one layout: sharded <-> replicated, 2
+replicas -> 1. On one replica the flag costs nothing: the weights are
+updated in place, as unsharded.
 """
 
 import keras
@@ -58,7 +59,8 @@ CASES = {
 }
 
 
-TWO = ("adam", "adamw")  # on 2 replicas (sgd's here: the time of the suite)
+# Optimizer slots per weight (Adam's two moments; SGD's momentum).
+SLOTS = {"sgd": 1}
 
 
 def _trainer(strategy, case: str, shard: bool, cls=None):
@@ -91,7 +93,7 @@ def _state_bytes(trainer, strategy) -> list[int]:
 def results(strategy, directory: str) -> dict:
   """Each case replicated and sharded; Adam's checkpoints across."""
   out = {}
-  for case in TWO:
+  for case in CASES:
     for shard in (False, True):
       t = _trainer(strategy, case, shard)
       out[f"{case}/{shard}"] = dict(_run(t), bytes=_state_bytes(t, strategy))
@@ -105,6 +107,10 @@ def results(strategy, directory: str) -> dict:
     tf.train.Checkpoint(**t.checkpoint_items()).read(
         out[f"adam/{not shard}"]["path"]).assert_existing_objects_matched()
     out[f"adam/{shard}/from_other"] = t.train(STEPS)[0].tolist()
+  # AdamW decaying every weight: the exclusions must have acted.
+  t = _trainer(strategy, "adamw", True, trainer_lib.Trainer)
+  t.train(STEPS)
+  out["adamw/every_weight_decayed"] = _weights(t)
   return out
 
 
@@ -125,15 +131,22 @@ def _same_run(got: dict, want: dict, what: str) -> None:
 
 
 @pytest.mark.slow  # 2 replicas: seconds
-@pytest.mark.parametrize("case", TWO)
+@pytest.mark.parametrize("case", CASES)
 def test_two_replicas_sharded_train_as_replicated(two_replicas, case):
   got, want = two_replicas[f"{case}/True"], two_replicas[f"{case}/False"]
   _same_run(got, want, case)
-  # Adam's two slots on each device: whole replicated, ceil(size / 2) of
-  # each weight sharded (float32), and the int64 step counter.
+  # The slots on each device: whole replicated, ceil(size / 2) of each
+  # weight sharded (float32), and the int64 step counter.
   sizes = [np.size(w) for w in want["weights"]]
-  assert want["bytes"] == [8 + 2 * 4 * sum(sizes)] * 2
-  assert got["bytes"] == [8 + 2 * 4 * sum(-(-n // 2) for n in sizes)] * 2
+  slots = SLOTS.get(case, 2)
+  assert want["bytes"] == [8 + slots * 4 * sum(sizes)] * 2
+  assert got["bytes"] == [8 + slots * 4 * sum(-(-n // 2) for n in sizes)] * 2
+  if case == "constrained":  # it bound: a column at the max norm
+    norms = np.linalg.norm(got["weights"][-2], axis=0)
+    np.testing.assert_allclose(norms.max(), 0.3, rtol=1e-5)
+  if case == "adamw":  # and the exclusions acted: decaying all differs
+    assert not all(np.allclose(a, b) for a, b in zip(
+        two_replicas["adamw/every_weight_decayed"], got["weights"]))
 
 
 @pytest.mark.slow  # 2 replicas: seconds
@@ -164,24 +177,18 @@ def test_two_replicas_sharded_checkpoint_resumes_on_one(two_replicas):
                              rtol=1e-5)
 
 
-@pytest.mark.slow  # over 2 s: out of the fast lane
-@pytest.mark.parametrize("case", CASES)
-def test_one_replica_sharded_is_the_replicated_run(case):
+def test_on_one_replica_the_weights_are_updated_in_place():
+  """One shard would hold all: the replicated update, at its cost (Adam's
+  slots and the EMA), and the sharded run's checkpoint layout (both save
+  as replicated: the tests above)."""
   strategy = tf.distribute.get_strategy()
-  runs = {}
-  for shard in (False, True):
-    runs[shard] = _run(_trainer(strategy, case, shard))
-  _same_run(runs[True], runs[False], "one replica")
-  if case == "constrained":  # it bound: a column at the max norm
-    norms = np.linalg.norm(runs[True]["weights"][-2], axis=0)
-    np.testing.assert_allclose(norms.max(), 0.3, rtol=1e-5)
-  if case != "adamw":
-    return
-  # And the exclusions acted: decaying every weight is another run.
-  t = _trainer(strategy, "adamw", True, trainer_lib.Trainer)
-  t.train(STEPS)
-  assert not all(np.allclose(a, b) for a, b in zip(_weights(t),
-                                                   runs[True]["weights"]))
+  trainers = {shard: _trainer(strategy, "adam", shard)
+              for shard in (False, True)}
+  assert isinstance(trainers[True].update, sharding.Replicated)
+  sizes = sum(v.shape.num_elements()
+              for v in trainers[True].model.trainable_variables)
+  for t in trainers.values():  # step; two moments and the average
+    assert sharding.per_device(strategy, t.update, t.ema) == 8 + 12 * sizes
 
 
 def _part_update(optimizer, shard, grad, rows: int, replicas: int):
