@@ -18,11 +18,13 @@ one K-step call each (after a first, traced call); prints the median ms
 per step of each, their ratio (sharded / replicated, the median of the
 rounds' ratios) and the optimizer state per device.
 
---memory: the tiny MLP at `width` 2**21 (27 million parameters), Adam,
-replicated then sharded on each replica count, a process each training
-two steps: the optimizer state's bytes per parameter on the device
-holding most (from its variables) and the process's peak resident memory
-(all its replicas: logical CPUs share it; wait4's ru_maxrss).
+--memory: the tiny MLP on its 8 features as tokens embedded in `width`
+(model.embed; 33.7 million parameters at 2048, mostly an 8 `width` x
+`width` kernel, with small activations), Adam, replicated then sharded on
+each replica count, a process each training two steps: the optimizer
+state's bytes per parameter on the device holding most (from its
+variables) and the process's peak resident memory (all its replicas:
+logical CPUs share it; wait4's ru_maxrss).
 """
 
 import argparse
@@ -87,7 +89,8 @@ def state(replicas: int, shard: bool, width: int) -> dict:
   from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
   from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
   strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
-  config = configured(_config("tiny", width), train__steps_per_loop=2,
+  config = configured(_config("tiny", width), model__embed=width,
+                      train__steps_per_loop=2,
                       distribution__shard_optimizer=shard)
   trainer = pieces.trainer(config, strategy)
   trainer.train(2)
@@ -121,16 +124,14 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--replicas", help="default 2,4; --memory: 1,2,4")
   parser.add_argument("--model", choices=("tiny", "mlp"), default="tiny")
-  parser.add_argument("--width", type=int,
-                      help="tiny's; default 2048, --memory: 2**21")
+  parser.add_argument("--width", type=int, default=2048, help="tiny's")
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--memory", action="store_true")
   args = parser.parse_args(argv)
   if args.memory:
-    memory((args.replicas or "1,2,4").split(","), args.width or 1 << 21)
+    memory((args.replicas or "1,2,4").split(","), args.width)
     return 0
-  args.replicas, args.width = args.replicas or "2,4", args.width or 2048
-  for n in args.replicas.split(","):
+  for n in (args.replicas or "2,4").split(","):
     proc = subprocess.run(
         [sys.executable, "-m", "tests.bench.zero", "--measure", n,
          args.model, str(args.width), str(args.rounds)], cwd=ROOT, capture_output=True,

@@ -41,6 +41,9 @@ CASES = {
     "dropout_sgd": {"model.dropout": 0.3, "optimizer.momentum": 0.9},
     "class_weights": {"optimizer.name": "adam",
                       "data.class_weights": (1.0, 3.0, 1.0, 0.5)},
+    # Kernels of 128 and 64 KiB: the first gathered alone (sharding.ALONE).
+    "wide": {"optimizer.name": "adam", "optimizer.ema_decay": 0.9,
+             "model.width": 4096},
 }
 
 
