@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -22,6 +21,7 @@ from looper import workdir as workdir_lib
 from looper.cli import runs
 from looper.train import goodput
 from looper.train import peak_flops
+from tests.fixtures import forks
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured, run_here
 from tests.fixtures.paths import PYTHONPATH, ROOT
@@ -146,11 +146,11 @@ print(json.dumps(shown["eval"]))
 
 
 def test_plain_python_prints_the_run_unless_asked_not_to(tmp_path):
-  proc = subprocess.run(
+  proc = forks.run(
       [sys.executable, "-c", _NOTEBOOK, str(tmp_path / "a"),
        str(tmp_path / "b")], cwd=ROOT,
       env=dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV),
-      capture_output=True, text=True, timeout=300, check=False)
+      timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   shown, quiet = proc.stdout.split("-- quiet --\n")
   lines = shown.splitlines()

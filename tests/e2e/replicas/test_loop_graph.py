@@ -28,6 +28,7 @@ import sys
 
 import pytest
 
+from tests.fixtures import forks
 from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
@@ -149,7 +150,7 @@ def loop_facts(fields: dict) -> dict:
 
 
 def _facts(*args, env=None):
-  return subprocess.Popen(
+  return forks.popen(
       [sys.executable, "-m", "tests.e2e.replicas.test_loop_graph", *args],
       cwd=ROOT,
       env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV,

@@ -17,6 +17,7 @@ import pytest
 
 from looper import network
 from looper.cli import launch as launch_lib
+from tests.fixtures import forks
 from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
@@ -34,7 +35,7 @@ def launch(*args, workers=2, reach="private", script=False, **env_vars):
   if script:
     assert shutil.which("looper"), "no `looper`: pip install -e '.[test]'"
     command = [shutil.which("looper"), "launch"]
-  return subprocess.Popen(
+  return forks.popen(
       [*command, f"--workers={workers}", "--", *args, *declared], cwd=ROOT,
       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

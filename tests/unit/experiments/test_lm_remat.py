@@ -18,7 +18,6 @@ process whose allocator keeps one (processes.MEMORY_STATS_ENV).
 
 import json
 import os
-import subprocess
 import sys
 
 import keras
@@ -29,6 +28,7 @@ import tensorflow as tf
 from experiments import lm
 from experiments.text import model
 from looper import config as lc
+from tests.fixtures import forks
 from tests.fixtures import pieces
 from tests.fixtures.configs import configured
 from tests.fixtures.paths import PYTHONPATH, ROOT
@@ -149,11 +149,10 @@ print(json.dumps({"peaks": peaks, "curves": [
 def own_process(tmp_path_factory):
   """The output of _OWN_PROCESS and the folder of its gradients."""
   out = tmp_path_factory.mktemp("remat")
-  proc = subprocess.run(
+  proc = forks.run(
       [sys.executable, "-c", _OWN_PROCESS, str(out)], cwd=ROOT, timeout=600,
       env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV,
-           **MEMORY_STATS_ENV},
-      capture_output=True, text=True, check=False)
+           **MEMORY_STATS_ENV})
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1]), out
 

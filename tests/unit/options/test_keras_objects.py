@@ -8,7 +8,6 @@ is one line before training.
 """
 
 import os
-import subprocess
 import sys
 
 import keras
@@ -23,6 +22,7 @@ from looper.errors import ConfigError
 from looper.train import dry_run
 from looper.options import losses
 from looper.train import evaluator as evaluator_lib
+from tests.fixtures import forks
 from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures import tiny_keras
@@ -109,12 +109,12 @@ def test_metric_objects_are_fresh_copies_and_report_what_numpy_does():
 def test_a_metric_object_in_a_config_file_leaves_the_devices_free():
   # The objects are made while the command line loads the file, before
   # looper splits the CPU into 2 devices for 2 replicas.
-  proc = subprocess.run(
+  proc = forks.run(
       [sys.executable, "-m", "looper.main", "--mode=describe",
        "--config=tests/fixtures/tiny_keras.py",
        "--config.distribution.num_cpu_devices=2"],
       cwd=ROOT, env={**os.environ, "PYTHONPATH": PYTHONPATH, **LOOPBACK_ENV},
-      capture_output=True, text=True, timeout=300, check=False)
+      timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "  strategy   Mirrored, 2 replicas (2 CPU)" in proc.stdout
 

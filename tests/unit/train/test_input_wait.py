@@ -3,7 +3,6 @@ and what the progress line says to try in each input mode."""
 
 import logging
 import os
-import subprocess
 import sys
 import time
 
@@ -15,6 +14,7 @@ from looper.data import shards
 from looper.data import sources
 from looper.workdir import writers
 from looper.options import distribute
+from tests.fixtures import forks
 from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
@@ -65,11 +65,12 @@ def pinned_fraction() -> float:
 def test_one_cpu_still_tells_compute_from_waiting():
   # One inter-op thread (TensorFlow's default on one CPU) put the step's
   # ops inside the timed get_next: 0.95 measured without two_op_threads.
-  proc = subprocess.run(
+  proc = forks.run(
       [sys.executable, "-c", "from tests.unit.train import test_input_wait as t;"
        " print(t.pinned_fraction())"],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV),
-      capture_output=True, text=True, timeout=300, check=True)
+      timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
   assert float(proc.stdout.split()[-1]) < 0.3
 
 
