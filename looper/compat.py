@@ -71,16 +71,17 @@ def uses_weight_decay(optimizer, variable) -> bool:
 
 def all_gather(tensor: tf.Tensor) -> tf.Tensor:
   """`tensor` of every replica end to end on axis 0 (replica context; one
-  shape on all) by ONE collective. Touches: the collective launchers of
-  looper's Mirrored and multi-worker strategies, `extended.
-  _get_cross_device_ops(value)._launchers[i]._all_gather`, in a merge call.
-  Why: `ReplicaContext.all_gather` gathers the shapes first (a second
-  collective), pads and unpads at run time: 3 ms of sharding's 21 ms step
-  on 2 CPUs. Checked on TensorFlow 2.21.0 / Keras 3.15.1."""
+  shape on all) by ONE collective. Touches: the launchers of a collective
+  cross-device ops, `._launchers[i]._all_gather`, in a merge call: Mirrored's
+  `extended._collective_ops` (its XLA path's; its GPU default, NCCL's ops,
+  has no gather), else `extended._get_cross_device_ops(value)` (multi-
+  worker's). Why: `ReplicaContext.all_gather` gathers the shapes first, pads
+  and unpads: 3 ms of a 21 ms step. Checked on TensorFlow 2.21.0 / Keras 3.15.1."""
   from tensorflow.python.distribute import values  # pylint: disable=g-import-not-at-top
 
   def gather(strategy, value):
-    ops = strategy.extended._get_cross_device_ops(value)  # pylint: disable=protected-access
+    ops = (getattr(strategy.extended, "_collective_ops", None) or
+           strategy.extended._get_cross_device_ops(value))  # pylint: disable=protected-access
     return values.PerReplica(tuple(
         launcher._all_gather(part, None)  # pylint: disable=protected-access
         for launcher, part in zip(ops._launchers,  # pylint: disable=protected-access
