@@ -295,10 +295,10 @@ class Trainer:
 
   @autograph.plain
   def eval_step(self, batch) -> None:
-    """One replica's eval step; padding examples have mask 0. The examples'
-    own weights count, and a loss object's ignore_class (data.class_weights,
-    a train-time rebalancing, does not, as in Keras). An override feeds `self.eval_loss` (what `evaluate`
-    reports as the loss and the example count) and the eval metrics."""
+    """One replica's eval step; padding examples have mask 0. Examples' own
+    weights and a loss object's ignore_class count (data.class_weights, a
+    train-time rebalancing, does not, as in Keras). An override feeds
+    `self.eval_loss` (`evaluate`'s loss and example count) and the metrics."""
     *example, mask = batch
     inputs, labels, weights = batch_lib.parts(example)
     weights = losses.label_weighted(weights, labels, ignored=self._ignored)
@@ -314,7 +314,7 @@ class Trainer:
 
   @autograph.plain
   def serve(self, inputs) -> dict[str, tf.Tensor]:
-    """What an export computes for a batch of `inputs` (see looper.workdir.export):
+    """What an export computes for a batch of `inputs` (looper.workdir.export):
     {"logits": ...}, or every output of a model with a dict of them.
 
     Override to serve probabilities, decoded labels or preprocessing; the
