@@ -64,6 +64,6 @@ def test_exit_codes_signals_and_environment_are_a_processs(tmp_path):
   assert sleeper.wait(timeout=30) == -signal.SIGKILL
   # What a fork would not reproduce (HOME is read at import) is a process.
   other_home = forks.popen([sys.executable, "-c", "pass"], cwd=ROOT,
-                           env=_env(HOME=str(ROOT / "nowhere")))
+                           env=_env(HOME=str(tmp_path / "home")))
   assert isinstance(other_home, subprocess.Popen)
   assert other_home.wait(timeout=60) == 0

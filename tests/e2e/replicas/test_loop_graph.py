@@ -8,7 +8,8 @@ variable, no collective, and nothing may flow out of the replica step (a
 per-step loss reduced or fetched); the only variable the loop reads is the
 stop flag, a host variable, in its condition. With
 optimizer.clip_global_norm the replica step holds ONE all-reduce, as
-without it; distribution.shard_optimizer adds ONE all-gather (one collective). The replica step writes whole variables only (a slice of a TPU
+without it; distribution.shard_optimizer adds ONE all-gather (one
+collective). The replica step writes whole variables only (a slice of a TPU
 variable is a tensor, with no assign), and the weight average adds no
 merge call (a merge call and a broadcast per variable per step before).
 Every case has the health figures on (train.health_metrics, the default):
