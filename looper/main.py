@@ -22,27 +22,21 @@ Config errors end the program with one line naming the field and the fix,
 the last line on stderr.
 """
 
+import importlib
 import os
 import sys
 
-# First, before anything imports TensorFlow: its C++ start-up lines stay
-# off the first screen unless --verbosity >= 1 (see looper/console.py).
-from looper import console  # pylint: disable=g-bad-import-order
-console.start(verbose=console.wants_tensorflow_logs(sys.argv))
-
-from absl import app  # pylint: disable=g-import-not-at-top
+# Nothing here imports TensorFlow: `looper launch` and `looper --help` run
+# without it; a run mode imports it in `cli`, quietly (console.start), and
+# its modules in `main`.
+from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
-import tensorflow as tf
 
+from looper import console
 from looper import errors
-from looper import run
-from looper.cli import describe
 from looper.cli import parsing
-from looper.cli import tpu_check
-from looper.options import distribute
-from looper.train import goodput
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (a .py with get_config()).",
@@ -52,19 +46,24 @@ _WORKDIR = flags.DEFINE_string(
 
 
 def _describe(config) -> None:
+  from looper.cli import describe  # pylint: disable=g-import-not-at-top
   print(describe.describe(config))
 
 
 def _check(config) -> None:
+  from looper.cli import tpu_check  # pylint: disable=g-import-not-at-top
   notes = []
   problems = tpu_check.check(config, cores=_CORES.value, notes=notes)
   print(tpu_check.report(problems, config, _CORES.value, notes))
   sys.exit(1 if problems else 0)
 
 
-# Modes that look at an experiment without a workdir; run.MODES need one.
+# looper.modes.MODES' names (test_cli checks them), which need a workdir:
+# that module imports TensorFlow, which the flags' definition must not.
+RUN_MODES = ("train", "eval", "train_and_eval", "continuous_eval", "export")
+# Modes that look at an experiment without a workdir.
 _INSPECT_MODES = {"check": _check, "describe": _describe}
-_MODE_NAMES = [*run.MODES, *_INSPECT_MODES]
+_MODE_NAMES = [*RUN_MODES, *_INSPECT_MODES]
 _MODE = flags.DEFINE_enum("mode", "train_and_eval", _MODE_NAMES,
                           "What to run (also `looper MODE --config=...`).")
 _CHECKPOINT = flags.DEFINE_string(
@@ -84,6 +83,12 @@ def main(argv):
   inspect = _INSPECT_MODES.get(_MODE.value)
   if inspect is None and not _WORKDIR.value:
     raise app.UsageError(f"--mode={_MODE.value} needs --workdir")
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from looper import run
+  from looper.options import distribute
+  from looper.train import goodput
+  # pylint: enable=g-import-not-at-top
   try:
     if inspect is not None:
       inspect(_CONFIG.value)
@@ -142,11 +147,9 @@ def cli():
   (see looper.cli.runs), `looper data_service ...` serves a tf.data service
   (see looper.cli.data_service)."""
   if sys.argv[1:2] in (["launch"], ["runs"], ["data_service"]):  # own flags
-    from looper.cli import data_service  # pylint: disable=g-import-not-at-top
-    from looper.cli import launch  # pylint: disable=g-import-not-at-top
-    from looper.cli import runs  # pylint: disable=g-import-not-at-top
-    tools = {"launch": launch, "runs": runs, "data_service": data_service}
-    sys.exit(tools[sys.argv[1]].main(sys.argv[2:]))
+    # Only the tool asked for: launch imports no TensorFlow.
+    tool = importlib.import_module(f"looper.cli.{sys.argv[1]}")
+    sys.exit(tool.main(sys.argv[2:]))
   if sys.argv[1:] in ([], ["--help"], ["-h"], ["help"]):
     print(USAGE)
     sys.exit(0 if sys.argv[1:] else 2)
@@ -156,6 +159,9 @@ def cli():
   # file's own imports (`from experiments import common`) resolve the same.
   if os.getcwd() not in sys.path and "" not in sys.path:
     sys.path.insert(0, os.getcwd())
+  # TensorFlow's C++ start-up lines stay off the first screen unless
+  # --verbosity >= 1 (see looper/console.py).
+  console.start(verbose=console.wants_tensorflow_logs(sys.argv))
   app.run(main, flags_parser=parsing.parse_flags)
 
 

@@ -2,7 +2,8 @@
 
 One real process per kind of exit line: a flag the parser refuses, a config
 the run refuses, absl's usage error, a checkpoint the run cannot restore
-(in train and in eval mode), the console script. The other cases of a kind
+(in train mode a user's `looper` in a new interpreter, the fresh lane; in
+eval mode), the console script. The other cases of a kind
 go through the same code in this process: the parser (`parse`,
 tests/unit/cli/test_parsing.py) or `looper.run.run`, whose error's text is
 the line `python -m looper.main` ends with.
@@ -16,13 +17,15 @@ import subprocess
 from absl import logging as absl_logging
 import pytest
 
+from looper import main
+from looper import modes
 from looper import run
 from looper.errors import CheckpointError
 from tests.fixtures import tiny
 from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.paths import ROOT
-from tests.fixtures.processes import LOOPBACK_ENV, run_looper
+from tests.fixtures.processes import LOOPBACK_ENV, run_fresh, run_looper
 from tests.unit.cli.test_parsing import parse  # pylint: disable=unused-import
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
@@ -63,6 +66,11 @@ def test_bad_values_fail_in_one_line(tmp_path, parse):  # pylint: disable=redefi
       "looper: config.train.batch_size=30 is not divisible by the 4 replicas;"
       " set --config.train.batch_size=32")
   assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_mode_flag_names_every_mode_of_a_run():
+  # looper.main names them without importing looper.modes (TensorFlow).
+  assert main.RUN_MODES == tuple(modes.MODES)
 
 
 def test_stray_argument_is_a_usage_error(tmp_path):
@@ -133,9 +141,11 @@ def test_resume_with_a_changed_model_ends_in_looper_line(tmp_path):
   """TensorFlow's "deleted with unrestored values" warnings about the
   failed restore came after looper's line, at exit."""
   run_here(TINY, f"--workdir={tmp_path}", "--config.train.steps=20")
-  for mode in ("train", "eval"):
-    proc = run_looper(TINY, f"--workdir={tmp_path}", f"--mode={mode}",
-                      "--config.model.width=32", "--config.train.steps=40")
+  # train: what TensorFlow prints at a new interpreter's exit, with no
+  # TF_CPP_MIN_LOG_LEVEL set beforehand (the fresh lane).
+  for mode, start in (("train", run_fresh), ("eval", run_looper)):
+    proc = start(TINY, f"--workdir={tmp_path}", f"--mode={mode}",
+                 "--config.model.width=32", "--config.train.steps=40")
     assert error_line(proc) == (
         f"looper: {tmp_path}/checkpoints/ckpt-20 holds a different model or"
         " trainer state than the config builds (Received incompatible tensor"

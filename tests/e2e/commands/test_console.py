@@ -4,7 +4,9 @@ the same lines from plain Python (a notebook), or none if asked.
 A process where the process is what is seen (a first screen free of
 TensorFlow's start-up lines, absl's logging, logical CPUs, a notebook's
 unset logging); the rest (a resumed run's lines, `--help`'s text) from the
-same code in this process.
+same code in this process. The first screen, `--verbosity=1` and the
+start-up's share of goodput are a user's `looper` in a new interpreter
+(the fresh lane: processes.run_fresh).
 """
 
 import json
@@ -25,13 +27,13 @@ from tests.fixtures import forks
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured, run_here
 from tests.fixtures.paths import PYTHONPATH, ROOT
-from tests.fixtures.processes import LOOPBACK_ENV, run_ok
+from tests.fixtures.processes import (LOOPBACK_ENV, TENSORFLOW_CHATTER,
+                                      TENSORFLOW_LOG_LINE, fresh_env,
+                                      run_fresh, run_ok)
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
-CHATTER = ("InitializeLog", "oneDNN", "cuInit", "cuda", "cpu_feature_guard",
-           "I0000", "E0000", "Sharding callback")
 TIME = r"\d\d:\d\d:\d\d"
 
 
@@ -40,10 +42,12 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
   args = ("--config=tests/fixtures/tiny.py", f"--workdir={workdir}",
           "--config.checkpoint.best_metric=accuracy",
           "--config.export.at_end=True")
-  proc = run_ok(*args, "--config.train.steps=20")
+  proc = run_fresh("train_and_eval", *args, "--config.train.steps=20")
+  assert proc.returncode == 0, proc.stderr[-3000:]
   assert not proc.stdout  # absl's handler shows the lines: on stderr, once
   lines = proc.stderr.splitlines()
-  assert not [l for l in lines if any(c in l for c in CHATTER)], lines[:5]
+  assert not [l for l in lines if any(c in l for c in TENSORFLOW_CHATTER)
+             ], lines[:5]
   assert re.fullmatch(
       rf"{TIME} looper train_and_eval: sequential \(212 parameters\) in"
       rf" {workdir} \(fresh start\)", lines[0]), lines[0]
@@ -102,9 +106,27 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
   assert f" of {runs.summarize(str(workdir))[runs.WALL]} in 2 attempts " in both
 
 
-def test_describe_a_mirrored_four_device_config_with_verbose_logs():
+def test_verbose_logs_show_tensorflows_start_counted_in_goodput(tmp_path):
+  """--verbosity=1 keeps TensorFlow's start-up lines and absl's own long
+  ones; the attempt's start-up (goodput) holds the TensorFlow import this
+  process made (-X importtime: only a fresh process makes it)."""
+  proc = run_fresh("train", "--config=tests/fixtures/tiny.py",
+                   f"--workdir={tmp_path}", "--config.train.steps=10",
+                   "--verbosity=1", env=fresh_env(PYTHONPROFILEIMPORTTIME="1"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert re.search(TENSORFLOW_LOG_LINE, proc.stderr, re.M), proc.stderr[:3000]
+  assert re.search(r"^[IWE]\d{4} \d\d:\d\d:\d\d", proc.stderr, re.M)
+  # 'import time: <self us> | <cumulative us> | tensorflow', once.
+  [imported] = re.findall(r"^import time:\s+\d+ \|\s+(\d+) \| tensorflow$",
+                          proc.stderr, re.M)
+  [record] = goodput.read(workdir_lib.Workdir(str(tmp_path)))
+  assert record["seconds"]["startup"] >= int(imported) / 1e6, (
+      record["seconds"], imported)
+
+
+def test_describe_a_mirrored_four_device_config():
   proc = run_ok("describe", "--config=tests/fixtures/tiny.py",
-                "--config.distribution.num_cpu_devices=4", "--verbosity=1")
+                "--config.distribution.num_cpu_devices=4")
   out = proc.stdout
   assert out.startswith("looper describe: sequential (212 parameters)\n"
                         "  strategy   Mirrored, 4 replicas (4 CPU)\n"
@@ -114,8 +136,6 @@ def test_describe_a_mirrored_four_device_config_with_verbose_logs():
       " float32[8], labels int32[]",
       "dense_1 (Dense)", "Total params: 212", '"num_cpu_devices": 4'):
     assert expected in out, expected
-  # --verbosity=1 keeps absl's own long log lines (TensorFlow's too).
-  assert re.search(r"^[IWE]\d{4} \d\d:\d\d:\d\d", proc.stderr, re.M)
 
 
 def test_help_lists_the_modes_and_experiments(monkeypatch, capsys):

@@ -7,7 +7,6 @@ tests/e2e/multiworker/test_multiworker.py::test_resume_across_topologies."""
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,22 +18,22 @@ from looper import network
 from looper.cli import launch as launch_lib
 from tests.fixtures import forks
 from tests.fixtures.paths import PYTHONPATH, ROOT
-from tests.fixtures.processes import LOOPBACK_ENV
+from tests.fixtures.processes import LOOPBACK_ENV, fresh_env, looper_script
 
 TINY = ("--config=tests/fixtures/tiny.py", "--config.train.steps_per_loop=10")
 
 
 def launch(*args, workers=2, reach="private", script=False, **env_vars):
   """`python -m looper.cli.launch` ARGS (`script`: the `looper launch`
-  console script); its workers' reach declared `reach` (the test
-  machines' networks are private; None: launch's own, loopback)."""
+  console script, as a user's shell starts it: the fresh lane); its
+  workers' reach declared `reach` (the test machines' networks are
+  private; None: launch's own, loopback)."""
   env = dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV, **env_vars)
   env.pop("TF_CONFIG", None)
   declared = [f"{launch_lib.REACH}={reach}"] if reach else []
   command = [sys.executable, "-m", "looper.cli.launch"]
   if script:
-    assert shutil.which("looper"), "no `looper`: pip install -e '.[test]'"
-    command = [shutil.which("looper"), "launch"]
+    command, env = [looper_script(), "launch"], fresh_env(**env_vars)
   return forks.popen(
       [*command, f"--workers={workers}", "--", *args, *declared], cwd=ROOT,
       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -81,12 +80,27 @@ def launch_then(tmp_path, act, script=False, **env_vars):
   return proc, out, pids(lines)
 
 
+def tensorflow_loaded(pid: int) -> bool:
+  """Whether the Python process `pid` has TensorFlow's libraries mapped
+  (/proc/PID/maps: seen from outside, while it runs)."""
+  assert "python" in os.readlink(f"/proc/{pid}/exe")  # not a shell between
+  with open(f"/proc/{pid}/maps") as f:
+    return f"{os.sep}tensorflow{os.sep}" in f.read()
+
+
 @pytest.mark.slow  # workers
 def test_a_failing_worker_ends_all_and_is_named(tmp_path):
-  # Through the `looper launch` console script.
-  proc, out, workers = launch_then(
-      tmp_path, lambda proc, pids: os.kill(pids[1], signal.SIGKILL),
-      script=True)
+  # Through the `looper launch` console script, which dispatches before
+  # importing TensorFlow: not in the launcher while its workers train.
+  seen = {}
+
+  def look_then_kill(proc, pids):
+    seen.update(launcher=tensorflow_loaded(proc.pid),
+                worker=tensorflow_loaded(pids[1]))
+    os.kill(pids[1], signal.SIGKILL)
+
+  proc, out, workers = launch_then(tmp_path, look_then_kill, script=True)
+  assert seen == {"launcher": False, "worker": True}
   assert proc.returncode == 128 + signal.SIGKILL, out[-3000:]
   assert out.strip().splitlines()[-1] == (
       "[launch] worker 1 failed first (killed by SIGKILL); the others were"
