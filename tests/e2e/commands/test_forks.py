@@ -1,7 +1,11 @@
 """tests/fixtures/forks.py: a run forked from the suite's fork server is the
-run a fresh `python -m looper.main` makes, and its process a Popen's."""
+run a fresh `python -m looper.main` makes, its screen too (1 replica, 2
+replicas, a TF_CONFIG worker), and its process a Popen's; the server forks
+only while TensorFlow's runtime has not started."""
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -9,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from looper.cli import launch
 from tests.fixtures import forks
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.paths import PYTHONPATH, ROOT
@@ -27,22 +32,94 @@ def _env(**more):
   return dict(os.environ, PYTHONPATH=PYTHONPATH, **LOOPBACK_ENV, **more)
 
 
+def masked(stderr: str, workdir) -> str:
+  """A run's stderr without what differs between any two runs: clock
+  times, the wall time, speeds (and the input-bound hint they give), the
+  measured peak, goodput's shares, the workdir, ports and PIDs."""
+  text = stderr.replace(str(workdir), "<workdir>")
+  for pattern, mask in [
+      (r"^\d\d:\d\d:\d\d ", "<time> "),
+      (r"^(<time> train step \d+/\d+: .*?) \| .*$", r"\1 | <speed>"),
+      (r" in \d+:\d\d:\d\d \(this attempt", " in <wall> (this attempt"),
+      (r"^  (MFU|goodput)( +).*$", r"  \1\2<measured>"),
+      (r"127\.0\.0\.1:\d+", "127.0.0.1:<port>"),
+      (r"\bpid \d+", "pid <pid>")]:
+    text = re.sub(pattern, mask, text, flags=re.M)
+  return text
+
+
+def one_worker(port: int) -> str:
+  return json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
+                     "task": {"type": "worker", "index": 0}})
+
+
 def test_a_forked_run_is_a_fresh_processs_run(tmp_path):
-  fresh = subprocess.run([*RUN, f"--workdir={tmp_path}/fresh"], cwd=ROOT,
-                         env=_env(), capture_output=True, text=True,
-                         timeout=300, check=False)
-  forked = forks.popen([*RUN, f"--workdir={tmp_path}/forked"], cwd=ROOT,
-                       env=_env(), stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-  assert isinstance(forked, forks.Forked)
-  out, err = forked.communicate(timeout=300)
-  assert (fresh.returncode, forked.returncode) == (0, 0), err[-2000:]
-  # Dropout draws from Keras' seeded generator: the same numbers, bitwise.
-  np.testing.assert_array_equal(curve(tmp_path / "forked" / "train"),
-                                curve(tmp_path / "fresh" / "train"))
-  assert out == fresh.stdout
-  assert (scalars(tmp_path / "forked" / "eval", "loss") ==
-          scalars(tmp_path / "fresh" / "eval", "loss"))
+  """Each config forked and fresh, all at once: the same curves and eval,
+  the same stderr but for what differs between any two runs."""
+  ports = launch.free_ports(2)
+  configs = {  # name: (flags, TF_CONFIG of the fresh run, of the forked)
+      "one": ((), None, None),
+      "two": (("--config.distribution.num_cpu_devices=2",), None, None),
+      "worker": (("--config.distribution.strategy=multi_worker",
+                  "--config.distribution.network=private"),
+                 one_worker(ports[0]), one_worker(ports[1]))}
+  procs = {}
+  for name, (flags, *tf_configs) in configs.items():
+    for kind, tf_config in zip(("fresh", "forked"), tf_configs):
+      more = {} if tf_config is None else {"TF_CONFIG": tf_config}
+      start = subprocess.Popen if kind == "fresh" else forks.popen
+      procs[name, kind] = start(
+          [*RUN, *flags, f"--workdir={tmp_path}/{name}-{kind}"], cwd=ROOT,
+          env=_env(**more), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+          text=True)
+  assert isinstance(procs["one", "forked"], forks.Forked)
+  ended = {key: proc.communicate(timeout=300)
+           for key, proc in procs.items()}
+  for (name, kind), proc in procs.items():
+    assert proc.returncode == 0, (name, kind, ended[name, kind][1][-2000:])
+  for name in configs:
+    fresh, forked = tmp_path / f"{name}-fresh", tmp_path / f"{name}-forked"
+    # Dropout draws from Keras' seeded generator: the same numbers, bitwise.
+    np.testing.assert_array_equal(curve(forked / "train"),
+                                  curve(fresh / "train"), err_msg=name)
+    assert (scalars(forked / "eval", "loss") ==
+            scalars(fresh / "eval", "loss")), name
+    (out, err), (fresh_out, fresh_err) = (ended[name, "forked"],
+                                          ended[name, "fresh"])
+    assert out == fresh_out, name
+    assert " train step 12/12: " in err, (name, err[-2000:])
+    assert masked(err, forked).splitlines() == masked(
+        fresh_err, fresh).splitlines(), name
+
+
+# In a forked child: no runtime, one thread; then a thread; then an op.
+_HAZARDS = """
+import threading, time
+import tensorflow as tf
+from tests.fixtures import forks
+threads = forks._threads()
+print(forks.fork_hazard(threads))
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+print(forks.fork_hazard(threads))
+tf.constant(1.0) + 1
+print(forks.fork_hazard(threads))
+"""
+
+
+def test_the_server_forks_only_before_tensorflow_starts():
+  """fork_hazard, which the server asks before each fork (refusing it in
+  one line otherwise), sees a thread started and an op run."""
+  said = forks.run([sys.executable, "-c", _HAZARDS], cwd=ROOT, env=_env(),
+                   timeout=120)
+  assert said.returncode == 0, said.stderr[-2000:]
+  none, thread, runtime = said.stdout.splitlines()
+  assert none == "None"
+  assert re.fullmatch(r"1 thread\(s\) started in the fork server since its"
+                      r" imports \(tids \d+\); start none before forking",
+                      thread), thread
+  assert runtime == ("TensorFlow's eager context has started in the fork"
+                     " server (an op ran); keep ops out of the imports of"
+                     " forks.PRELOADED")
 
 
 def test_exit_codes_signals_and_environment_are_a_processs(tmp_path):

@@ -17,7 +17,10 @@ and a link is cut by bringing its switch port down mid-loop:
   the run ends normally, one set of checkpoints, by the chief;
 - and the run of those attempts (file mode) ends bit-exactly where
   an uninterrupted one does (element mode resumes on 2 workers in
-  test_multiworker.py and test_slurm.py).
+  test_multiworker.py and test_slurm.py), whose workers are new
+  interpreters, as on machines of their own: each its own string-hash
+  seed, TensorFlow imported by itself, a first screen without
+  TensorFlow's start-up lines (the fresh lane).
 Skipped with one line where a prerequisite is missing (root, its network
 capabilities, `ip`); namespaces that cannot be made despite them fail.
 """
@@ -34,7 +37,8 @@ from tests.fixtures.checkpoints import checkpoint_tensors
 from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.hosts import Hosts
-from tests.fixtures.processes import looper_lines, wait_for
+from tests.fixtures.processes import (TENSORFLOW_CHATTER, looper_lines,
+                                      probed, wait_for)
 
 # Subprocesses in namespaces: the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
@@ -76,9 +80,10 @@ def modes(tmp_path_factory):
   return write_modes(tmp_path_factory.mktemp("shards"))
 
 
-def run_hosts(net: Hosts, *args, timeout: float = 300) -> list[str]:
+def run_hosts(net: Hosts, *args, timeout: float = 300,
+              fresh: bool = False) -> list[str]:
   net.procs = []
-  net.start_workers((*ARGS, *args))
+  net.start_workers((*ARGS, *args), fresh=fresh)
   logs = net.finish(timeout)
   assert [p.returncode for p in net.procs] == [0] * net.n, logs[0][-3000:]
   return logs
@@ -188,8 +193,14 @@ def cuts_then_a_blip_end_exact(tmp_path, modes, cuts) -> None:  # pylint: disabl
         "checkpoint", *sorted(f"ckpt-{s}.{ext}" for s in (400, 500, 600)
                               for ext in ("data-00000-of-00001", "index"))]
     assert not list(workdir.glob(".worker*"))
-    run_hosts(net, *modes["files"], *LONG,
-              f"--workdir={workdir}-uninterrupted")
+    logs = run_hosts(net, *modes["files"], *LONG,
+                     f"--workdir={workdir}-uninterrupted", fresh=True)
+  probes = [probed(log) for log in logs]
+  assert probes[0]["hash"] != probes[1]["hash"], probes
+  assert not any(p["tensorflow_loaded"] for p in probes), probes
+  for log in logs:
+    assert not [l for l in log.splitlines()
+                if any(c in l for c in TENSORFLOW_CHATTER)], log[:3000]
   np.testing.assert_array_equal(curve(workdir / "train"),
                                 curve(f"{workdir}-uninterrupted/train"))
   state, want = (checkpoint_tensors(f"{w}/checkpoints/ckpt-600")
