@@ -34,6 +34,7 @@ from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 
 from looper.cli import launch
 from looper.options import slurm as slurm_lib
+from tests.fixtures import needs
 from tests.fixtures.checkpoints import checkpoint_tensors
 from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve, scalars
@@ -237,7 +238,7 @@ def finished(proc: subprocess.Popen, timeout: float = 300) -> str:
 def slurm():
   reason = why_not()
   if reason:
-    pytest.skip(f"slurm: {reason}")
+    needs.missing(f"slurm: {reason}")
   # munged serves only a socket whose every directory all may enter: not
   # pytest's (0700).
   root = pathlib.Path(tempfile.mkdtemp(prefix="looper-slurm-"))

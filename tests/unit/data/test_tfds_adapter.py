@@ -22,6 +22,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from looper.data import tfds_adapter
+from tests.fixtures import needs
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 
@@ -30,9 +31,7 @@ NUM_TRAIN, NUM_TEST = 600, 200
 
 @pytest.fixture(scope="module")
 def tfds():
-  return pytest.importorskip(
-      "tensorflow_datasets",
-      reason='the tfds extra is not installed: pip install -e ".[test,tfds]"')
+  return needs.extra("tensorflow_datasets", "tfds")
 
 
 @pytest.fixture(scope="module")

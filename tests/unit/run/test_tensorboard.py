@@ -9,7 +9,6 @@ its web UI renders.
 
 import collections
 import contextlib
-import importlib.util
 import json
 import logging
 import re
@@ -35,6 +34,7 @@ from looper.train import trainer as trainer_lib
 from looper.workdir import hparams
 from looper.workdir import jsonl
 from looper.workdir import summaries
+from tests.fixtures import needs
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.events import scalars
@@ -469,9 +469,8 @@ def test_scalars_and_text_through_tensorboard(board):
 
 
 @pytest.mark.slow  # a subprocess
-@pytest.mark.skipif(importlib.util.find_spec("xprof") is None,
-                    reason="the Profile tab needs looper[profile] (CI has it)")
 def test_the_profile_tab_measures_each_traced_step(board):
+  needs.extra("xprof.profile_plugin_loader", "profile")  # TensorBoard's tab
   url, _ = board
   [profile] = fetch(url, "/data/plugin/profile/runs")
   assert profile.startswith("a/train/")

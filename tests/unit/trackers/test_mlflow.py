@@ -23,14 +23,13 @@ from looper import run
 from looper import workdir as workdir_lib
 from looper.workdir import files
 from looper.workdir import jsonl
+from tests.fixtures import needs
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured, run_here
 from tests.fixtures.processes import popen_looper
 from tests.fixtures.servers import mlflow_server
 
-mlflow = pytest.importorskip(
-    "mlflow", reason="the mlflow extra is not installed: pip install -e"
-    " '.[mlflow]' (CI has it)")
+mlflow = needs.extra("mlflow", "mlflow")
 
 
 @pytest.fixture(scope="module")

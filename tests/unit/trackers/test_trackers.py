@@ -10,6 +10,7 @@ import tensorflow as tf
 from looper import errors
 from looper import run
 from looper import trackers
+from tests.fixtures import needs
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 
@@ -40,7 +41,7 @@ def test_the_names_config_trackers_holds():
 def test_a_bad_tracker_is_one_line_before_anything_is_written(
     tmp_path, monkeypatch, value, line, store):
   if store:
-    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+    needs.extra("mlflow", "mlflow")
   find_spec = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if
                       name == "wandb" else find_spec(name, *a))

@@ -24,6 +24,7 @@ from looper import run
 from looper import workdir as workdir_lib
 from looper.workdir import files
 from looper.workdir import jsonl
+from tests.fixtures import needs
 from tests.fixtures import private_home
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
@@ -33,9 +34,7 @@ from tests.fixtures.configs import configured
 # they go in the session's private tree, removed at its end.
 _TEMP, tempfile.tempdir = tempfile.tempdir, os.environ[private_home.ROOT_VAR]
 try:
-  wandb = pytest.importorskip(
-      "wandb", reason="the wandb extra is not installed: pip install -e"
-      " '.[wandb]' (CI has it)")
+  wandb = needs.extra("wandb", "wandb")
 finally:
   tempfile.tempdir = _TEMP
 from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top,wrong-import-position
