@@ -23,6 +23,7 @@ from looper.train import callbacks as callbacks_lib
 from tests.fixtures import callbacks as fixture
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
+from tests.fixtures.events import curve, scalars
 
 
 def read_csv(path) -> list[dict]:
@@ -105,6 +106,22 @@ def test_a_recording_callback_sees_fits_calls_and_logs(fitted):
   assert [c[:2] for c in test_batches[:2]] == [("on_test_batch_begin", (0,)),
                                                ("on_test_batch_end", (15,))]
   assert len(test_batches) == 2 * fitted["looper"]["result"]["step"] // 10
+
+
+def test_epoch_train_logs_are_the_event_files_means(fitted):
+  """Each on_epoch_end's train logs: the mean of its 10 steps' losses and
+  of its two loops' accuracies (5 steps each), as the event files hold
+  them."""
+  losses = curve(fitted["workdir"] / "train")
+  accuracy = scalars(fitted["workdir"] / "train", "accuracy")
+  epochs = [(index[0], logs) for method, index, logs
+            in fitted["looper"]["calls"] if method == "on_epoch_end"]
+  assert [e for e, _ in epochs] == list(range(len(losses) // 10))
+  for e, logs in epochs:
+    assert logs["loss"] == pytest.approx(losses[10 * e:10 * e + 10].mean(),
+                                         rel=1e-6)
+    assert logs["accuracy"] == pytest.approx(
+        (accuracy[10 * e + 5] + accuracy[10 * e + 10]) / 2, rel=1e-6)
 
 
 def test_config_json_names_the_callbacks_objects(fitted):
@@ -255,9 +272,24 @@ def test_mode_auto_follows_the_monitored_metric():
   assert [s.mode for s in stops] == ["max", "min", "min", "max", "auto"]
 
 
+def numpy_eval(checkpoint: str, x: np.ndarray, y: np.ndarray) -> dict:
+  """tiny's MLP at `checkpoint` on (x, y) in NumPy: eval's loss (the
+  cross-entropy, no L2) and accuracy."""
+  saved = tf.train.load_checkpoint(checkpoint)
+  w0, b0, w1, b1 = (saved.get_tensor(
+      f"optimizer/_trainable_variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"
+  ).astype(np.float64) for i in range(4))
+  logits = np.maximum(x @ w0 + b0, 0) @ w1 + b1
+  top = logits.max(axis=1)
+  log_z = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+  return {"loss": np.mean(log_z - logits[np.arange(len(y)), y]),
+          "accuracy": np.mean(logits.argmax(axis=1) == y)}
+
+
 def test_several_eval_sets_reach_on_epoch_end_and_the_monitored_is_val(
     tmp_path):
-  c = configured(tiny.get_config(), train__steps=20, eval__monitor_set="test")
+  c = configured(tiny.get_config(), train__steps=20, eval__monitor_set="test",
+                 model__num_examples=1000)  # 50% is 500 examples
   c.data.eval_split = ""
   c.data.eval_splits = {"val": "test[:50%]", "test": "test[50%:]"}
   recorder = fixture.Recorder()
@@ -265,10 +297,23 @@ def test_several_eval_sets_reach_on_epoch_end_and_the_monitored_is_val(
   result = run.run(c, str(tmp_path), verbose=False)
   ((_, _, tested),) = [r for r in recorder.calls if r[0] == "on_test_end"]
   ((_, _, epoch),) = [r for r in recorder.calls if r[0] == "on_epoch_end"]
-  assert tested == {"loss": result["eval"]["test/loss"],
-                    "accuracy": result["eval"]["test/accuracy"]}
-  assert epoch == {"loss": epoch["loss"], "accuracy": epoch["accuracy"],
-                   **{k: v for k, v in result["eval"].items()
-                      if not k.endswith("/examples")},
-                   "val_loss": tested["loss"],
-                   "val_accuracy": tested["accuracy"]}
+  # Each set's figures: NumPy's on its half of the test split, with the
+  # weights of step 20 (the evaluation's).
+  x, y = tiny.make_data(1000, seed=1)
+  want = {}
+  for name, part in (("val", slice(None, 500)), ("test", slice(500, None))):
+    got = numpy_eval(str(tmp_path / "checkpoints" / "ckpt-20"), x[part],
+                     y[part])
+    want.update({f"{name}/{k}": v for k, v in got.items()})
+  assert result["eval"] == pytest.approx(
+      {**want, "val/examples": 500, "test/examples": 500}, rel=1e-5)
+  assert tested == pytest.approx({"loss": want["test/loss"],
+                                  "accuracy": want["test/accuracy"]}, rel=1e-5)
+  # Its train logs: the means of the event files' per-step losses and
+  # per-loop accuracies (steps 1-10 and 11-20).
+  losses = curve(tmp_path / "train")
+  accuracy = scalars(tmp_path / "train", "accuracy")
+  assert epoch == pytest.approx({
+      "loss": losses.mean(), "accuracy": (accuracy[10] + accuracy[20]) / 2,
+      **want, "val_loss": want["test/loss"],
+      "val_accuracy": want["test/accuracy"]}, rel=1e-5)
