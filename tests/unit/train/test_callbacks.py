@@ -4,11 +4,16 @@ The reference is Keras' own `model.fit(steps_per_execution=5)` on the same
 model, data and callbacks (tests/fixtures/callbacks.py): a recording
 callback sees the same calls with the same logs, EarlyStopping and
 ReduceLROnPlateau act at the same epochs, and the CSVLogger files agree.
+The train logs of on_epoch_end are also the event files' means, two eval
+sets' figures NumPy's on their halves of the split, and a resumed run's
+restored counts matter: a control that drops them cuts the rate and stops
+elsewhere.
 On 2 replicas and 2 workers: tests/e2e/multiworker/test_callbacks_topologies.py.
 """
 
 import csv
 import json
+import shutil
 
 import keras
 import numpy as np
@@ -143,35 +148,54 @@ def test_model_optimizer_is_not_saved_with_the_model(fitted):
 
 
 @pytest.mark.slow  # over 2 s: out of the fast lane
-def test_a_resumed_run_keeps_the_counts_and_the_csv_rows(fitted, tmp_path):
-  # A callback raising after the CSVLogger wrote epoch 6's row, before the
-  # checkpoint of its step: as a kill there. One line, ckpt-65 kept, inside
-  # epoch 6 (steps 61-70). Saved in the background: a save holds the state
-  # of its step, not a later one.
-  c = configured(fixture.get_config(), {"model.csv": str(tmp_path / "a.csv"),
-                                        "checkpoint.async_save": True,
-                                        "checkpoint.every_steps": 5})
-  c.callbacks = [*fixture.fit_like(c), Boom(epoch=6)]
+def test_a_resumed_run_keeps_the_counts_and_the_csv_rows(
+    fitted, tmp_path, monkeypatch):
+  # A callback raising after the CSVLogger wrote epoch 7's row, before the
+  # checkpoint of its step: as a kill there. One line, ckpt-75 kept, inside
+  # epoch 7 (steps 71-80), where the counts matter: EarlyStopping's best
+  # is epoch 6's (its wait ends the run after epochs 7 and 8),
+  # ReduceLROnPlateau's too (it halves the rate after epoch 7). Saved in
+  # the background: a save holds the state of its step, not a later one.
+  fields = {"checkpoint.async_save": True, "checkpoint.every_steps": 5}
+  c = configured(fixture.get_config(),
+                 {**fields, "model.csv": str(tmp_path / "a.csv")})
+  c.callbacks = [*fixture.fit_like(c), Boom(epoch=7)]
   wd = tmp_path / "run"
   with pytest.raises(errors.ConfigError) as e:
     run.run(c, str(wd), verbose=False)
   assert str(e.value) == (
-      "config.callbacks: Boom.on_epoch_end raised RuntimeError at step 70:"
-      f" boom; {wd}/checkpoints/ckpt-65 is kept; fix the callback or remove"
+      "config.callbacks: Boom.on_epoch_end raised RuntimeError at step 80:"
+      f" boom; {wd}/checkpoints/ckpt-75 is kept; fix the callback or remove"
       " it from config.callbacks")
-  assert tf.train.latest_checkpoint(str(wd / "checkpoints")).endswith("-65")
-  assert len(read_csv(tmp_path / "a.csv")) == 7  # epochs 0-6
-  # Rerun without it, from ckpt-65: epoch 6's train logs of steps 61-65 go
+  assert tf.train.latest_checkpoint(str(wd / "checkpoints")).endswith("-75")
+  assert len(read_csv(tmp_path / "a.csv")) == 8  # epochs 0-7
+  shutil.copytree(wd, tmp_path / "control")
+  shutil.copy(tmp_path / "a.csv", tmp_path / "control.csv")
+  # Rerun without it, from ckpt-75: epoch 7's train logs of steps 71-75 go
   # on, its row is written again, ReduceLROnPlateau's and EarlyStopping's
   # counts go on: the file is the uninterrupted run's.
   c.callbacks = fixture.fit_like(c)
-  assert run.run(c, str(wd), verbose=False)["step"] == (
-      fitted["looper"]["result"]["step"])
-  assert read_csv(tmp_path / "a.csv") == fitted["looper"]["csv"]
+  stopped = fitted["looper"]["result"]["step"]
+  assert run.run(c, str(wd), verbose=False)["step"] == stopped
+  want = fitted["looper"]["csv"]
+  assert read_csv(tmp_path / "a.csv") == want
   # A rerun of a run a callback ended stays ended (no epoch, no row).
   again = run.run(c, str(wd), verbose=False)
   assert again["ended"].startswith("EarlyStopping.on_epoch_end")
-  assert read_csv(tmp_path / "a.csv") == fitted["looper"]["csv"]
+  assert read_csv(tmp_path / "a.csv") == want
+  # The control: the same rerun with the callbacks' saved counts dropped
+  # (as on_train_begin leaves them) cuts the rate at another epoch and
+  # does not stop where the uninterrupted run did (10 steps more given).
+  monkeypatch.setattr(callback_state.State, "set_callbacks",
+                      lambda state: None)
+  c = configured(fixture.get_config(), {
+      **fields, "model.csv": str(tmp_path / "control.csv"),
+      "train.steps": stopped + 10})
+  control = run.run(c, str(tmp_path / "control"), verbose=False)
+  assert control["step"] != stopped
+  rows = read_csv(tmp_path / "control.csv")
+  assert rows[:8] == want[:8]  # before the kill
+  assert rows[8]["learning_rate"] != want[8]["learning_rate"]
 
 
 class StopAt(keras.callbacks.Callback):
