@@ -51,6 +51,7 @@ elementwise ones.
 import contextlib
 import math
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -95,10 +96,8 @@ class Sharded:
     inner one owns the slots; `refusal` None) not yet built; builds it on
     the shards."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    self.variables = list(variables)
-    self.optimizer = optimizer
-    self.strategy = strategy
-    self.replicas = strategy.num_replicas_in_sync
+    self.variables, self.optimizer = list(variables), optimizer
+    self.strategy, self.replicas = strategy, strategy.num_replicas_in_sync
     self.shards = [self.shard_of(v) for v in self.variables]
     # Its exclusions by variable (var_list=) name the weights: the same
     # decision, moved to their shards.
@@ -169,18 +168,17 @@ class Sharded:
   def apply(self, grads) -> None:
     """One update from this replica's gradients (replica context)."""
     self.optimizer.apply(grads, self.shards)
-    context = tf.distribute.get_replica_context()
-    whole = [_constrained(v, w)
+    # A constraint (a max-norm) reads the whole weight, after the update
+    # as Keras applies it: its shard takes the constrained slice back, as
+    # a replicated weight would be.
+    whole = [w if v.constraint is None else v.constraint(w)
              for v, w in zip(self.variables, self.gathered(self.shards))]
-    # A constraint (a max-norm) reads the whole weight: its shard takes
-    # the constrained slice back, as a replicated weight would be.
     bound = [i for i, v in enumerate(self.variables) if v.constraint]
-    _assign_each(
-        context,
-        [v.value for v in self.variables] + [
-            self.shards[i].value for i in bound],
-        whole + [self._slice(whole[i], self.shards[i].shape[0])
-                 for i in bound])
+    _assign_each(tf.distribute.get_replica_context(),
+                 [v.value for v in self.variables]
+                 + [self.shards[i].value for i in bound],
+                 whole + [self._slice(whole[i], self.shards[i].shape[0])
+                          for i in bound])
 
   def gathered(self, parts) -> list[tf.Tensor]:
     """Every weight whole from its shard-like variable in `parts` (the
@@ -325,11 +323,6 @@ def _unpadded(piece, weight) -> tf.Tensor:
   return tf.reshape(piece, weight.shape)
 
 
-def _constrained(variable, value):
-  """`value` through the weight's constraint (Keras', after an update)."""
-  return value if variable.constraint is None else variable.constraint(value)
-
-
 def _assign_each(context, variables, values) -> None:
   """Each replica's `values` into its component of `variables` (the
   strategy's update path: one merge call)."""
@@ -340,27 +333,34 @@ def _assign_each(context, variables, values) -> None:
   context.merge_call(update, args=(values,))
 
 
-def state_bytes(strategy: tf.distribute.Strategy,
-                variables) -> dict[str, int]:
-  """Bytes of `variables` on each device, from their components."""
+def held(strategy: tf.distribute.Strategy, variables) -> dict[str, list]:
+  """(name, dtype, shape) of each component of `variables`, by device."""
   where = {}
   for variable in variables:
     value = variable.value if isinstance(variable, keras.Variable) else variable
     for part in strategy.experimental_local_results(value):
-      where[part.device] = where.get(part.device, 0) + (
-          part.shape.num_elements() * part.dtype.size)
+      where.setdefault(part.device, []).append(
+          (getattr(variable, "path", variable.name), part.dtype, part.shape))
   return where
 
 
-def per_device(strategy: tf.distribute.Strategy, update,
-               average=None) -> int:
+def state_bytes(strategy: tf.distribute.Strategy, variables) -> dict[str, int]:
+  """Bytes of `variables` on each device, from their components."""
+  return {device: sum(s.num_elements() * d.size for _, d, s in parts)
+          for device, parts in held(strategy, variables).items()}
+
+
+def per_device(strategy: tf.distribute.Strategy, update, average=None) -> int:
   """The optimizer's state on the device holding most, in bytes: its
   variables (slots, step, a loss scale), the weight shards of a Sharded
-  `update` and the weight average (`average`, its `.average(decay)`)."""
-  variables = list(update.optimizer.variables)
-  variables += getattr(update, "shards", [])
-  if average:
-    variables += average.averages
+  `update` and the weight average (`average`, its `.average(decay)`);
+  `--verbosity=1` logs what each device of this process holds, as built."""
+  variables = [*update.optimizer.variables, *getattr(update, "shards", []),
+               *(average.averages if average else [])]
+  for device, parts in held(strategy, variables).items():
+    logging.vlog(1, "optimizer state on %s: %s", device, "; ".join(
+        f"{name} {dtype.name}[{','.join(map(str, shape))}]"
+        for name, dtype, shape in parts))
   return max(state_bytes(strategy, variables).values(), default=0)
 
 

@@ -11,7 +11,9 @@ Per case and replica count (a process each: one MirroredStrategy per
 process), the tiny experiment's Trainer runs replicated, then sharded, for
 STEPS steps; it prints the largest relative difference of the per-step
 losses and of the final weights (the contract: <= 1e-6 in float32), and
-the optimizer state per device of each. Exit status 1 if a case is over.
+the optimizer state per device of each, the sharded one checked against
+what the replicated run built (`expected_bytes`). Exit status 1 if a case
+is over or its sharded state is not that.
 With --workers, each case runs as a 2-worker MultiWorkerMirroredStrategy
 job (looper.cli.launch on 127.0.0.1, one replica each) instead, and the
 final checkpoints (weights, Adam's slots, the EMA: one layout) are
@@ -52,6 +54,20 @@ def _relative(a, b) -> float:
   return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
 
 
+def expected_bytes(strategy, trainer) -> int:
+  """The sharded state per device a replicated `trainer` implies: its
+  scalars (the step, a loss scale) whole, ceil(size / N) of each other
+  variable it built (slots, averages) and of each weight (the shard)."""
+  from looper.options import sharding  # pylint: disable=g-import-not-at-top
+  n = strategy.num_replicas_in_sync
+  state = [*trainer.update.optimizer.variables,
+           *(trainer.ema.averages if trainer.ema else [])]
+  device, parts = next(iter(sharding.held(strategy, state).items()))
+  weights = sharding.held(strategy, trainer.model.trainable_variables)[device]
+  return sum(d.size * (1 if s.rank == 0 else -(-s.num_elements() // n))
+             for _, d, s in parts + weights)
+
+
 def measure(replicas: int, cases: list[str]) -> dict:
   """In this process: each case on `replicas` CPU devices."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -70,12 +86,13 @@ def measure(replicas: int, cases: list[str]) -> dict:
       t = pieces.trainer(config, strategy)
       losses = t.train(STEPS)[0]
       runs[shard] = (losses, [v.numpy() for v in t.model.trainable_variables],
-                     sharding.per_device(strategy, t.update, t.ema))
+                     sharding.per_device(strategy, t.update, t.ema),
+                     None if shard else expected_bytes(strategy, t))
     out[case] = dict(
         losses=_relative(runs[True][0], runs[False][0]),
         weights=max(_relative(a, b) for a, b in zip(runs[True][1],
                                                     runs[False][1])),
-        bytes=[runs[False][2], runs[True][2]])
+        bytes=[runs[False][2], runs[True][2], runs[False][3]])
   return out
 
 
@@ -137,16 +154,24 @@ def main(argv=None) -> int:
 
 
 def _report(where: str, results: dict) -> int:
-  """Prints each case's line; 1 if one is over 1e-6, else 0."""
+  """Prints each case's line; 1 if one is over 1e-6 or its sharded state
+  is not the one its replicated build implies, else 0."""
   over = 0
   for case, r in results.items():
+    line = (f"{where}, {case}: losses {r['losses']:.1e}, weights"
+            f" {r['weights']:.1e} relative")
     bad = max(r["losses"], r["weights"]) > 1e-6
+    if bad:
+      line += "  OVER 1e-6"
+    if "bytes" in r:
+      replicated, sharded, expected = r["bytes"]
+      line += (f"; optimizer state per device {replicated} B replicated,"
+               f" {sharded} B sharded")
+      if sharded != expected:
+        line += f"  NOT the {expected} B its replicated build implies"
+        bad = True
     over += bad
-    state = (f"; optimizer state per device {r['bytes'][0]} B replicated,"
-             f" {r['bytes'][1]} B sharded" if "bytes" in r else "")
-    print(f"{where}, {case}: losses {r['losses']:.1e}, weights"
-          f" {r['weights']:.1e} relative{state}"
-          f"{'  OVER 1e-6' if bad else ''}", flush=True)
+    print(line, flush=True)
   return 1 if over else 0
 
 

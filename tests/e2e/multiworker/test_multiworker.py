@@ -3,11 +3,13 @@
 On CPU each worker is one replica. A run resumes across topologies (the
 data position is in global examples), its per-step losses those of one
 process (float tolerance: the all-reduce sums in another order); its 2
-workers shard the optimizer's state (distribution.shard_optimizer: SGD's
-momentum, 1/2 each), the processes before and after do not, so the
-checkpoint moves replicated -> sharded -> replicated (2 workers
+workers shard the optimizer's state (distribution.shard_optimizer: Adam's
+moments and the EMA, 1/2 each), the processes before and after do not, so
+the checkpoint moves replicated -> sharded -> replicated (2 workers
 replicated equal one process in test_slurm.py and
-test_callbacks_topologies.py). The
+test_callbacks_topologies.py). The sharding is read from what each worker
+built (its variables' shapes, logged at --verbosity=1) and from the
+checkpoint the workers wrote (whole tensors, the one process' values). The
 launch also holds `looper launch`'s own contract (its tests:
 tests/unit/cli/test_launch.py): each worker's lines prefixed, its pid and
 its share of the GPUs named, the workdir written by the chief only, one
@@ -16,8 +18,11 @@ mode (eval counted once, written once by the chief) run each worker on its
 own host: tests/e2e/multiworker/test_hosts.py.
 """
 
+import re
+
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.fixtures.configs import run_here
 from tests.fixtures.events import curve
@@ -32,7 +37,12 @@ ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.batch_size=48",
         "--config.train.steps_per_loop=5", "--config.checkpoint.every_steps=10",
         "--config.eval.every_steps=10",
         # Dropout masks too must not depend on the topology.
-        "--config.model.dropout=0.3", "--config.optimizer.momentum=0.9")
+        "--config.model.dropout=0.3",
+        # Two slots and an average per weight: sharded, each device holds
+        # less than a replicated one (SGD's momentum alone plus the weight
+        # shard would hold as much).
+        "--config.optimizer.name=adam", "--config.optimizer.learning_rate=0.01",
+        "--config.optimizer.ema_decay=0.9")
 
 
 def launched(workers, *args, **env_vars):
@@ -40,6 +50,46 @@ def launched(workers, *args, **env_vars):
   out = proc.communicate(timeout=400)[0]
   assert proc.returncode == 0, out[-3000:]
   return out
+
+
+def built_state(out: str) -> dict[str, int]:
+  """device -> bytes of the optimizer state each worker logged it built
+  (`optimizer state on DEVICE: NAME DTYPE[SHAPE]; ...`), added up here."""
+  held = {}
+  for device, parts in re.findall(r"optimizer state on (\S+): (.*)", out):
+    assert device not in held, f"{device} logged twice"
+    held[device] = int(sum(
+        np.dtype(dtype).itemsize * np.prod([int(n) for n in dims.split(",")
+                                            if n], dtype=int)
+        for dtype, dims in re.findall(r" (\w+)\[([\d,]*)\]", parts)))
+  return held
+
+
+def sharded_bytes(checkpoint: str, replicas: int) -> tuple[int, int]:
+  """(replicated, sharded) optimizer state per device expected from a
+  replicated run's checkpoint: the int64 step, and each weight's slots and
+  average, whole or ceil(size / replicas) of each; sharded, the weight's
+  shard too."""
+  shapes = dict(tf.train.list_variables(checkpoint))
+  state = [np.prod(s, dtype=int) for k, s in shapes.items()
+           if k.startswith(("optimizer/_variables/", "ema/"))]
+  weights = [np.prod(s, dtype=int) for k, s in shapes.items()
+             if k.startswith("optimizer/_trainable_variables/")]
+  assert len(state) == 3 * len(weights)  # Adam's m and v, the average
+  return (8 + 4 * sum(state),
+          8 + 4 * sum(-(-n // replicas) for n in state + weights))
+
+
+def assert_same_checkpoints(got: str, want: str) -> None:
+  """The same tensors by name, shape and value (float tolerance)."""
+  got_shapes, want_shapes = (dict(tf.train.list_variables(c))
+                             for c in (got, want))
+  assert got_shapes == want_shapes
+  got, want = tf.train.load_checkpoint(got), tf.train.load_checkpoint(want)
+  for key in want_shapes:
+    if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
+      np.testing.assert_allclose(got.get_tensor(key), want.get_tensor(key),
+                                 rtol=1e-5, atol=1e-7, err_msg=key)
 
 
 def test_resume_across_topologies(tmp_path):
@@ -51,13 +101,23 @@ def test_resume_across_topologies(tmp_path):
   # the variable).
   out = launched(2, "--config.train.steps=20", f"--workdir={tmp_path}/run",
                  "--config.distribution.shard_optimizer=True",
-                 CUDA_VISIBLE_DEVICES="3,5")
+                 "--verbosity=1", CUDA_VISIBLE_DEVICES="3,5")
   assert "[worker 0] " in out and "[worker 1] " in out
   first, second = pids(out.splitlines())
   assert f"[launch] worker 0: pid {first}, CUDA_VISIBLE_DEVICES=3\n" in out
   assert f"[launch] worker 1: pid {second}, CUDA_VISIBLE_DEVICES=5\n" in out
   assert "train step 20/20" in out
-  assert "per device (sharded over 2 replicas)" in out
+  # What each worker built: its device's slots, average and weight shard
+  # add up to the sharded share of the one process' state.
+  replicated, sharded = sharded_bytes(f"{tmp_path}/whole/checkpoints/ckpt-20",
+                                      2)
+  assert sharded < replicated
+  assert built_state(out) == {
+      f"/job:worker/replica:0/task:{i}/device:CPU:0": sharded for i in (0, 1)}
+  # Their checkpoint holds the optimizer and the average whole, as the one
+  # process saved them.
+  assert_same_checkpoints(f"{tmp_path}/run/checkpoints/ckpt-20",
+                          f"{tmp_path}/whole/checkpoints/ckpt-20")
   # Two workers resumed one process's run and trained like one process.
   np.testing.assert_allclose(curve(tmp_path / "run" / "train"), whole[:20],
                              rtol=1e-5)

@@ -4,11 +4,16 @@ The reference is Keras' own `model.fit(steps_per_execution=5)` on the same
 model, data and callbacks (tests/fixtures/callbacks.py): a recording
 callback sees the same calls with the same logs, EarlyStopping and
 ReduceLROnPlateau act at the same epochs, and the CSVLogger files agree.
+The train logs of on_epoch_end are also the event files' means, two eval
+sets' figures NumPy's on their halves of the split, and a resumed run's
+restored counts matter: a control that drops them cuts the rate and stops
+elsewhere.
 On 2 replicas and 2 workers: tests/e2e/multiworker/test_callbacks_topologies.py.
 """
 
 import csv
 import json
+import shutil
 
 import keras
 import numpy as np
@@ -23,6 +28,7 @@ from looper.train import callbacks as callbacks_lib
 from tests.fixtures import callbacks as fixture
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
+from tests.fixtures.events import curve, scalars
 
 
 def read_csv(path) -> list[dict]:
@@ -107,6 +113,22 @@ def test_a_recording_callback_sees_fits_calls_and_logs(fitted):
   assert len(test_batches) == 2 * fitted["looper"]["result"]["step"] // 10
 
 
+def test_epoch_train_logs_are_the_event_files_means(fitted):
+  """Each on_epoch_end's train logs: the mean of its 10 steps' losses and
+  of its two loops' accuracies (5 steps each), as the event files hold
+  them."""
+  losses = curve(fitted["workdir"] / "train")
+  accuracy = scalars(fitted["workdir"] / "train", "accuracy")
+  epochs = [(index[0], logs) for method, index, logs
+            in fitted["looper"]["calls"] if method == "on_epoch_end"]
+  assert [e for e, _ in epochs] == list(range(len(losses) // 10))
+  for e, logs in epochs:
+    assert logs["loss"] == pytest.approx(losses[10 * e:10 * e + 10].mean(),
+                                         rel=1e-6)
+    assert logs["accuracy"] == pytest.approx(
+        (accuracy[10 * e + 5] + accuracy[10 * e + 10]) / 2, rel=1e-6)
+
+
 def test_config_json_names_the_callbacks_objects(fitted):
   saved = json.loads((fitted["workdir"] / "config.json").read_text())
   assert saved["callbacks"][1] == (
@@ -126,35 +148,54 @@ def test_model_optimizer_is_not_saved_with_the_model(fitted):
 
 
 @pytest.mark.slow  # over 2 s: out of the fast lane
-def test_a_resumed_run_keeps_the_counts_and_the_csv_rows(fitted, tmp_path):
-  # A callback raising after the CSVLogger wrote epoch 6's row, before the
-  # checkpoint of its step: as a kill there. One line, ckpt-65 kept, inside
-  # epoch 6 (steps 61-70). Saved in the background: a save holds the state
-  # of its step, not a later one.
-  c = configured(fixture.get_config(), {"model.csv": str(tmp_path / "a.csv"),
-                                        "checkpoint.async_save": True,
-                                        "checkpoint.every_steps": 5})
-  c.callbacks = [*fixture.fit_like(c), Boom(epoch=6)]
+def test_a_resumed_run_keeps_the_counts_and_the_csv_rows(
+    fitted, tmp_path, monkeypatch):
+  # A callback raising after the CSVLogger wrote epoch 7's row, before the
+  # checkpoint of its step: as a kill there. One line, ckpt-75 kept, inside
+  # epoch 7 (steps 71-80), where the counts matter: EarlyStopping's best
+  # is epoch 6's (its wait ends the run after epochs 7 and 8),
+  # ReduceLROnPlateau's too (it halves the rate after epoch 7). Saved in
+  # the background: a save holds the state of its step, not a later one.
+  fields = {"checkpoint.async_save": True, "checkpoint.every_steps": 5}
+  c = configured(fixture.get_config(),
+                 {**fields, "model.csv": str(tmp_path / "a.csv")})
+  c.callbacks = [*fixture.fit_like(c), Boom(epoch=7)]
   wd = tmp_path / "run"
   with pytest.raises(errors.ConfigError) as e:
     run.run(c, str(wd), verbose=False)
   assert str(e.value) == (
-      "config.callbacks: Boom.on_epoch_end raised RuntimeError at step 70:"
-      f" boom; {wd}/checkpoints/ckpt-65 is kept; fix the callback or remove"
+      "config.callbacks: Boom.on_epoch_end raised RuntimeError at step 80:"
+      f" boom; {wd}/checkpoints/ckpt-75 is kept; fix the callback or remove"
       " it from config.callbacks")
-  assert tf.train.latest_checkpoint(str(wd / "checkpoints")).endswith("-65")
-  assert len(read_csv(tmp_path / "a.csv")) == 7  # epochs 0-6
-  # Rerun without it, from ckpt-65: epoch 6's train logs of steps 61-65 go
+  assert tf.train.latest_checkpoint(str(wd / "checkpoints")).endswith("-75")
+  assert len(read_csv(tmp_path / "a.csv")) == 8  # epochs 0-7
+  shutil.copytree(wd, tmp_path / "control")
+  shutil.copy(tmp_path / "a.csv", tmp_path / "control.csv")
+  # Rerun without it, from ckpt-75: epoch 7's train logs of steps 71-75 go
   # on, its row is written again, ReduceLROnPlateau's and EarlyStopping's
   # counts go on: the file is the uninterrupted run's.
   c.callbacks = fixture.fit_like(c)
-  assert run.run(c, str(wd), verbose=False)["step"] == (
-      fitted["looper"]["result"]["step"])
-  assert read_csv(tmp_path / "a.csv") == fitted["looper"]["csv"]
+  stopped = fitted["looper"]["result"]["step"]
+  assert run.run(c, str(wd), verbose=False)["step"] == stopped
+  want = fitted["looper"]["csv"]
+  assert read_csv(tmp_path / "a.csv") == want
   # A rerun of a run a callback ended stays ended (no epoch, no row).
   again = run.run(c, str(wd), verbose=False)
   assert again["ended"].startswith("EarlyStopping.on_epoch_end")
-  assert read_csv(tmp_path / "a.csv") == fitted["looper"]["csv"]
+  assert read_csv(tmp_path / "a.csv") == want
+  # The control: the same rerun with the callbacks' saved counts dropped
+  # (as on_train_begin leaves them) cuts the rate at another epoch and
+  # does not stop where the uninterrupted run did (10 steps more given).
+  monkeypatch.setattr(callback_state.State, "set_callbacks",
+                      lambda state: None)
+  c = configured(fixture.get_config(), {
+      **fields, "model.csv": str(tmp_path / "control.csv"),
+      "train.steps": stopped + 10})
+  control = run.run(c, str(tmp_path / "control"), verbose=False)
+  assert control["step"] != stopped
+  rows = read_csv(tmp_path / "control.csv")
+  assert rows[:8] == want[:8]  # before the kill
+  assert rows[8]["learning_rate"] != want[8]["learning_rate"]
 
 
 class StopAt(keras.callbacks.Callback):
@@ -255,9 +296,24 @@ def test_mode_auto_follows_the_monitored_metric():
   assert [s.mode for s in stops] == ["max", "min", "min", "max", "auto"]
 
 
+def numpy_eval(checkpoint: str, x: np.ndarray, y: np.ndarray) -> dict:
+  """tiny's MLP at `checkpoint` on (x, y) in NumPy: eval's loss (the
+  cross-entropy, no L2) and accuracy."""
+  saved = tf.train.load_checkpoint(checkpoint)
+  w0, b0, w1, b1 = (saved.get_tensor(
+      f"optimizer/_trainable_variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"
+  ).astype(np.float64) for i in range(4))
+  logits = np.maximum(x @ w0 + b0, 0) @ w1 + b1
+  top = logits.max(axis=1)
+  log_z = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+  return {"loss": np.mean(log_z - logits[np.arange(len(y)), y]),
+          "accuracy": np.mean(logits.argmax(axis=1) == y)}
+
+
 def test_several_eval_sets_reach_on_epoch_end_and_the_monitored_is_val(
     tmp_path):
-  c = configured(tiny.get_config(), train__steps=20, eval__monitor_set="test")
+  c = configured(tiny.get_config(), train__steps=20, eval__monitor_set="test",
+                 model__num_examples=1000)  # 50% is 500 examples
   c.data.eval_split = ""
   c.data.eval_splits = {"val": "test[:50%]", "test": "test[50%:]"}
   recorder = fixture.Recorder()
@@ -265,10 +321,23 @@ def test_several_eval_sets_reach_on_epoch_end_and_the_monitored_is_val(
   result = run.run(c, str(tmp_path), verbose=False)
   ((_, _, tested),) = [r for r in recorder.calls if r[0] == "on_test_end"]
   ((_, _, epoch),) = [r for r in recorder.calls if r[0] == "on_epoch_end"]
-  assert tested == {"loss": result["eval"]["test/loss"],
-                    "accuracy": result["eval"]["test/accuracy"]}
-  assert epoch == {"loss": epoch["loss"], "accuracy": epoch["accuracy"],
-                   **{k: v for k, v in result["eval"].items()
-                      if not k.endswith("/examples")},
-                   "val_loss": tested["loss"],
-                   "val_accuracy": tested["accuracy"]}
+  # Each set's figures: NumPy's on its half of the test split, with the
+  # weights of step 20 (the evaluation's).
+  x, y = tiny.make_data(1000, seed=1)
+  want = {}
+  for name, part in (("val", slice(None, 500)), ("test", slice(500, None))):
+    got = numpy_eval(str(tmp_path / "checkpoints" / "ckpt-20"), x[part],
+                     y[part])
+    want.update({f"{name}/{k}": v for k, v in got.items()})
+  assert result["eval"] == pytest.approx(
+      {**want, "val/examples": 500, "test/examples": 500}, rel=1e-5)
+  assert tested == pytest.approx({"loss": want["test/loss"],
+                                  "accuracy": want["test/accuracy"]}, rel=1e-5)
+  # Its train logs: the means of the event files' per-step losses and
+  # per-loop accuracies (steps 1-10 and 11-20).
+  losses = curve(tmp_path / "train")
+  accuracy = scalars(tmp_path / "train", "accuracy")
+  assert epoch == pytest.approx({
+      "loss": losses.mean(), "accuracy": (accuracy[10] + accuracy[20]) / 2,
+      **want, "val_loss": want["test/loss"],
+      "val_accuracy": want["test/accuracy"]}, rel=1e-5)
