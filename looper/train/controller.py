@@ -364,10 +364,15 @@ class Controller:
     kept = f"{latest} is kept" if latest else "no checkpoint was written"
     after = (f" after {tries} recoveries (train.nan_recovery_tries)"
              if tries else "")
+    fixes = ["lower --config.optimizer.learning_rate or check the data"]
+    if spike:
+      fixes.append("raise --config.train.spike_factor")
+    if latest and not self._nan_tries:  # a roll-back would have a checkpoint
+      fixes.append("set --config.train.nan_recovery_tries=1 to roll back to"
+                   " it and skip this loop's data")
     return FloatingPointError(
-        f"{spike or _what_blew_up(losses, first_step)}{after}; {kept}; lower"
-        " --config.optimizer.learning_rate or check the data" +
-        (", or raise --config.train.spike_factor" if spike else ""))
+        f"{spike or _what_blew_up(losses, first_step)}{after}; {kept}; " +
+        ", or ".join(fixes))
 
   def _roll_back(self, losses: np.ndarray, first_step: int, tries: int,
                  spike: str | None = None) -> int:
@@ -380,13 +385,14 @@ class Controller:
       raise self._blow_up(losses, first_step, tries - 1, spike)
     self.data.seek(position)
     step = self.trainer.global_step
-    # Saved at once: a restart must not replay the data that blew up.
-    self.checkpointer.save(step, force=True)
+    # Said before the save's own "Saved" line, which it explains.
     logging.warning(
         "%s; restored %s (step %d) and skipped the data up to global example"
         " %d (recovery %d of train.nan_recovery_tries=%d)",
         spike or _what_blew_up(losses, first_step), path, step,
         position, tries, self._nan_tries)
+    # Saved at once: a restart must not replay the data that blew up.
+    self.checkpointer.save(step, force=True)
     return step
 
 
