@@ -9,9 +9,10 @@ Synopsis::
 Prints the strategy and its replicas, the global and per-replica batch, the
 loop and its cadence (the steps in epochs too), each split's input mode,
 example spec and size, the model summary and the resolved config (epochs
-as steps: looper.train.epochs; a Keras object by its class and arguments). It builds the strategy and the Trainer
-exactly as a run does (so a bad config fails with the run's one-line
-error) but reads no checkpoint and writes nothing.
+as steps: looper.train.epochs; a Keras object by its class and
+arguments). It builds the strategy and the Trainer exactly as a run does
+(so a bad config fails with the run's one-line error) but reads no
+checkpoint and writes nothing.
 """
 
 from looper import config as config_lib
