@@ -92,10 +92,11 @@ class Input:
     returns all of it under every slice's name. dataset_fn slices (TFDS
     does, and `splits.split_slice` for arrays); this counts both.
     `count=False`: not if counting `split` takes a pass (element mode's
-    train split: a pass over the train data only for this). Not with
-    data.shards_dir: its shards hold what was written under each name."""
+    train split: a pass over the train data only for this). Not in file
+    mode, whose slices may be of files (experiments/tfrecord_images.py),
+    and whose data.shards_dir holds what was written under each name."""
     name, start, stop = splits.parse_split(split)
-    if ((start, stop) == (None, None) or self.config.data.shards_dir or
+    if ((start, stop) == (None, None) or self.source(split).mode == "file" or
         not (count or self._known_size(split))):
       return
     field = splits.split_field(self.config, split)
