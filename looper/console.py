@@ -178,18 +178,45 @@ def expect_partial_restores(error: BaseException) -> None:
       tb = tb.tb_next
 
 
-def _differences(config: dict, trained: dict, prefix: str = "") -> list[str]:
-  """'field=value (config.json: value)' for each field `config` and
-  `trained` (config.json) hold differently, by name."""
-  found = []
+def _differences(config: dict, trained: dict, prefix: str = ""
+                 ) -> dict[str, str]:
+  """{field: 'field=value (config.json: value)'} of each field `config`
+  and `trained` (config.json) hold differently, by name."""
+  found = {}
   for key in sorted(set(config) | set(trained)):
     mine, theirs = config.get(key), trained.get(key)
     if isinstance(mine, dict) and isinstance(theirs, dict):
-      found += _differences(mine, theirs, f"{prefix}{key}.")
+      found.update(_differences(mine, theirs, f"{prefix}{key}."))
     elif mine != theirs:
-      found.append(f"{prefix}{key}={json.dumps(mine)} (config.json:"
-                   f" {json.dumps(theirs)})")
+      found[prefix + key] = (f"{prefix}{key}={json.dumps(mine)} (config.json:"
+                             f" {json.dumps(theirs)})")
   return found
+
+
+def _differs(config, trained: dict, argv: list[str]) -> str:
+  """Where `config` (the run's, epochs resolved) and `trained` differ, by
+  where each value came from: the command line `argv` (its
+  --config.FIELD flags), derived by the run (the steps of an epochs field
+  it sets: looper.train.epochs), or the experiment file (a config from
+  Python: the config given); '' if nowhere."""
+  from looper import config as lc  # pylint: disable=g-import-not-at-top
+  from looper import references  # pylint: disable=g-import-not-at-top
+  flags = {a[len("--config."):].split("=")[0] for a in argv
+           if a.startswith("--config.")}
+  derived = {steps for steps, epochs, _ in lc.IN_EPOCHS
+             if lc.value_at(config, epochs)}
+  rest = ("from the experiment file" if any(
+      a == "--config" or a.startswith("--config=") for a in argv)
+          else "in the config given")
+  groups = {"on the command line": [], rest: [], "derived": []}
+  for field, text in _differences(
+      json.loads(references.to_json(config)), trained).items():
+    given = field in flags or any(field.startswith(f + ".") for f in flags)
+    where = ("derived" if field in derived else
+             "on the command line" if given else rest)
+    groups[where].append(text)
+  return "; ".join(f"{where}: {', '.join(texts)}"
+                   for where, texts in groups.items() if texts)
 
 
 def header(config, strategy, workdir: str | None, mode: str,
@@ -206,14 +233,14 @@ def header(config, strategy, workdir: str | None, mode: str,
 
   `trained`, a trained run's config.json, is what an evaluator or export
   describes (what was trained) instead of `config`, the command line's;
-  where they differ, one line says in which fields (the command line's
-  values are the ones in use, the batch among them).
+  where they differ, one line says in which fields and where each value
+  in use came from (`_differs`: the command line, the experiment file, or
+  derived).
   """
-  differs = []
+  differs = ""
   if trained is not None:
-    from looper import references  # pylint: disable=g-import-not-at-top
     import ml_collections  # pylint: disable=g-import-not-at-top
-    differs = _differences(json.loads(references.to_json(config)), trained)
+    differs = _differs(config, trained, sys.argv)
     config = ml_collections.ConfigDict(trained)
   replicas = strategy.num_replicas_in_sync
   name = type(strategy).__name__.replace("Strategy", "")
@@ -262,7 +289,7 @@ def header(config, strategy, workdir: str | None, mode: str,
   if note:
     lines.append(f"  note       {note}")
   if differs:
-    lines.append(f"  differs    on the command line: {', '.join(differs)}")
+    lines.append(f"  differs    {differs}")
   return "\n".join(lines)
 
 

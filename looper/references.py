@@ -121,20 +121,21 @@ def _loaded_from(path: str) -> types.ModuleType | None:
   return None
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: Any, marked: bool) -> Any:
   if isinstance(value, dict):
-    return {k: _jsonable(v) for k, v in value.items()}
+    return {k: _jsonable(v, marked) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
-    return [_jsonable(v) for v in value]
-  if callable(value):
-    return _loadable_name(value) or f"{UNLOADABLE}{_describe(value)}>"
+    return [_jsonable(v, marked) for v in value]
+  if callable(value) and (name := _loadable_name(value)):
+    return name
   if isinstance(value, numbers.Number) and not isinstance(
       value, (int, float, bool)):  # NumPy's
     return value.item() if hasattr(value, "item") else float(value)
   if value is None or isinstance(value, (str, int, float, bool)):
     return value
-  # Any other object (a Keras callback): what it is and how it was made.
-  return f"{UNLOADABLE}{_describe(value)}>"
+  # Any other callable or object (a Keras loss or callback): what it is
+  # and how it was made.
+  return f"{UNLOADABLE}{_describe(value)}>" if marked else _describe(value)
 
 
 def _loadable_name(value: Any) -> str | None:
@@ -208,7 +209,7 @@ def _describe_arg(value: Any) -> str:
   return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
-def to_json(c: ml_collections.ConfigDict) -> str:
+def to_json(c: ml_collections.ConfigDict, *, marked: bool = True) -> str:
   """The resolved config as JSON, with callables written as strings.
 
   A callable that `resolve` can load back (a module-level function or class)
@@ -225,5 +226,9 @@ def to_json(c: ml_collections.ConfigDict) -> str:
   '<unloadable: keras.src.callbacks.early_stopping:EarlyStopping(monitor=
   'val_accuracy', patience=3, ...)>'. `resolve` rejects such a string with
   a one-line error. Saving never fails on a value a config holds.
+  `marked=False` (for a reader, `looper describe`): each such value is its
+  DESCRIPTION alone, its class and how it was made; only a config.json
+  read back needs the marker.
   """
-  return json.dumps(_jsonable(c.to_dict()), indent=2, sort_keys=True)
+  return json.dumps(_jsonable(c.to_dict(), marked), indent=2,
+                    sort_keys=True)

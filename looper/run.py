@@ -289,9 +289,11 @@ class Run:
     c = self.config
     if self.trains:
       dry_run.check_inputs(self.trainer, self.input, c.data.train_split)
+      self.input.check_slice(c.data.train_split, count=False)
     if MODES[self.mode].reads_eval_split:
       for split in self.evaluator.sets.values():
         dry_run.check_inputs(self.trainer, self.input, split)
+        self.input.check_slice(split)  # counted for the evaluation anyway
     best.check_best_metric(c.checkpoint.best_metric,
                            self.evaluator.metric_names)
     cores = distribute.tpu_cores(self.strategy, c.distribution)

@@ -18,6 +18,7 @@ import re
 import shlex
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -220,6 +221,48 @@ def test_the_fit_port_trains_with_its_keras_objects_and_epochs(
   logs = result["eval"]
   assert logs["examples"] == 10000
   assert 0.5 < logs["accuracy"] < logs["sparse_top_k_categorical_accuracy"]
+
+
+@pytest.mark.slow  # MNIST's CNN compiled for a step and two sets
+def test_the_fit_port_evaluates_exactly_each_slice_of_two_eval_sets(
+    tmp_path, monkeypatch):
+  """README's experiments/mnist_fit.py as written, with README's two eval
+  sets of one split ('test[:50%]', 'test[50%:]'): each set is its slice
+  (of a 101-image test split: rows 0-49 and 50-100), its count and its
+  loss and accuracies NumPy's on those rows through the trained model."""
+  from experiments import mnist  # pylint: disable=g-import-not-at-top
+  data = mnist.get_config().data
+  data.dir = str(MNIST_DIR)
+  images, labels = mnist.load_mnist("test", data)
+  train, test = (images[:64], labels[:64]), (images[64:165], labels[64:165])
+  monkeypatch.setattr(keras.datasets.mnist, "load_data",
+                      lambda: (train, test))
+  namespace = {}
+  exec(_python_block("# experiments/mnist_fit.py"), namespace)  # pylint: disable=exec-used
+  c = namespace["get_config"]()
+  built = []  # the run's model, to compute its figures here
+  c.model_fn = lambda config: built.append(
+      namespace["model_fn"](config)) or built[-1]
+  c.data.eval_split = ""
+  c.data.eval_splits = {"val": "test[:50%]", "test": "test[50%:]"}
+  c.checkpoint.best_metric = "val/accuracy"
+  c.train.epochs = 1  # one step of 64
+  logs = run.run(c, str(tmp_path), verbose=False)["eval"]
+  (model,) = built
+  x = (test[0][..., None] / 255).astype("float32")
+  for name, rows in (("val", slice(0, 50)), ("test", slice(50, 101))):
+    logits = model(x[rows]).numpy().astype(np.float64)
+    y = test[1][rows].astype(np.int64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    top3 = np.argsort(-logits, axis=1)[:, :3]
+    want = {"examples": len(y), "loss": -log_p[np.arange(len(y)), y].mean(),
+            "accuracy": (logits.argmax(axis=1) == y).mean(),
+            "sparse_top_k_categorical_accuracy": (top3 == y[:, None]).any(
+                axis=1).mean()}
+    got = {k: logs[f"{name}/{k}"] for k in want}
+    np.testing.assert_allclose(list(got.values()), list(want.values()),
+                               rtol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("name", ["SmoothedTrainer", "GanTrainer"])

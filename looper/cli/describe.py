@@ -9,9 +9,10 @@ Synopsis::
 Prints the strategy and its replicas, the global and per-replica batch, the
 loop and its cadence (the steps in epochs too), each split's input mode,
 example spec and size, the model summary and the resolved config (epochs
-as steps: looper.train.epochs). It builds the strategy and the Trainer
-exactly as a run does (so a bad config fails with the run's one-line
-error) but reads no checkpoint and writes nothing.
+as steps: looper.train.epochs; a Keras object by its class and
+arguments). It builds the strategy and the Trainer exactly as a run does
+(so a bad config fails with the run's one-line error) but reads no
+checkpoint and writes nothing.
 """
 
 from looper import config as config_lib
@@ -54,7 +55,7 @@ def describe(config) -> str:
     lines.append(f"  {field}={split!r}: {size:,} examples, {source.mode} mode;"
                  f" inputs {_spec(inputs)}, labels {_spec(labels)}{weighted}")
   lines += ["", "model", summaries.model_summary(trainer.model), "",
-            "config", references.to_json(config)]
+            "config", references.to_json(config, marked=False)]
   return "\n".join(lines)
 
 

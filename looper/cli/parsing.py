@@ -66,7 +66,8 @@ def parse_error(exc: BaseException, argv
   traceback is what helps, as for any other error of the file (a NameError
   at import). It is an override error only if no frame of the traceback
   runs the config file and the key it names is in a --config.* flag. A file
-  without get_config() fails in config_flags' frame: one line, too.
+  without get_config() fails in config_flags' frame: one line, too. So
+  does looper's own ConfigError raised by the file's code, with the line.
 
   Args:
     exc: what `flags.FLAGS(argv)` raised.
@@ -91,6 +92,13 @@ def parse_error(exc: BaseException, argv
     return (f"--config={path}: the file defines no get_config(); define"
             " get_config() returning the experiment's config, as"
             " experiments/mnist.py does"), None
+  if isinstance(exc, ConfigError) and in_file is not None:
+    # looper's own line (a looper.Action without a trigger): the file's
+    # line that made it is all the traceback would add.
+    while in_file.tb_next is not None and os.path.realpath(
+        in_file.tb_next.tb_frame.f_code.co_filename) == os.path.realpath(path):
+      in_file = in_file.tb_next
+    return f"--config={path}, line {in_file.tb_lineno}: {exc}", None
   # Printed from the config file's first frame on: absl's and
   # ml_collections' frames above it would only hide the user's line.
   return (f"--config={path}: loading the config file raised {exc!r}; see the"

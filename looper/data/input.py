@@ -6,6 +6,8 @@ Synopsis::
     input = Input(config, strategy, batch)  # data.*: batches of `batch`
     input.examples("test")               # one checked pass of (inputs, label)
     input.size("train")                  # examples in one pass (counted once)
+    input.check_slice("test[:50%]")      # holds that slice of 'test', or
+                                         # one line naming its field
     input.short_split("train")           # a warning: a batch repeats examples
     input.faster()                       # what to try if training waits
     batches = input.train_iterator()     # per-replica train batches, from
@@ -41,6 +43,7 @@ from looper.data import elements
 from looper.data import service
 from looper.data import sources
 from looper.data import splits
+from looper.errors import ConfigError
 
 
 class Input:
@@ -82,13 +85,39 @@ class Input:
           self.examples(split), split, splits.split_field(self.config, split))
     return self._sizes[split]
 
+  def check_slice(self, split: str, *, count: bool = True) -> None:
+    """Raises ConfigError (one line naming the field) if `split`, named with
+    a slice ('test[:50%]'), does not hold that slice's count of examples of
+    its split ('test'): a dataset_fn that loads a split by its name alone
+    returns all of it under every slice's name. dataset_fn slices (TFDS
+    does, and `splits.split_slice` for arrays); this counts both.
+    `count=False`: not if counting `split` takes a pass (element mode's
+    train split: a pass over the train data only for this). Not in file
+    mode, whose slices may be of files (experiments/tfrecord_images.py),
+    and whose data.shards_dir holds what was written under each name."""
+    name, start, stop = splits.parse_split(split)
+    if ((start, stop) == (None, None) or self.source(split).mode == "file" or
+        not (count or self._known_size(split))):
+      return
+    field = splits.split_field(self.config, split)
+    whole = self._known_size(name) or self.size(name)
+    if name not in (self.config.data.train_split,
+                    *splits.eval_sets(self.config).values()):
+      self._sources.pop(name, None)  # only its size was needed
+    want = len(range(whole)[splits.split_slice(split, whole, field)[1]])
+    got = self._known_size(split) or self.size(split)
+    if got != want:
+      raise ConfigError(
+          f"config.{field}={split!r} holds {got} examples, but that slice of"
+          f" the {whole} in {name!r} holds {want}; make config.dataset_fn"
+          " return only the slice, e.g. x[lc.split_slice(split, len(x))[1]]"
+          " (README: 'An experiment is one file')")
+
   def short_split(self, split: str) -> str:
     """One warning line if an update holds more examples than the train
     split `split` has, so each repeats some (its size if known without a
     pass: the source's, counted, or tf.data's cardinality); else ''."""
-    size = self._sizes.get(split) or self.source(split).size
-    if size is None:
-      size = max(int(self.examples(split).cardinality()), 0) or None
+    size = self._known_size(split)
     update = self.batch.global_batch_size
     if size is None or size >= update:
       return ""
@@ -99,6 +128,12 @@ class Input:
             f" {size} examples, fewer than one update's {update} ({batch}):"
             " every update repeats examples; lower --config.train.batch_size"
             " or widen the split")
+
+  def _known_size(self, split: str) -> int | None:
+    """`split`'s size if known without a pass: counted, the source's, or
+    tf.data's cardinality."""
+    return (self._sizes.get(split) or self.source(split).size or
+            max(int(self.examples(split).cardinality()), 0) or None)
 
   def faster(self) -> str:
     """What to try when training waits for its batches, in the train

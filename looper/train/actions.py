@@ -118,9 +118,17 @@ class Action:
                all_workers: bool = False,
                clock: Callable[[], float] = time.monotonic,
                name: str | None = None):
+    self.name = name or getattr(fn, "__name__", type(fn).__name__)
     if every_steps < 0 or every_secs < 0:
-      raise ValueError(f"action {name or fn}: every_steps={every_steps} and"
-                       f" every_secs={every_secs} must be >= 0")
+      raise errors.ConfigError(
+          f"looper.Action({self.name}): every_steps={every_steps} and"
+          f" every_secs={every_secs} must be >= 0")
+    if not (every_steps or every_secs or every_loop or at_end or on_stop):
+      # Accepted, it would never run, and nothing would say so.
+      raise errors.ConfigError(
+          f"looper.Action({self.name}) has no trigger, so it would never"
+          " run; give it every_steps=N, every_secs=S, every_loop=True,"
+          " at_end=True or on_stop=True")
     self.fn = fn
     self.every_steps = every_steps
     self.every_secs = every_secs
@@ -129,7 +137,6 @@ class Action:
     self.on_stop = on_stop
     self._on_start = on_start
     self.all_workers = all_workers
-    self.name = name or getattr(fn, "__name__", type(fn).__name__)
     self._clock = clock
     self._last_step = 0
     self._last_time = 0.0

@@ -185,9 +185,7 @@ class Controller:
     self.report_actions, self.eval_actions, self.save_actions = [], [], []
     self.add_actions(report=report_actions, evaluate=eval_actions,
                      save=save_actions)
-    self._nan_tries = nan_recovery_tries
-    self._spikes = spikes
-    self._peak = peak
+    self._nan_tries, self._spikes, self._peak = nan_recovery_tries, spikes, peak
     self._writer, self._chief = writer, chief
     self._above_peak = False  # said once that a loop beat the peak
     self._clock = clock
@@ -358,35 +356,38 @@ class Controller:
 
   def _blow_up(self, losses: np.ndarray, first_step: int, tries: int,
                spike: str | None = None) -> Exception:
-    """The one-line error for a NaN/inf loss or a spike; nothing bad was
-    saved."""
+    """The one-line error for a NaN/inf loss or a spike (none was saved)."""
     latest = self.checkpointer.latest()
     kept = f"{latest} is kept" if latest else "no checkpoint was written"
     after = (f" after {tries} recoveries (train.nan_recovery_tries)"
              if tries else "")
+    fixes = ("lower --config.optimizer.learning_rate or check the data",
+             spike and "raise --config.train.spike_factor",
+             latest and not self._nan_tries and  # a checkpoint to go back to
+             "set --config.train.nan_recovery_tries=1 to roll back to it and"
+             " skip this loop's data")
     return FloatingPointError(
-        f"{spike or _what_blew_up(losses, first_step)}{after}; {kept}; lower"
-        " --config.optimizer.learning_rate or check the data" +
-        (", or raise --config.train.spike_factor" if spike else ""))
+        f"{spike or _what_blew_up(losses, first_step)}{after}; {kept}; " +
+        ", or ".join(fix for fix in fixes if fix))
 
   def _roll_back(self, losses: np.ndarray, first_step: int, tries: int,
                  spike: str | None = None) -> int:
     """Restores the last checkpoint and skips the data that blew up (or
-    spiked): the data stay where they were (`data_position`), past the bad
-    loop."""
+    spiked): the data stay at `data_position`, past the bad loop."""
     position = self.data.data_position
     path = self.checkpointer.restore()
     if not path:
       raise self._blow_up(losses, first_step, tries - 1, spike)
     self.data.seek(position)
     step = self.trainer.global_step
-    # Saved at once: a restart must not replay the data that blew up.
-    self.checkpointer.save(step, force=True)
+    # Said, then saved at once (a restart must not replay the bad data):
+    # the save's "Saved" line follows the line that explains it.
     logging.warning(
         "%s; restored %s (step %d) and skipped the data up to global example"
         " %d (recovery %d of train.nan_recovery_tries=%d)",
         spike or _what_blew_up(losses, first_step), path, step,
         position, tries, self._nan_tries)
+    self.checkpointer.save(step, force=True)
     return step
 
 

@@ -25,7 +25,8 @@ Where the figure comes from, first found:
    PROBES records, a run adding a probe while there are fewer and the
    last is SPACING old (one busy hour does not set it for good).
 The run's peak is that times its devices: its GPUs or TPU devices, or on
-CPUs its hosts (a Mirrored split of one host's CPUs shares their cores).
+CPUs its machines (`machines`: a Mirrored split of one host's CPUs, or
+workers started on one machine, share its cores).
 The compute dtype is the precision's (mixed_bfloat16: bfloat16), as in
 MaxText and PaLM's MFU: the float32 layers of a mixed model count at the
 16-bit peak too.
@@ -47,7 +48,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from looper.train import flops
 from looper.options import precision
 from looper.workdir import formats
 
@@ -121,8 +121,25 @@ def _devices(strategy) -> tuple[str, str, int]:
         tf.config.list_physical_devices("GPU")[0])
     return "GPU", details.get("device_name", "GPU"), (
         strategy.num_replicas_in_sync)
-  hosts = strategy.num_replicas_in_sync // flops.graph_replicas(strategy)
-  return "CPU", _cpu_kind(), hosts
+  return "CPU", _cpu_kind(), machines(strategy)
+
+
+def machines(strategy) -> int:
+  """The distinct machines the run's training tasks are on, by the host
+  names of its cluster (loopback names are one machine); 1 outside
+  multi-worker. Workers sharing a machine share its cores: each process's
+  probe measures them all (unless pinned apart), and they count once."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  spec = resolver.cluster_spec().as_dict() if resolver else {}
+  hosts = set()
+  for job in ("chief", "worker"):
+    tasks = spec.get(job, [])
+    for address in tasks.values() if isinstance(tasks, dict) else tasks:
+      host = address.rsplit(":", 1)[0].strip("[]").lower()
+      loopback = host == "localhost" or host == "::1" or host.startswith(
+          "127.")
+      hosts.add("loopback" if loopback else host)
+  return max(len(hosts), 1)
 
 
 def datasheet(kind: str, dtype: str) -> float | None:

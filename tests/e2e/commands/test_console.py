@@ -195,24 +195,35 @@ def test_plain_python_prints_the_run_unless_asked_not_to(tmp_path):
               if re.match(rf"{TIME} ", l) or "looper" in l], proc.stderr
 
 
-def test_eval_and_export_describe_the_run_they_read(tmp_path, caplog):
-  """In-process: a run of 10 steps, read with the command line's config
-  (tiny's 40 steps, a checkpoint every 20)."""
+def header_of(mode, caplog, *args) -> list[str]:
+  """The header's lines `run.run(*args)` logs."""
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    run.run(*args)
+  [header] = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith(f"looper {mode}: ")]
+  return header.splitlines()
+
+
+def test_eval_and_export_describe_the_run_they_read(tmp_path, caplog,
+                                                    monkeypatch):
+  """In-process: a run of 10 steps, read with another config (tiny's 40
+  steps, a checkpoint every 20), from Python; then as from a command line
+  that sets two fields and epochs: each difference says where its value
+  came from (the flags, the experiment file, or derived from epochs)."""
   run.run(configured(tiny.get_config(), train__steps=10,
                      checkpoint__every_steps=5), str(tmp_path), "train")
-  differs = ("  differs    on the command line: checkpoint.every_steps=20"
+  monkeypatch.setattr(sys, "argv", ["python"])  # no command line
+  differs = ("  differs    in the config given: checkpoint.every_steps=20"
              " (config.json: 5), train.steps=40 (config.json: 10)")
   for mode, path, reads in [
       ("eval", str(tmp_path / "checkpoints" / "ckpt-5"),
        f"evaluates {tmp_path}/checkpoints/ckpt-5"),
       ("export", None, "exports the latest checkpoint")]:
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-      run.run(tiny.get_config(), str(tmp_path), mode, path)
-    [header] = [r.getMessage() for r in caplog.records
-                if r.getMessage().startswith(f"looper {mode}: ")]
+    header = header_of(mode, caplog, tiny.get_config(), str(tmp_path), mode,
+                       path)
     # Keras numbers the models of one process: sequential_1, ...
-    assert re.sub(r"sequential_\d+", "sequential", header).splitlines() == [
+    assert [re.sub(r"sequential_\d+", "sequential", l) for l in header] == [
         f"looper {mode}: sequential (212 parameters) in {tmp_path} ({reads})",
         "  strategy   default, 1 replica (default device)",
         "  batch      32 global = 32 per replica x 1; eval 64",
@@ -220,3 +231,15 @@ def test_eval_and_export_describe_the_run_they_read(tmp_path, caplog):
         "  precision  float32",
         "  memory     optimizer state 856 B per device",
         differs]
+  flags = ["--config.eval.batch_size=32", "--config.train.steps=0",
+           "--config.train.epochs=0.25"]
+  monkeypatch.setattr(sys, "argv", ["looper", "--mode=export",
+                                    "--config=tests/fixtures/tiny.py",
+                                    f"--workdir={tmp_path}", *flags])
+  config = configured(tiny.get_config(), eval__batch_size=32,
+                      train__steps=0, train__epochs=0.25)
+  assert header_of("export", caplog, config, str(tmp_path), "export")[-1] == (
+      "  differs    on the command line: eval.batch_size=32 (config.json:"
+      " 64), train.epochs=0.25 (config.json: 0.0); from the experiment file:"
+      " checkpoint.every_steps=20 (config.json: 5); derived: train.steps=8"
+      " (config.json: 10)")

@@ -80,6 +80,23 @@ def test_config_file_that_raises_at_import_shows_its_line(tmp_path, parse):
   assert len(lines) <= 6, lines
 
 
+def test_looper_s_own_error_in_a_config_file_is_one_line_with_its_line(
+    tmp_path, parse):
+  """A ConfigError looper raises in the file's code (an Action without a
+  trigger) is its line and where: no traceback."""
+  config = tmp_path / "untriggered.py"
+  config.write_text("import looper\n"
+                    "from tests.fixtures import tiny\n\n"
+                    "def get_config():\n"
+                    "  c = tiny.get_config()\n"
+                    "  c.actions = [looper.Action(print, every_steps=0)]\n"
+                    "  return c\n")
+  assert parse(f"--config={config}", f"--workdir={tmp_path}/run") == [
+      f"looper: --config={config}, line 6: looper.Action(print) has no"
+      " trigger, so it would never run; give it every_steps=N,"
+      " every_secs=S, every_loop=True, at_end=True or on_stop=True"]
+
+
 def test_config_file_without_a_config_or_missing_is_one_line(tmp_path,
                                                               parse):
   config = tmp_path / "no_get_config.py"

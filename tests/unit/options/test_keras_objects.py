@@ -7,6 +7,7 @@ ignore_class); metric objects report what NumPy computes; what cannot work
 is one line before training.
 """
 
+import json
 import os
 import sys
 
@@ -198,7 +199,18 @@ def test_describe_shows_a_metric_object_as_a_run_logs_it():
   assert "sparse_top_k_categorical_accuracy" not in describe.describe(
       tiny.get_config())
   text = describe.describe(tiny_keras.get_config())
-  assert "SparseTopKCategoricalAccuracy(name=" in text  # config, not a crash
+  # The config: each object by its class and arguments, no "unloadable"
+  # (config.json's marker: test_references).
+  config = json.loads(text[text.index("\nconfig\n") + len("\nconfig\n"):])
+  assert config["loss"] == (
+      "keras.src.losses.losses:SparseCategoricalCrossentropy(name="
+      "'sparse_categorical_crossentropy', reduction='sum_over_batch_size',"
+      " from_logits=True, ignore_class=None)")
+  assert config["metrics"] == [
+      "accuracy", "keras.src.metrics.accuracy_metrics:"
+      "SparseTopKCategoricalAccuracy(name='sparse_top_k_categorical_accuracy',"
+      " dtype='float32', k=2)"]
+  assert "unloadable" not in text
 
 
 def _softmax_op_model(config):  # pylint: disable=unused-argument

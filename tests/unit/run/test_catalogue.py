@@ -207,6 +207,39 @@ def test_eval_sets_that_collide_or_name_nothing(workdir):
                " val/accuracy")
 
 
+def by_name_only(c, split):
+  """tiny's data loaded by the split's name, its slice ignored: a first
+  dataset_fn as a user writes it."""
+  x, y = tiny.make_data(c.model.num_examples,
+                        seed={"train": 0, "test": 1}[lc.parse_split(split)[0]])
+  return (x, y) if c.data.as_arrays else tf.data.Dataset.from_tensor_slices(
+      (x, y))
+
+
+_SLICE_IT = ("; make config.dataset_fn return only the slice, e.g."
+             " x[lc.split_slice(split, len(x))[1]] (README: 'An experiment is"
+             " one file')")
+
+
+@pytest.mark.parametrize("fields,message", [
+    pytest.param({"data.eval_splits": SETS, "data.eval_split": ""},
+                 "config.data.eval_splits['test']='test[50%:]' holds 1001"
+                 " examples, but that slice of the 1001 in 'test' holds 501"
+                 + _SLICE_IT, id="eval-set"),
+    pytest.param({"data.train_split": "train[:90%]", "data.as_arrays": True},
+                 "config.data.train_split='train[:90%]' holds 1001 examples,"
+                 " but that slice of the 1001 in 'train' holds 901" +
+                 _SLICE_IT, id="train-arrays"),
+])
+def test_a_slice_dataset_fn_did_not_take(workdir, fields, message):
+  """A split named with a slice holds that slice's count of its split's
+  examples, or the run is refused naming the field (tiny slices right:
+  every other test with slices passes the check)."""
+  c = config(fields)
+  c.dataset_fn = by_name_only
+  assert_fails(c, workdir, message)
+
+
 def test_a_train_split_smaller_than_an_update_is_one_warning(workdir, caplog):
   """512 examples under a batch of 1024 would train on repeated examples
   without a word: one warning line before training, nothing refused."""

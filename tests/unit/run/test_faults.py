@@ -149,7 +149,9 @@ def test_nan_in_the_data_stops_before_saving(tmp_path):
     run.run(nan_config(), str(tmp_path), mode="train")
   assert str(e.value) == (
       f"train loss is nan at step 20; {tmp_path}/checkpoints/ckpt-10 is"
-      " kept; lower --config.optimizer.learning_rate or check the data")
+      " kept; lower --config.optimizer.learning_rate or check the data, or"
+      " set --config.train.nan_recovery_tries=1 to roll back to it and skip"
+      " this loop's data")
   assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith(
       "ckpt-10")
 

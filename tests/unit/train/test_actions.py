@@ -147,5 +147,20 @@ def test_config_actions_are_a_list_or_a_factory_of_one():
     assert "\n" not in str(e.value)
 
 
+def test_an_action_without_a_trigger_is_refused_in_one_line():
+  def log_samples(now):
+    del now
+  for trigger in (dict(every_steps=5), dict(every_secs=1.0),
+                  dict(every_loop=True), dict(at_end=True),
+                  dict(on_stop=True)):
+    assert actions.Action(log_samples, **trigger).name == "log_samples"
+  with pytest.raises(errors.ConfigError) as e:
+    actions.Action(log_samples, every_steps=0, all_workers=True)
+  assert str(e.value) == (
+      "looper.Action(log_samples) has no trigger, so it would never run;"
+      " give it every_steps=N, every_secs=S, every_loop=True, at_end=True or"
+      " on_stop=True")
+
+
 def _two_actions(config):
   return [actions.Action(lambda now: None, every_steps=config.width)] * 2

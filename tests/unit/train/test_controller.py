@@ -229,7 +229,9 @@ def test_nan_loss_raises_naming_step_and_kept_checkpoint():
     ctl.train()
   assert str(e.value) == (
       "train loss is nan at step 23; ckpt-20 is kept; lower"
-      " --config.optimizer.learning_rate or check the data")
+      " --config.optimizer.learning_rate or check the data, or set"
+      " --config.train.nan_recovery_tries=1 to roll back to it and skip this"
+      " loop's data")
   assert sorted(ckpt.saved) == [10, 20]
 
 
@@ -314,19 +316,30 @@ def test_a_spike_rolls_back_like_a_nan_in_one_line(caplog):
       " train.nan_recovery_tries=1)"]
 
 
-def test_a_spike_without_tries_left_stops_naming_the_factor():
+@pytest.mark.parametrize("tries,message", [
+    # None left: the roll-back's replay spiked again.
+    (1, "train loss spiked at step 23 after 1 recoveries"
+        " (train.nan_recovery_tries); ckpt-20 is kept; lower"
+        " --config.optimizer.learning_rate or check the data, or raise"
+        " --config.train.spike_factor"),
+    # None given: the line names them.
+    (0, "train loss spiked at step 23; ckpt-20 is kept; lower"
+        " --config.optimizer.learning_rate or check the data, or raise"
+        " --config.train.spike_factor, or set"
+        " --config.train.nan_recovery_tries=1 to roll back to it and skip"
+        " this loop's data"),
+], ids=["none-left", "none-given"])
+def test_a_spike_without_tries_stops_naming_the_factor_and_tries(tries,
+                                                                 message):
   trainer = FakeTrainer()
   save = actions.Action(lambda now: ckpt.save(now.step), every_steps=10)
   ctl, _, ckpt = make(steps_per_loop=5, trainer=trainer, save_actions=[save],
-                      nan_recovery_tries=1,
+                      nan_recovery_tries=tries,
                       spikes=FakeSpikes(trainer, at=23, times=2))
   with pytest.raises(FloatingPointError) as e:
     ctl.train()
-  assert str(e.value) == (
-      "train loss spiked at step 23 after 1 recoveries"
-      " (train.nan_recovery_tries); ckpt-20 is kept; lower"
-      " --config.optimizer.learning_rate or check the data, or raise"
-      " --config.train.spike_factor")
+  assert str(e.value) == message
+  assert ckpt.restored == [20] * tries and sorted(ckpt.saved) == [10, 20]
 
 
 def test_continuous_eval_evaluates_each_checkpoint_once():
@@ -400,7 +413,9 @@ def test_non_finite_weights_after_finite_losses_stop_before_saving():
     ctl.train()
   assert str(e.value) == (
       "the weights are not finite after step 20; ckpt-10 is kept; lower"
-      " --config.optimizer.learning_rate or check the data")
+      " --config.optimizer.learning_rate or check the data, or set"
+      " --config.train.nan_recovery_tries=1 to roll back to it and skip this"
+      " loop's data")
   assert sorted(ckpt.saved) == [10]
 
 

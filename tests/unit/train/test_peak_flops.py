@@ -8,7 +8,9 @@ timing, but one bound check of the real probe.
 
 import json
 import logging
+import os
 import re
+import types
 
 import pytest
 import tensorflow as tf
@@ -122,6 +124,24 @@ def test_a_given_peak_becomes_the_loops_speed_and_nothing_is_cached(
   assert two_hosts.source == (
       "a loop's speed, above train.peak_flops=1e+11 x 2")
   assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("cluster,machines", [
+    ({"worker": ["127.0.0.1:2001", "localhost:2002"]}, 1),  # looper launch
+    ({"chief": ["host-a:2000"], "worker": ["host-a:2001", "Host-B:2001"]}, 2),
+])
+def test_workers_sharing_a_machine_count_its_cores_once(tmp_path, cluster,
+                                                         machines):
+  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(cluster), task_type="worker", task_id=0)
+  strategy = types.SimpleNamespace(cluster_resolver=resolver)  # a CPU run's
+  peak = peak_flops.of_run(tiny.get_config(), strategy, str(tmp_path / "p"),
+                           measure=FakeProbe(100e9))
+  assert (peak.devices, peak.flops_per_sec) == (machines, machines * 100e9)
+  times = f" x {machines}" if machines > 1 else ""
+  assert peak.source.startswith(
+      "the measured float32 matmul peak of this CPU's"
+      f" {len(os.sched_getaffinity(0))} cores{times}: a probe ("), peak.source
 
 
 class SpeedingTrainer(test_controller.FakeTrainer):

@@ -76,7 +76,9 @@ def test_nan_loss_stops_before_saving_over_a_good_checkpoint(tmp_path):
   ckpt_dir = tmp_path / "checkpoints"
   assert re.fullmatch(
       rf"train loss is (nan|inf|-inf) at step 2\d; {ckpt_dir}/ckpt-20 is"
-      r" kept; lower --config.optimizer.learning_rate or check the data",
+      r" kept; lower --config.optimizer.learning_rate or check the data, or"
+      r" set --config.train.nan_recovery_tries=1 to roll back to it and skip"
+      r" this loop's data",
       message), message
   assert tf.train.latest_checkpoint(str(ckpt_dir)).endswith("ckpt-20")
   assert sorted(p.name for p in ckpt_dir.glob("*.index")) == [
