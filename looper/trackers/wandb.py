@@ -23,12 +23,20 @@ line. History: every line of metrics.jsonl at its step (`train/loss`,
 (`wandb.Histogram`) and texts, a step's together; the final figures (the
 HParams' `hparams/...` columns, `goodput/...`) in the run's summary.
 
-What W&B cannot do: say which points it already holds, so a kill in the
-middle of a send may repeat that send's points (online, W&B itself drops a
-step below its last one); its sends are in the background, so a failure
-mid-run is W&B's to retry and report, not looper's. Online W&B is not
-tested here (no network): an online run without an API key fails as its
-run opens, in one line, before training.
+What a kill -9 leaves (looper.trackers.wandb_files): `run.log()`
+returns before W&B's own process writes the point to the run's `.wandb`
+file, and that process dies with the run, so what looper handed over is
+not what the run holds. The run's id is the workdir's before W&B makes
+the run (a kill right after `wandb.init` leaves no second run), and every
+restart waits for an earlier attempt's W&B process to let go of the
+run's files, reads what they hold, and sends exactly the (key, step)
+pairs of metrics.jsonl they lack; the final figures go to the summary
+again (it keeps each key's latest value). Images, histograms and texts
+are not in metrics.jsonl: those W&B had not written at a kill are lost.
+Its sends are in the background, so a failure mid-run is W&B's to retry
+and report, not looper's. Online W&B is not tested here (no network): an
+online run without an API key fails as its run opens, in one line, before
+training; online, W&B itself drops a step below the run's last one.
 """
 
 import itertools
@@ -41,6 +49,8 @@ import wandb
 from looper import errors
 from looper import workdir as workdir_lib
 from looper.trackers import delivery
+from looper.trackers import wandb_files
+from looper.workdir import jsonl
 
 # Buckets of a histogram written without `num_buckets` (TensorBoard's 30).
 BINS = 30
@@ -59,14 +69,20 @@ class WandB(delivery.Tracker):
           f" not in {self._dir} (an object store); set WANDB_DIR to a local"
           " folder")
     self._run = None
+    self._holds = None  # (key, step) the run's files held at this start
 
   def where(self) -> str:
     return (f"run {self._state['run_id']} in {self._run.dir}"
             if self._run else f"run {self._state['run_id']}")
 
   def _open(self, run_id, params):
+    if run_id:
+      self._recount(run_id)
+    else:  # kept before W&B makes the run: a kill after it resumes it
+      run_id = self._state["run_id"] = uuid.uuid4().hex[:16]
+      self._save()
     self._run = wandb.init(
-        id=run_id or uuid.uuid4().hex[:16], resume="allow", dir=self._dir,
+        id=run_id, resume="allow", dir=self._dir,
         name=os.path.basename(self._wd.root.rstrip("/")),
         # looper prints its own lines and writes its own config; W&B's
         # console capture, system sampling, git probe and pip freeze off.
@@ -75,6 +91,28 @@ class WandB(delivery.Tracker):
                                 save_code=False, x_save_requirements=False))
     self._params({**params, "looper.workdir": self._wd.root})
     return self._run.id
+
+  def _recount(self, run_id):
+    """A restart: what the run's files hold decides what is delivered.
+    `delivered` becomes the step before metrics.jsonl's first (key, step)
+    they lack; from there to the step the state says was handed to W&B,
+    the first send leaves out what they hold (`_held`)."""
+    files = wandb_files.paths(self._dir, run_id)
+    wandb_files.wait_for_writers(files)
+    self._holds = wandb_files.held(wandb_files.history(files))
+    upto = self._state["delivered"]
+    for line in jsonl.read(self._wd.metrics):
+      if line["kind"] in jsonl.PREFIXES:
+        if not all((k, line["step"]) in self._holds for k in jsonl.named(line)):
+          upto = line["step"] - 1
+          break
+        upto = line["step"]
+    claimed = max(self._state["delivered"], *(self._state["sending"] or [0]))
+    self._state.update(delivered=upto, final=None,
+                       sending=[upto + 1, claimed] if claimed > upto else None)
+
+  def _held(self, points):
+    return self._holds
 
   def _params(self, params):
     # What the run holds: W&B's copy online; offline (a new file per

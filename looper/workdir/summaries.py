@@ -126,6 +126,8 @@ class Summaries:
     # The run's final figures, as last written: the HParams' metric
     # columns and the goodput (what trackers get as the run ends).
     self.figures: dict[str, float] = {}
+    if self._table is not None:  # a resume's so far (start_run: none)
+      self._replay(jsonl.read(workdir.metrics))
     trackers = trackers if training else ()
 
     def composed(kind, events, shown):
@@ -165,6 +167,7 @@ class Summaries:
     self.text("config", config_json)
     self.text("model_summary", model_text)
     if self._table is not None:
+      self._replay([])
       with self._hparams_events.as_default():
         self._table.write_start(trial_id=self._workdir.root)
       self._hparams_events.flush()
@@ -186,7 +189,7 @@ class Summaries:
       with self._full_disk("metrics.jsonl"):
         self._log.truncate_after(step)
       if self._table is not None:
-        self._best = self._best_in(jsonl.read(self._workdir.metrics))
+        self._replay(jsonl.read(self._workdir.metrics))
     stale = {}
     for events in self._events:
       events.flush()
@@ -245,14 +248,19 @@ class Summaries:
     self._train_events.write_scalars(step, named)
     self.figures.update(named)
 
-  def _best_in(self, kept: list[dict]) -> float | None:
-    """The best value of table.best in the eval lines kept (a resume)."""
-    best = None
+  def _replay(self, kept: list[dict]) -> None:
+    """The HParams' columns as the lines kept (a resume) left them: the
+    best of table.best so far, and the final figures (a rerun with nothing
+    left to train sends them again: its trackers' last run may have lost
+    them to a kill)."""
+    self._best, self.figures = None, {}
     for line in kept:
       if line["kind"] == "eval":
-        best = self._table.eval_results(line, best).get(
-            self._table.best_tag, best)
-    return best
+        results = self._table.eval_results(line, self._best)
+        self._best = results.get(self._table.best_tag, self._best)
+        self.figures.update(results)
+      elif line["kind"] == "train":
+        self.figures[self._table.train_loss_tag] = line["loss"]
 
   def close(self) -> None:
     """Closes the event files (the trackers are the run's to close)."""

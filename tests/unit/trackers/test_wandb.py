@@ -1,22 +1,28 @@
 """W&B as the run's tracker, offline (no network here): a run and its rerun
 write one W&B run (one id, two offline files) whose history holds exactly
-metrics.jsonl's lines, an action's images, histogram and text at their
+metrics.jsonl's lines, an action's images, histograms and texts at their
 steps, the config with the changed field, and the final figures.
 
-Read back from the offline files: wandb 0.31 ships no reader of them (its
-`sync` is a Go binary), so `records` de-frames the file (LevelDB's log
-format, W&B's header) and parses each record with wandb's own protobuf
-classes. Not tested: online mode and `wandb sync` (no server), W&B's own
-drop of a step below its last one, a failure mid-run (W&B sends in the
-background and retries itself), a kill in the middle of a send (W&B
-cannot say what it holds)."""
+Read back from the offline files by looper.trackers.wandb_files (wandb
+0.31 ships no reader of them: its `sync` is in the Go wandb-core), checked
+here against metrics.jsonl, what looper wrote itself; cut anywhere, a file
+reads as a prefix of its records. Not tested: online mode and `wandb
+sync` (no server), W&B's own drop of a step below its last one, a failure
+mid-run (W&B sends in the background and retries itself).
 
-import json
+Kills: killed right after `wandb.init`, after the Nth `Run.log`, and
+inside `Run.finish`, then rerun, one workdir ends with one W&B run whose
+files hold every (key, step) of metrics.jsonl once, the action's images,
+histograms and texts at most once a step (those W&B had not written at a
+kill are lost: not in metrics.jsonl), and the final figures. Each kill is
+the process' own (tests/fixtures/killer.py), at a named call: no timing.
+Repeated trials at other moments: `python -m tests.stress.wandb_kills`."""
+
 import os
-import struct
+import subprocess
+import sys
 import tempfile
 
-import numpy as np
 import pytest
 
 import looper
@@ -27,6 +33,7 @@ from looper.workdir import jsonl
 from tests.fixtures import needs
 from tests.fixtures import private_home
 from tests.fixtures import tiny
+from tests.fixtures import tiny_media
 from tests.fixtures.configs import configured
 
 # wandb makes two folders in the temp dir as it loads, removed at the
@@ -37,33 +44,8 @@ try:
   wandb = needs.extra("wandb", "wandb")
 finally:
   tempfile.tempdir = _TEMP
-from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-BLOCK, HEADER = 32768, 7  # LevelDB's log blocks; W&B's file header
-
-
-def records(path):
-  """The records of an offline run file, in order."""
-  data, pos, parts, out = path.read_bytes(), HEADER, b"", []
-  assert data[:4] == b":W&B"
-  while pos + 7 <= len(data):
-    if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header
-      pos += BLOCK - pos % BLOCK
-      continue
-    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-    parts += data[pos + 7:pos + 7 + length]
-    pos += 7 + length
-    if kind in (1, 4):  # FULL, LAST
-      record = wandb_internal_pb2.Record()
-      record.ParseFromString(parts)
-      out.append(record)
-      parts = b""
-  return out
-
-
-def items(update) -> dict:
-  return {i.key or "/".join(i.nested_key): json.loads(i.value_json)
-          for i in update}
+from looper.trackers import wandb_files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests.fixtures import wandb_kills  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @pytest.mark.slow  # over 2 s: out of the fast lane
@@ -73,37 +55,31 @@ def test_a_run_and_its_rerun_are_one_wandb_run_holding_metrics_jsonl(
   monkeypatch.setenv("WANDB_PROJECT", "tiny")
   wd = workdir_lib.Workdir(str(tmp_path))
 
-  def log_samples(now):
-    now.writer.write_images(now.step, {"samples": np.zeros((2, 4, 4, 3))})
-    now.writer.write_histograms(now.step, {"logits": np.arange(12.0)},
-                                {"logits": 4})
-    now.writer.write_texts(now.step, {"note": f"step {now.step}"})
-
   config = configured(tiny.get_config(), trackers="wandb", train__steps=30,
                       checkpoint__every_steps=10, eval__every_steps=10,
-                      actions=[looper.Action(log_samples, every_steps=10)])
+                      actions=[looper.Action(tiny_media.log_samples,
+                                             every_steps=10)])
   run.run(config, wd.root, verbose=False)
   config.train.steps = 40
   with caplog.at_level("INFO"):
     run.run(config, wd.root)
 
   run_id = files.read_json(wd.tracker("wandb"))["run_id"]
-  paths = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-  assert [p.name for p in paths] == [f"run-{run_id}.wandb"] * 2
-  rows, configs, summary = {}, {}, {}
+  paths = wandb_files.paths(str(tmp_path), run_id)
+  assert paths == sorted((tmp_path / "wandb").glob(
+      f"offline-run-*-{run_id}/run-{run_id}.wandb")) and len(paths) == 2
+  configs = {}
   for path in paths:
-    for record in records(path):
+    for record in wandb_files.records(path):
       kind = record.WhichOneof("record_type")
       if kind == "run":
         assert record.run.run_id == run_id
-      elif kind == "history":
-        row = items(record.history.item)
-        assert row["_step"] not in rows  # each step once
-        rows[row["_step"]] = row
       elif kind == "config":
-        configs.update(items(record.config.update))
-      elif kind == "summary":
-        summary.update(items(record.summary.update))
+        configs.update(wandb_files.values(record.config.update))
+  history = wandb_files.history(paths)
+  rows = dict(history)
+  assert [step for step, _ in history] == [10, 20, 30, 40]  # each once
+  summary = wandb_files.summary(paths)
   assert sorted(rows) == [10, 20, 30, 40]
   for line in jsonl.read(wd.metrics):
     if line["kind"] in jsonl.PREFIXES:
@@ -124,3 +100,53 @@ def test_a_run_and_its_rerun_are_one_wandb_run_holding_metrics_jsonl(
   assert summary["hparams/eval_accuracy"] == pytest.approx(
       rows[40]["eval/accuracy"])
   assert 0 < summary["goodput/goodput"] < 1
+
+
+@pytest.mark.slow  # looper processes, killed
+def test_kills_at_each_named_moment_and_reruns_leave_one_exact_run(
+    tmp_path, monkeypatch):
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  # This session's own W&B process (a test above ran W&B in it) would
+  # serve the runs and outlive their kills: each run starts its own.
+  monkeypatch.delenv("WANDB_SERVICE", raising=False)
+  for kill in wandb_kills.KILLS:
+    proc = wandb_kills.attempt(tmp_path, kill)
+    assert proc.returncode == -9, (kill, proc.stderr[-2000:])
+  proc = wandb_kills.attempt(tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  paths = wandb_kills.check_run(tmp_path, attempts=len(wandb_kills.KILLS) + 1)
+  # Cut anywhere (a kill mid-write), the largest file (records across a
+  # 32 KiB block's end) reads as a growing prefix of its records.
+  largest = max(paths, key=lambda p: p.stat().st_size)
+  whole, data = wandb_files.records(largest), largest.read_bytes()
+  assert len(data) > wandb_files.BLOCK
+  cut, read = tmp_path / "cut.wandb", []
+  for end in [*range(len(wandb_files.FILE_HEADER), len(data), 1009),
+              len(data)]:
+    cut.write_bytes(data[:end])
+    read.append(len(wandb_files.records(cut)))
+    assert wandb_files.records(cut) == whole[:read[-1]]
+  assert read == sorted(read) and read[-1] == len(whole)
+
+
+def test_the_files_are_read_once_no_process_writes_them(tmp_path):
+  path = tmp_path / "run-x.wandb"
+  path.write_bytes(wandb_files.FILE_HEADER)
+  holder = subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, "-c", "import sys; f = open(sys.argv[1], 'ab');"
+       " sys.stdin.read()", str(path)], stdin=subprocess.PIPE)
+  try:
+    while not wandb_files.writers([path]):  # it has opened the file
+      assert holder.poll() is None
+    with pytest.raises(RuntimeError, match=(
+        rf"^process {holder.pid} \(an earlier attempt's wandb-core\) still"
+        rf" writes the run's files after 0 s; .* \(kill {holder.pid}\)")):
+      wandb_files.wait_for_writers([path], timeout=0)
+  finally:
+    holder.communicate(timeout=30)  # its stdin closed: it ends
+  wandb_files.wait_for_writers([path], timeout=0)
+  path.write_bytes(b"SQLite format 3\0")
+  with pytest.raises(ValueError, match="not a W&B run file of store version"
+                     " 0 .*; looper reads the files of the wandb its extra"
+                     r" pins: pip install 'looper\[wandb\]'$"):
+    wandb_files.records(path)
