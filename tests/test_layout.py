@@ -82,6 +82,7 @@ TESTED_IN = {
     "looper.workdir.hparams": "unit/run/test_tensorboard.py",
     "looper.workdir.jsonl": "unit/run/test_tensorboard.py",
     "looper.workdir.summaries": "unit/run/test_tensorboard.py",
+    "looper.trackers.wandb_files": "unit/trackers/test_wandb.py",
     "looper.train.callback_state": "unit/train/test_callbacks.py",
     "looper.train.dry_run": "unit/options/test_keras_objects.py",
     "looper.train.eval_action": "unit/options/test_best.py",

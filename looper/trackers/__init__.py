@@ -13,7 +13,8 @@ Synopsis (what `looper.run.Run` does)::
 Modules: `delivery` (what every tracker shares: points sent once a
 complete checkpoint covers them, resent from metrics.jsonl after a
 restart, never twice), `mlflow`, `wandb` (each tool's own; installed with
-`pip install 'looper[mlflow]'`, `'looper[wandb]'`). Each is configured by
+`pip install 'looper[mlflow]'`, `'looper[wandb]'`), `wandb_files` (what
+W&B's own files hold: read on every restart). Each is configured by
 the tool's own environment variables; with none set its local store goes
 inside the workdir.
 """

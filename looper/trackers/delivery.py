@@ -25,9 +25,11 @@ What makes it exact across a kill at any moment, with the tracker's state
   `delivered`: every scalar of a step trained before the kill, once;
 - if the kill came mid-send (`sending` is set), the first send asks the
   tracker which of those points it holds (`held`) and leaves them out.
-A tracker that cannot tell (W&B offline) may repeat that one send's
-points. Images, histograms and texts are not in metrics.jsonl: those
-pending at a kill are lost (scalars are not).
+A tracker that takes a point before it holds it (W&B: its own process
+writes it later) sets `delivered` and `sending` from what it holds as it
+opens, on every restart (looper.trackers.wandb). Images, histograms and
+texts are not in metrics.jsonl: those pending at a kill (with W&B, those
+its process had not written) are lost (scalars are not).
 
 A tracker failing mid-run never stops training: its points stay pending
 and go with the next delivery; one warning line when it starts failing,
