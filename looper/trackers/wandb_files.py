@@ -16,8 +16,9 @@ process writes the run's `.wandb` file later, a whole 32 KiB block at a
 time (and every `x_transaction_log_flush_interval`, 15 s): a kill -9 of
 the run takes wandb-core down with it and loses what it had not written.
 W&B has no flush call and wandb ships no Python reader of these files
-(0.31: `wandb sync` is wandb-core's, in Go), so this is one, for the
-version the wandb extra pins (pyproject.toml; tests/unit/trackers).
+(0.31 has no `wandb.sdk.internal.datastore`, the old one; `wandb sync` is
+wandb-core's, in Go), so this is one, for the version the wandb extra
+pins (pyproject.toml; tests/unit/trackers/test_wandb.py).
 
 The format (wandb-core's core/pkg/leveldb and core/internal/transactionlog,
 store version 0): a 7-byte header (":W&B", magic 0xBEE1 little-endian,

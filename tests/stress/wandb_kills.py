@@ -8,8 +8,8 @@ Synopsis::
 Per trial, in a fresh workdir (tests/fixtures/wandb_kills.py's run:
 tiny_media, 120 steps, W&B offline): one to three attempts, each killed
 (SIGKILL, by the process itself: tests/fixtures/killer.py) at a moment
-drawn from MOMENTS (the Nth `Run.log` at a random N, before or after it
-returned; right after `wandb.init`; in `Run.finish`, before its exit
+drawn from MOMENTS (the Nth `Run.log` at a random N up to the run's ~60,
+before or after it returned; right after `wandb.init`; in `Run.finish`, before its exit
 record or a random delay into it; after it returned), then a rerun to
 the end. A trial is exact when the workdir's one W&B run holds every
 (key, step) of metrics.jsonl once, the action's media at most once a
@@ -35,7 +35,7 @@ FINISH = "wandb.sdk.wandb_run:Run._on_finish"
 MOMENTS = {
     "init": lambda rng: {"at": "wandb:init", "when": "after"},
     "log": lambda rng: {"at": LOG, "when": rng.choice(["before", "after"]),
-                        "nth": rng.randint(1, 80)},
+                        "nth": rng.randint(1, 60)},
     "finish": lambda rng: {"at": FINISH, "when": "before"},
     "finishing": lambda rng: {"at": FINISH, "when": "during",
                               "delay": rng.uniform(0.0, 0.5)},

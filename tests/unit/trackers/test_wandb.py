@@ -53,6 +53,11 @@ def test_a_run_and_its_rerun_are_one_wandb_run_holding_metrics_jsonl(
     tmp_path, monkeypatch, caplog):
   monkeypatch.setenv("WANDB_MODE", "offline")
   monkeypatch.setenv("WANDB_PROJECT", "tiny")
+  # W&B names the process it starts in this one's environment
+  # (WANDB_SERVICE): unset after the test, or the looper processes later
+  # tests start would use it (and not be forked: tests/fixtures/forks.py).
+  monkeypatch.setenv("WANDB_SERVICE", "")
+  monkeypatch.delenv("WANDB_SERVICE")
   wd = workdir_lib.Workdir(str(tmp_path))
 
   config = configured(tiny.get_config(), trackers="wandb", train__steps=30,
@@ -106,8 +111,8 @@ def test_a_run_and_its_rerun_are_one_wandb_run_holding_metrics_jsonl(
 def test_kills_at_each_named_moment_and_reruns_leave_one_exact_run(
     tmp_path, monkeypatch):
   monkeypatch.setenv("WANDB_MODE", "offline")
-  # This session's own W&B process (a test above ran W&B in it) would
-  # serve the runs and outlive their kills: each run starts its own.
+  # A W&B process this session started (WANDB_SERVICE) would serve the
+  # runs and outlive their kills: each run starts its own.
   monkeypatch.delenv("WANDB_SERVICE", raising=False)
   for kill in wandb_kills.KILLS:
     proc = wandb_kills.attempt(tmp_path, kill)
