@@ -1,4 +1,4 @@
-"""What a W&B run's own files hold: its `.wandb` files read back, every attempt's.
+"""What a W&B run's own files hold: every attempt's `.wandb` file read back.
 
 Synopsis::
 
@@ -53,7 +53,8 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 def paths(folder: str, run_id: str) -> list[pathlib.Path]:
   """The `.wandb` files of the run `run_id` in W&B's folder `folder` (its
   `wandb/` holds the runs' folders), oldest attempt first."""
-  pattern = re.compile(rf"(?:offline-)?run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}")
+  pattern = re.compile(
+      rf"(?:offline-)?run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}")
   found = []
   root = pathlib.Path(folder, "wandb")
   for sub in root.iterdir() if root.is_dir() else ():

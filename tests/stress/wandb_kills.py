@@ -1,20 +1,20 @@
-"""W&B offline kill -9 trials: runs killed at random named moments, then rerun, hold each point once.
+"""W&B kill -9 trials: random named moments, then the rerun: each point once.
 
 Synopsis::
 
-    python -m tests.stress.wandb_kills --trials 10      # by hand, ~1 min/trial
+    python -m tests.stress.wandb_kills --trials 10      # by hand, ~10 s a trial
     python -m tests.stress.wandb_kills --trials 3 --seed 7
 
 Per trial, in a fresh workdir (tests/fixtures/wandb_kills.py's run:
 tiny_media, 120 steps, W&B offline): one to three attempts, each killed
 (SIGKILL, by the process itself: tests/fixtures/killer.py) at a moment
 drawn from MOMENTS (the Nth `Run.log` at a random N up to the run's ~60,
-before or after it returned; right after `wandb.init`; in `Run.finish`, before its exit
-record or a random delay into it; after it returned), then a rerun to
-the end. A trial is exact when the workdir's one W&B run holds every
-(key, step) of metrics.jsonl once, the action's media at most once a
-step and the final figures (`wandb_kills.check_run`). An attempt whose
-moment never came (a resumed run logs less) just ends.
+before or after it returned; right after `wandb.init`; in `Run.finish`,
+before its exit record or a random delay into it; after it returned),
+then a rerun to the end. A trial is exact when the workdir's one W&B run
+holds every (key, step) of metrics.jsonl once, the action's media at most
+once a step and the final figures (`wandb_kills.check_run`). An attempt
+whose moment never came (a resumed run logs less) just ends.
 """
 
 import argparse
