@@ -1,0 +1,77 @@
+"""MLflow's workdir store exact at any kill: looper killed (SIGKILL,
+tests/fixtures/killer.py) while MLflow makes the workdir's store, or inside
+`set_terminated`, then the same command run again (here), leaves one run
+holding each (metric, step) of metrics.jsonl once, read back with
+MlflowClient; the killed process' screen holds looper's lines only. (The
+other moments, against a server: test_mlflow.py; repeated trials at every
+moment: `python -m tests.stress.mlflow_kills`.)
+"""
+
+import pytest
+
+from looper import workdir as workdir_lib
+from looper.workdir import files
+from tests.fixtures import mlflow_runs
+from tests.fixtures.configs import run_here
+from tests.fixtures.mlflow_runs import in_jsonl, in_mlflow
+
+mlflow = pytest.importorskip(
+    "mlflow", reason="the mlflow extra is not installed: pip install -e"
+    " '.[mlflow]' (CI has it)")
+
+TINY = ("--config=tests/fixtures/tiny.py", "--config.trackers=mlflow")
+
+
+@pytest.fixture
+def local(monkeypatch):
+  """No MLflow variable: the workdir's store."""
+  for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME",
+               "MLFLOW_EXPERIMENT_ID"):
+    monkeypatch.delenv(name, raising=False)
+
+
+def killed_then_rerun(at: str, wd, folder, *, nth=1, when="after"):
+  """looper killed at the first call `at` (its screen: looper's lines
+  only), then rerun here; the store's one run (every experiment's), the
+  workdir's, holding metrics.jsonl's lines, each once, FINISHED."""
+  args = [*TINY, f"--workdir={wd.root}"]
+  proc = mlflow_runs.killed(at, nth, args, folder, when=when)
+  assert mlflow_runs.noise(proc.log.read_text()) == []
+  run_here(*args)
+  client = mlflow.MlflowClient(f"sqlite:///{wd.mlflow_db}")
+  [found] = client.search_runs(
+      [e.experiment_id for e in client.search_experiments()])
+  assert found.info.run_id == files.read_json(wd.tracker("mlflow"))["run_id"]
+  expected = in_jsonl(wd)
+  assert {"train/loss", "eval/accuracy"} <= set(expected)
+  assert in_mlflow(client, found.info.run_id, expected) == expected
+  assert found.info.status == "FINISHED"
+  return client, found
+
+
+@pytest.mark.slow  # a looper process, killed
+def test_a_kill_while_mlflow_makes_its_store_is_made_good(
+    local, tmp_path, caplog):
+  """Killed after its 9th table (experiment_tags: a migration's, whose
+  stamp never came), every later open of the store failed with a 140-line
+  traceback ("table experiment_tags already exists")."""
+  wd = workdir_lib.Workdir(str(tmp_path / "run"))
+  with caplog.at_level("INFO"):
+    _, found = killed_then_rerun("sqlalchemy:after_create", wd, tmp_path,
+                                 nth=9)
+  assert (f"mlflow: {wd.mlflow_db} was left half made (killed while MLflow"
+          " made its tables; no run in it): made again") in [
+              r.getMessage() for r in caplog.records]
+  assert found.data.params["train.steps"] == "40"
+
+
+@pytest.mark.slow  # a looper process, killed
+def test_a_kill_inside_set_terminated_finishes_the_run_once(local, tmp_path):
+  """Killed as set_terminated writes FINISHED, after the final figures
+  were sent: the rerun (nothing to train) ends the run, sends none again."""
+  wd = workdir_lib.Workdir(str(tmp_path / "run"))
+  client, found = killed_then_rerun(
+      "mlflow.store.tracking.sqlalchemy_store:SqlAlchemyStore.update_run_info",
+      wd, tmp_path, when="before")
+  assert [s for s, _ in in_mlflow(client, found.info.run_id, [
+      "goodput/goodput"])["goodput/goodput"]] == [40]
