@@ -10,10 +10,8 @@ moment: `python -m tests.stress.mlflow_kills`.)
 import pytest
 
 from looper import workdir as workdir_lib
-from looper.workdir import files
 from tests.fixtures import mlflow_runs
 from tests.fixtures.configs import run_here
-from tests.fixtures.mlflow_runs import in_jsonl, in_mlflow
 
 mlflow = pytest.importorskip(
     "mlflow", reason="the mlflow extra is not installed: pip install -e"
@@ -31,22 +29,14 @@ def local(monkeypatch):
 
 
 def killed_then_rerun(at: str, wd, folder, *, nth=1, when="after"):
-  """looper killed at the first call `at` (its screen: looper's lines
-  only), then rerun here; the store's one run (every experiment's), the
-  workdir's, holding metrics.jsonl's lines, each once, FINISHED."""
+  """looper killed at the `nth` call `at` (its screen: looper's lines
+  only), then rerun here; the store's one run, exact (mlflow_runs)."""
   args = [*TINY, f"--workdir={wd.root}"]
   proc = mlflow_runs.killed(at, nth, args, folder, when=when)
   assert mlflow_runs.noise(proc.log.read_text()) == []
   run_here(*args)
-  client = mlflow.MlflowClient(f"sqlite:///{wd.mlflow_db}")
-  [found] = client.search_runs(
-      [e.experiment_id for e in client.search_experiments()])
-  assert found.info.run_id == files.read_json(wd.tracker("mlflow"))["run_id"]
-  expected = in_jsonl(wd)
-  assert {"train/loss", "eval/accuracy"} <= set(expected)
-  assert in_mlflow(client, found.info.run_id, expected) == expected
-  assert found.info.status == "FINISHED"
-  return client, found
+  return mlflow_runs.exact_run(
+      mlflow.MlflowClient(f"sqlite:///{wd.mlflow_db}"), wd)
 
 
 @pytest.mark.slow  # a looper process, killed
@@ -57,8 +47,7 @@ def test_a_kill_while_mlflow_makes_its_store_is_made_good(
   traceback ("table experiment_tags already exists")."""
   wd = workdir_lib.Workdir(str(tmp_path / "run"))
   with caplog.at_level("INFO"):
-    _, found = killed_then_rerun("sqlalchemy:after_create", wd, tmp_path,
-                                 nth=9)
+    found = killed_then_rerun("sqlalchemy:after_create", wd, tmp_path, nth=9)
   assert (f"mlflow: {wd.mlflow_db} was left half made (killed while MLflow"
           " made its tables; no run in it): made again") in [
               r.getMessage() for r in caplog.records]
@@ -68,10 +57,10 @@ def test_a_kill_while_mlflow_makes_its_store_is_made_good(
 @pytest.mark.slow  # a looper process, killed
 def test_a_kill_inside_set_terminated_finishes_the_run_once(local, tmp_path):
   """Killed as set_terminated writes FINISHED, after the final figures
-  were sent: the rerun (nothing to train) ends the run, sends none again."""
+  were sent: the rerun (nothing to train) ends the run, sends none again
+  (exact_run: the figures once)."""
   wd = workdir_lib.Workdir(str(tmp_path / "run"))
-  client, found = killed_then_rerun(
+  found = killed_then_rerun(
       "mlflow.store.tracking.sqlalchemy_store:SqlAlchemyStore.update_run_info",
       wd, tmp_path, when="before")
-  assert [s for s, _ in in_mlflow(client, found.info.run_id, [
-      "goodput/goodput"])["goodput/goodput"]] == [40]
+  assert found.data.params["train.steps"] == "40"
