@@ -16,11 +16,11 @@ Where: the store MLFLOW_TRACKING_URI names, else the workdir's `mlflow.db`
 MLFLOW_EXPERIMENT_NAME (made if missing), or 'Default' on a server and
 'looper' in the workdir's store.
 
-What goes there: the run is named after the workdir (tag `looper.workdir`,
-its id kept in the workdir; a run made by an attempt killed before it
-kept the id is found by its tag `looper.token`, a token kept before
-making it, and adopted: never a second run); params: the resolved config's fields, dotted
-(`train.steps`). Params cannot change in MLflow: a rerun that changes a
+What goes there: the run is named after the workdir (tag `looper.workdir`),
+its id kept in the workdir (an attempt killed after making the run but
+before keeping its id: the rerun finds the run by its tag `looper.token`,
+a token the workdir kept before making it, and adopts it: never a second
+run); params: the resolved config's fields, dotted (`train.steps`). Params cannot change in MLflow: a rerun that changes a
 field (a larger `train.steps`) records it as the tag `changed/<field>` with
 the new value (the param keeps the first), said in one line; fields new to
 the run become params. Metrics: every line of metrics.jsonl at its step
@@ -59,10 +59,12 @@ import uuid
 from absl import logging
 import mlflow
 from mlflow import entities
+from mlflow.store.db import utils as db_utils
 
 from looper import errors
 from looper import workdir as workdir_lib
 from looper.trackers import delivery
+from looper.workdir import files
 
 # MLflow's HTTP client reads these per request.
 PREFLIGHT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
@@ -117,8 +119,7 @@ def half_made(path: str) -> bool:
                if "alembic_version" in tables else None)
   except sqlite3.DatabaseError:
     return False  # not a store MLflow began: MLflow's error says what it is
-  # pylint: disable-next=import-outside-toplevel
-  from mlflow.store.db import utils as db_utils
+  # MLflow's own check of a store's schema (`_verify_schema`) reads this.
   return (stamp or [None])[0] != db_utils._get_latest_schema_revision()  # pylint: disable=protected-access
 
 
@@ -174,7 +175,7 @@ class MLflow(delivery.Tracker):
     a kill left it half made (it held no run)."""
     path = self._wd.mlflow_db
     if os.path.exists(path) and half_made(path):
-      os.remove(path)
+      files.remove(path)
       logging.info("mlflow: %s was left half made (killed while MLflow made"
                    " its tables; no run in it): made again", path)
     return mlflow.MlflowClient(self.uri)
