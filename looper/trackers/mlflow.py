@@ -20,10 +20,11 @@ What goes there: the run is named after the workdir (tag `looper.workdir`),
 its id kept in the workdir (an attempt killed after making the run but
 before keeping its id: the rerun finds the run by its tag `looper.token`,
 a token the workdir kept before making it, and adopts it: never a second
-run); params: the resolved config's fields, dotted (`train.steps`). Params cannot change in MLflow: a rerun that changes a
-field (a larger `train.steps`) records it as the tag `changed/<field>` with
-the new value (the param keeps the first), said in one line; fields new to
-the run become params. Metrics: every line of metrics.jsonl at its step
+run); params: the resolved config's fields, dotted (`train.steps`).
+Params cannot change in MLflow: a rerun that changes a field (a larger
+`train.steps`) records it as the tag `changed/<field>` with the new value
+(the param keeps the first), said in one line; fields new to the run
+become params. Metrics: every line of metrics.jsonl at its step
 and time (`train/loss`, `eval/accuracy`, an action's names), and at the
 last step the run's final figures (the HParams' `hparams/...` columns and
 `goodput/...`). Images: `log_image` at their step, one per image
@@ -120,7 +121,8 @@ def half_made(path: str) -> bool:
   except sqlite3.DatabaseError:
     return False  # not a store MLflow began: MLflow's error says what it is
   # MLflow's own check of a store's schema (`_verify_schema`) reads this.
-  return (stamp or [None])[0] != db_utils._get_latest_schema_revision()  # pylint: disable=protected-access
+  latest = db_utils._get_latest_schema_revision()  # pylint: disable=protected-access
+  return (stamp or [None])[0] != latest
 
 
 class MLflow(delivery.Tracker):

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 
+from looper import workdir as workdir_lib
 from tests.fixtures import mlflow_runs
 from tests.fixtures.servers import mlflow_server
 
@@ -96,7 +97,6 @@ def trial(store: str, folder: pathlib.Path, url: str | None,
   done = mlflow_runs.run(args)
   said = mlflow_runs.noise(done.stderr + done.stdout)
   assert not said, said
-  from looper import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   wd = workdir_lib.Workdir(str(wd_root))
   if store == "server":
     client = mlflow.MlflowClient(url)
