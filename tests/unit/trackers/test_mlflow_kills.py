@@ -11,7 +11,6 @@ import pytest
 
 from looper import workdir as workdir_lib
 from tests.fixtures import mlflow_runs
-from tests.fixtures.configs import run_here
 
 mlflow = pytest.importorskip(
     "mlflow", reason="the mlflow extra is not installed: pip install -e"
@@ -28,13 +27,11 @@ def local(monkeypatch):
     monkeypatch.delenv(name, raising=False)
 
 
-def killed_then_rerun(at: str, wd, folder, *, nth=1, when="after"):
-  """looper killed at the `nth` call `at` (its screen: looper's lines
-  only), then rerun here; the store's one run, exact (mlflow_runs)."""
-  args = [*TINY, f"--workdir={wd.root}"]
-  proc = mlflow_runs.killed(at, nth, args, folder, when=when)
-  assert mlflow_runs.noise(proc.log.read_text()) == []
-  run_here(*args)
+def store_after(at: str, wd, folder, *, nth=1, when="after"):
+  """The workdir store's one run, exact (mlflow_runs.exact_run), after
+  looper was killed at the `nth` call `at` and rerun."""
+  mlflow_runs.killed_then_rerun(at, nth, [*TINY, f"--workdir={wd.root}"],
+                                folder, when=when)
   return mlflow_runs.exact_run(
       mlflow.MlflowClient(f"sqlite:///{wd.mlflow_db}"), wd)
 
@@ -47,7 +44,7 @@ def test_a_kill_while_mlflow_makes_its_store_is_made_good(
   traceback ("table experiment_tags already exists")."""
   wd = workdir_lib.Workdir(str(tmp_path / "run"))
   with caplog.at_level("INFO"):
-    found = killed_then_rerun("sqlalchemy:after_create", wd, tmp_path, nth=9)
+    found = store_after("sqlalchemy:after_create", wd, tmp_path, nth=9)
   assert (f"mlflow: {wd.mlflow_db} was left half made (killed while MLflow"
           " made its tables; no run in it): made again") in [
               r.getMessage() for r in caplog.records]
@@ -60,7 +57,7 @@ def test_a_kill_inside_set_terminated_finishes_the_run_once(local, tmp_path):
   were sent: the rerun (nothing to train) ends the run, sends none again
   (exact_run: the figures once)."""
   wd = workdir_lib.Workdir(str(tmp_path / "run"))
-  found = killed_then_rerun(
+  found = store_after(
       "mlflow.store.tracking.sqlalchemy_store:SqlAlchemyStore.update_run_info",
       wd, tmp_path, when="before")
   assert found.data.params["train.steps"] == "40"
