@@ -37,6 +37,7 @@ and `close` says what was not delivered (a rerun with the tracker back
 sends the scalars: they are in metrics.jsonl).
 """
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -202,7 +203,12 @@ class Tracker(writers.Writer):
     if figures and durable is not None and self._state["final"] != durable:
       self._add(durable, "figures", figures)
     self.deliver(durable)
-    self._call(lambda: self._finish(status), f"could not mark its run {status}")
+    if self._failing:  # away: said once, the closing line says the rest
+      with contextlib.suppress(Exception):  # its status waits for the rerun
+        self._finish(status)
+    else:
+      self._call(lambda: self._finish(status),
+                 f"could not mark its run {status}")
     if not self._pending:
       return f"{self.where()}: {self.sent} writes sent"
     steps = sorted({p.step for p in self._pending})

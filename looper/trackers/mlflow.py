@@ -16,12 +16,15 @@ Where: the store MLFLOW_TRACKING_URI names, else the workdir's `mlflow.db`
 MLFLOW_EXPERIMENT_NAME (made if missing), or 'Default' on a server and
 'looper' in the workdir's store.
 
-What goes there: the run is named after the workdir (tag `looper.workdir`,
-its id kept in the workdir); params: the resolved config's fields, dotted
-(`train.steps`). Params cannot change in MLflow: a rerun that changes a
-field (a larger `train.steps`) records it as the tag `changed/<field>` with
-the new value (the param keeps the first), said in one line; fields new to
-the run become params. Metrics: every line of metrics.jsonl at its step
+What goes there: the run is named after the workdir (tag `looper.workdir`),
+its id kept in the workdir (an attempt killed after making the run but
+before keeping its id: the rerun finds the run by its tag `looper.token`,
+a token the workdir kept before making it, and adopts it: never a second
+run); params: the resolved config's fields, dotted (`train.steps`).
+Params cannot change in MLflow: a rerun that changes a field (a larger
+`train.steps`) records it as the tag `changed/<field>` with the new value
+(the param keeps the first), said in one line; fields new to the run
+become params. Metrics: every line of metrics.jsonl at its step
 and time (`train/loss`, `eval/accuracy`, an action's names), and at the
 last step the run's final figures (the HParams' `hparams/...` columns and
 `goodput/...`). Images: `log_image` at their step, one per image
@@ -35,19 +38,34 @@ minutes by default (7 retries, backoff 2, a 120 s timeout). Unless those
 variables are set, looper asks once with no retry and a 5 s timeout before
 training (`PREFLIGHT`: one line within seconds), and sends with one retry
 and 10 s (`SENDING`): a server that dies mid-run costs seconds per
-checkpoint, not minutes.
+checkpoint, not minutes. Its lines are looper's (one when sends start
+failing, one when they go through again, the closing line): MLflow's own
+loggers, alembic's, urllib3's ("Retrying ...") and MLflow's "View run"
+prints are quiet during looper's calls (`calling`).
+
+A store a kill left half-made: MLflow makes the workdir's mlflow.db in
+steps (its tables, then ~100 migrations, each stamped as it ends), and a
+store killed between a migration's tables and its stamp fails every later
+open ("table experiment_tags already exists"). Such a store (not at
+MLflow's latest schema, holding no run) is removed and made again; the
+run then made is sent every line of metrics.jsonl.
 """
 
 import contextlib
+import logging as std_logging
 import os
+import sqlite3
+import uuid
 
 from absl import logging
 import mlflow
 from mlflow import entities
+from mlflow.store.db import utils as db_utils
 
 from looper import errors
 from looper import workdir as workdir_lib
 from looper.trackers import delivery
+from looper.workdir import files
 
 # MLflow's HTTP client reads these per request.
 PREFLIGHT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
@@ -55,20 +73,56 @@ PREFLIGHT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
 SENDING = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
            "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# Set during every call too: MLflow prints a "View run ... at: <url>" line on
+# stdout when a run against a server ends.
+QUIET_ENV = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+# Whose log lines are quiet during a call: MLflow's ("Creating initial MLflow
+# database tables..."), its migrations' and urllib3's, whose "Retrying
+# (Retry(total=0, ...))" warnings would fill the screen while a server is
+# away (looper says it once).
+QUIET = ("mlflow", "alembic", "sqlalchemy", "urllib3")
 # MLflow's limits: per log_batch request, and a param's length.
 METRICS_PER_BATCH, PARAMS_PER_BATCH, PARAM_LENGTH = 1000, 100, 6000
 
 
 @contextlib.contextmanager
-def patience(values: dict[str, str]):
-  """The block's requests with `values` where the user set none."""
-  mine = {k: v for k, v in values.items() if k not in os.environ}
+def calling(values: dict[str, str]):
+  """A block of MLflow calls: its requests with `values` (and QUIET_ENV)
+  where the user set none, the QUIET loggers silent."""
+  mine = {k: v for k, v in {**values, **QUIET_ENV}.items()
+          if k not in os.environ}
   os.environ.update(mine)
+  loggers = [std_logging.getLogger(name) for name in QUIET]
+  levels = [logger.level for logger in loggers]
+  for logger in loggers:
+    logger.setLevel(std_logging.CRITICAL + 1)
   try:
     yield
   finally:
     for name in mine:
       os.environ.pop(name, None)
+    for logger, level in zip(loggers, levels):
+      logger.setLevel(level)
+
+
+def half_made(path: str) -> bool:
+  """Whether the sqlite store at `path` is one MLflow began and a kill cut
+  short: holding no run, not at MLflow's latest schema. (Reading it rolls
+  back the transaction the kill interrupted, if any.)"""
+  try:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+      tables = {name for (name,) in db.execute(
+          "SELECT name FROM sqlite_master WHERE type = 'table'")}
+      if "runs" in tables and db.execute(
+          "SELECT COUNT(*) FROM runs").fetchone()[0]:
+        return False
+      stamp = (db.execute("SELECT version_num FROM alembic_version").fetchone()
+               if "alembic_version" in tables else None)
+  except sqlite3.DatabaseError:
+    return False  # not a store MLflow began: MLflow's error says what it is
+  # MLflow's own check of a store's schema (`_verify_schema`) reads this.
+  latest = db_utils._get_latest_schema_revision()  # pylint: disable=protected-access
+  return (stamp or [None])[0] != latest
 
 
 class MLflow(delivery.Tracker):
@@ -87,11 +141,13 @@ class MLflow(delivery.Tracker):
             " MLFLOW_TRACKING_URI to a tracking server")
       uri = "sqlite:///" + os.path.abspath(wd.mlflow_db)
     self.uri = uri
-    self._client = mlflow.MlflowClient(tracking_uri=uri)
+    # The workdir's store is made (or checked) when the run opens: after the
+    # workdir is, and quietly (`calling`).
+    self._client = None if self._local else mlflow.MlflowClient(uri)
     self._experiment = self._run = None
     if uri.startswith(("http://", "https://")):
       try:
-        with patience(PREFLIGHT):
+        with calling(PREFLIGHT):
           self._client.search_experiments(max_results=1)
       except Exception as e:  # pylint: disable=broad-except
         raise errors.ConfigError(
@@ -104,27 +160,56 @@ class MLflow(delivery.Tracker):
     return f"run {self._run} in {self.uri} (experiment {self._experiment})"
 
   def _open(self, run_id, params):
-    with patience(SENDING):
-      if run_id:
-        try:
-          run = self._client.get_run(run_id)
-        except mlflow.exceptions.MlflowException as e:
-          logging.warning("mlflow: run %s (kept in %s) cannot be read (%s);"
-                          " starting a new run", run_id,
-                          self._wd.tracker(self.name), errors.first_line(e))
-        else:
-          self._experiment = run.info.experiment_id
-          self._client.update_run(run_id, status="RUNNING")
-          self._run = run_id
-          self._params(params, logged=run.data.params)
-          return run_id
-      self._experiment = self._experiment_id()
-      run = self._client.create_run(
-          self._experiment, run_name=os.path.basename(self._wd.root.rstrip(
-              "/")), tags={"looper.workdir": self._wd.root})
-      self._run = run.info.run_id
-      self._params(params, logged={})
-      return run.info.run_id
+    with calling(SENDING):
+      if self._local:
+        self._client = self._local_store()
+      run = self._kept(run_id) if run_id else None
+      if run is None:
+        run = self._made()
+      elif run.info.status != "RUNNING":
+        self._client.update_run(run.info.run_id, status="RUNNING")
+      self._experiment, self._run = run.info.experiment_id, run.info.run_id
+      self._params(params, logged=run.data.params)
+      return self._run
+
+  def _local_store(self) -> mlflow.MlflowClient:
+    """A client of the workdir's store, made now if missing, made again if
+    a kill left it half made (it held no run)."""
+    path = self._wd.mlflow_db
+    if os.path.exists(path) and half_made(path):
+      files.remove(path)
+      logging.info("mlflow: %s was left half made (killed while MLflow made"
+                   " its tables; no run in it): made again", path)
+    return mlflow.MlflowClient(self.uri)
+
+  def _kept(self, run_id: str):
+    """The run `run_id` (kept in the workdir); None (a line) if it cannot
+    be read: deleted, or its store was made again."""
+    try:
+      return self._client.get_run(run_id)
+    except mlflow.exceptions.MlflowException as e:
+      logging.warning("mlflow: run %s (kept in %s) cannot be read (%s);"
+                      " starting a new run", run_id,
+                      self._wd.tracker(self.name), errors.first_line(e))
+      return None
+
+  def _made(self):
+    """The workdir's run an attempt made and was killed before keeping its
+    id (found by the token it kept before making it), else a new one."""
+    self._experiment = self._experiment_id()
+    token = self._state.get("token")
+    if token:
+      found = self._client.search_runs(
+          [self._experiment], f"tags.`looper.token` = '{token}'")
+      if found:
+        return found[0]
+    else:
+      self._state["token"] = token = uuid.uuid4().hex
+      self._save()
+    return self._client.create_run(
+        self._experiment, run_name=os.path.basename(self._wd.root.rstrip(
+            "/")), tags={"looper.workdir": self._wd.root,
+                         "looper.token": token})
 
   def _experiment_id(self) -> str:
     if os.environ.get("MLFLOW_EXPERIMENT_ID"):
@@ -142,7 +227,7 @@ class MLflow(delivery.Tracker):
 
   def _params(self, params, logged=None):
     """New fields as params; changed ones as tags `changed/<field>`."""
-    with patience(SENDING):
+    with calling(SENDING):
       if logged is None:
         logged = self._client.get_run(self._run).data.params
       params = {k: v[:PARAM_LENGTH] for k, v in params.items()}
@@ -166,7 +251,7 @@ class MLflow(delivery.Tracker):
 
   def _send(self, points):
     metrics = []
-    with patience(SENDING):
+    with calling(SENDING):
       for p in points:
         if p.kind in ("scalars", "figures"):
           at = int(p.time * 1000)
@@ -189,12 +274,12 @@ class MLflow(delivery.Tracker):
 
   def _held(self, points):
     held = set()
-    with patience(SENDING):
+    with calling(SENDING):
       for key in {k for p in points for k in p.values}:
         held |= {(key, m.step)
                  for m in self._client.get_metric_history(self._run, key)}
     return held
 
   def _finish(self, status):
-    with patience(SENDING):
+    with calling(SENDING):
       self._client.set_terminated(self._run, status)

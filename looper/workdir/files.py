@@ -105,6 +105,12 @@ def makedirs(path: str) -> None:
   tf.io.gfile.makedirs(path)
 
 
+def remove(path: str) -> None:
+  """Removes the file at `path` (a tracker's store a kill left half made:
+  looper.trackers.mlflow)."""
+  tf.io.gfile.remove(path)
+
+
 def create(path: str, text: str) -> bool:
   """Writes `text` as the file at `path` unless one is there; False if one
   is (another writer won).

@@ -47,6 +47,8 @@ class Fake(delivery.Tracker):
     return {(k, s) for k, s, _, _ in self.service.points}
 
   def _finish(self, status):
+    if self.service.down:
+      raise ConnectionError("connection refused")
     self.service.statuses.append(status)
 
 
@@ -142,6 +144,7 @@ def test_a_failing_service_never_stops_training_and_the_rerun_catches_up(
     tracker.deliver(20)
     tracker.deliver(30)
     line = tracker.close(30, figures=None, status="FINISHED")
+  # One line while it is away (its run's status too waits for the rerun).
   warned = [r.getMessage() for r in caplog.records if "fake:" in
             r.getMessage()]
   assert warned == [
@@ -157,6 +160,7 @@ def test_a_failing_service_never_stops_training_and_the_rerun_catches_up(
   assert rerun.close(30, figures=None, status="FINISHED") == (
       "run run-1: 2 writes sent")
   assert service.pairs() == expected([10, 20, 30])
+  assert service.statuses == ["FINISHED"]
 
 
 def test_a_roll_back_drops_the_points_it_trains_again(tmp_path):

@@ -1,11 +1,12 @@
 """MLflow as the run's tracker, against a real `mlflow server` on 127.0.0.1
 (tests/fixtures/servers.py), read back with MlflowClient: a run and its
 rerun are one MLflow run holding exactly metrics.jsonl's lines (and, with
-no MLflow variable, the store is the workdir's); a kill -9
-in the middle of a send, resumed, leaves no step twice and none lost; a
-server that does not answer is one line before training, asked once; a
-server that dies mid-run does not stop training (last: it ends the
-module's server)."""
+no MLflow variable, the store is the workdir's); a kill -9 (at a named
+call: tests/fixtures/killer.py) before the run's id is kept or in the
+middle of a send, then a rerun, leave one run, no step twice and none
+lost; a server that does not answer is one line before training, asked
+once; a server that goes away mid-run and comes back is one line each,
+and nothing but looper's lines is on the screen. The kills of the workdir's store: test_mlflow_kills.py."""
 
 import json
 import os
@@ -23,11 +24,13 @@ from looper import run
 from looper import workdir as workdir_lib
 from looper.workdir import files
 from looper.workdir import jsonl
+from tests.fixtures import killer
+from tests.fixtures import mlflow_runs
 from tests.fixtures import needs
 from tests.fixtures import tiny
-from tests.fixtures.configs import configured, run_here
-from tests.fixtures.processes import popen_looper
-from tests.fixtures.servers import mlflow_server
+from tests.fixtures.configs import configured
+from tests.fixtures.mlflow_runs import in_jsonl, in_mlflow
+from tests.fixtures.servers import Gate, mlflow_server
 
 mlflow = needs.extra("mlflow", "mlflow")
 
@@ -46,21 +49,11 @@ def tracked(server, monkeypatch, request):
   return server
 
 
-def in_jsonl(wd) -> dict[str, list[tuple[int, float]]]:
-  """metrics.jsonl's lines as a tracker names them: {name: [(step, value)]}."""
-  out = {}
-  for line in jsonl.read(wd.metrics):
-    if line["kind"] in jsonl.PREFIXES:
-      for name, value in jsonl.named(line).items():
-        out.setdefault(name, []).append((line["step"], value))
-  return out
-
-
-def in_mlflow(client, run_id, names) -> dict[str, list[tuple[int, float]]]:
-  """What the run holds of each of `names`, by step (a step twice: twice)."""
-  return {name: sorted((m.step, m.value)
-                       for m in client.get_metric_history(run_id, name))
-          for name in names}
+def exact_run(server, wd):
+  """The one run of the test's experiment, exact (mlflow_runs.exact_run)."""
+  client = mlflow.MlflowClient(server.url)
+  return mlflow_runs.exact_run(client, wd, [client.get_experiment_by_name(
+      os.environ["MLFLOW_EXPERIMENT_NAME"]).experiment_id])
 
 
 def the_run(client, wd):
@@ -185,80 +178,78 @@ def test_a_server_that_does_not_answer_is_one_line_asked_once(
   assert not (tmp_path / "run").exists()
 
 
-KILLED = ("--config=tests/fixtures/tiny.py", "--config.trackers=mlflow",
-          "--config.train.steps=3000", "--config.checkpoint.every_steps=100",
-          "--config.eval.every_steps=500", "--config.train.steps_per_loop=50")
+TINY = ("--config=tests/fixtures/tiny.py", "--config.trackers=mlflow")
 
 
 @pytest.mark.slow  # a looper process, killed
-def test_a_kill9_mid_send_and_the_rerun_leave_each_step_once(
-    tracked, tmp_path):
+def test_a_kill_before_the_run_id_is_kept_adopts_the_run(tracked, tmp_path):
+  """Killed as `create_run` returns: the rerun finds the run by the token
+  the workdir kept before making it."""
   wd = workdir_lib.Workdir(str(tmp_path / "run"))
-  proc = popen_looper(*KILLED, f"--workdir={wd.root}",
-                      log=tmp_path / "killed.log")
-  state = None
-  try:
-    # Some steps delivered; then the server freezes and the next send
-    # hangs, its steps written down as being sent: killed there.
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-      state = files.read_json(wd.tracker("mlflow"))
-      if state and state["delivered"] >= 500:
-        break
-      time.sleep(0.05)
-    else:
-      pytest.fail(f"nothing delivered: {proc.log.read_text()[-3000:]}")
-    tracked.signal(signal.SIGSTOP)
+  mlflow_runs.killed_then_rerun(
+      "mlflow.tracking.client:MlflowClient.create_run", 1,
+      [*TINY, f"--workdir={wd.root}"], tmp_path)
+  found = exact_run(tracked, wd)
+  assert found.data.params["train.steps"] == "40"  # sent by the rerun
+
+
+@pytest.mark.slow  # a looper process, killed
+def test_a_kill_mid_send_resends_only_what_the_server_lacks(tracked, tmp_path):
+  """One send of 80 train lines (13 scalars each) is two log_batch
+  requests (1000 metrics each at most; the params' came first): killed
+  after the first, the rerun asks what the run holds, sends the rest."""
+  wd = workdir_lib.Workdir(str(tmp_path / "run"))
+  mlflow_runs.killed_then_rerun(
+      "mlflow.tracking.client:MlflowClient.log_batch", 2,
+      [*TINY, "--config.train.steps=80", "--config.train.steps_per_loop=1",
+       "--config.checkpoint.every_steps=80", "--config.eval.every_steps=80",
+       f"--workdir={wd.root}"], tmp_path)
+  exact_run(tracked, wd)  # the final figures (cut off) sent by the rerun
+  assert len(in_jsonl(wd)["train/loss"]) == 80
+
+
+def wait_stopped(proc, timeout: float = 120) -> None:
+  """Waits until `proc` stopped itself (killer.py's SIGSTOP)."""
+  deadline = time.monotonic() + timeout
+  while not killer.stopped(proc.pid):
+    assert proc.poll() is None and time.monotonic() < deadline, (
+        proc.log.read_text()[-3000:])
+    time.sleep(0.02)
+
+
+@pytest.mark.slow  # a looper process
+def test_a_server_going_away_and_back_is_one_line_each(
+    tracked, tmp_path, monkeypatch):
+  """The run reaches the server through a Gate (tests/fixtures/servers.py)
+  and stops itself before its 3rd delivery (at start, then after each
+  save): the gate shuts, as when the server dies, and that send fails;
+  before the 4th it opens. Its screen: looper's lines only (no urllib3
+  retries, MLflow logs or "View run" prints)."""
+  wd = workdir_lib.Workdir(str(tmp_path / "run"))
+  args = (*TINY, "--config.train.steps=60",
+          "--config.checkpoint.every_steps=10", f"--workdir={wd.root}")
+  with Gate(tracked.port) as gate:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", gate.url)
+    proc = mlflow_runs.start("looper.trackers.mlflow:MLflow.deliver", [3, 4],
+                             args, tmp_path / "run.log", when="before",
+                             sig="SIGSTOP")
     try:
-      while time.monotonic() < deadline and proc.poll() is None:
-        state = files.read_json(wd.tracker("mlflow"))
-        if state and state["sending"]:
-          break
-        time.sleep(0.05)
-      proc.kill()
-      proc.wait(timeout=60)
+      wait_stopped(proc)
+      gate.shut()
+      proc.send_signal(signal.SIGCONT)
+      wait_stopped(proc)
+      gate.open()
+      proc.send_signal(signal.SIGCONT)
+      assert proc.wait(timeout=120) == 0, proc.log.read_text()[-3000:]
     finally:
-      tracked.signal(signal.SIGCONT)  # what it had received is stored now
-  finally:
-    proc.kill()
-  assert state["sending"], proc.log.read_text()[-3000:]
-
-  run_here(*KILLED, f"--workdir={wd.root}")
-  client = mlflow.MlflowClient(tracked.url)
-  found = the_run(client, wd)
-  expected = in_jsonl(wd)
-  assert len(expected["train/loss"]) == 3000 // 50
-  assert in_mlflow(client, found.info.run_id, expected) == expected
-
-
-def test_a_server_dying_mid_run_does_not_stop_training(
-    tracked, tmp_path, caplog, monkeypatch):
-  """Last in this module: it ends the server."""
-  wd = workdir_lib.Workdir(str(tmp_path))
-
-  def end_server(now):
-    if now.step == 20:
-      tracked.signal(signal.SIGKILL)
-
-  config = configured(tiny.get_config(), trackers="mlflow",
-                      checkpoint__every_steps=10,
-                      actions=[looper.Action(end_server, every_steps=10)])
-  with caplog.at_level("INFO"):
-    result = run.run(config, wd.root)
-  assert result["step"] == 40
-  said = [r.getMessage() for r in caplog.records]
-  [warned] = [m for m in said if m.startswith("mlflow: could not deliver")]
-  assert warned.endswith("training goes on, its writes are kept and sent"
-                         " again after the next checkpoint")
-  [closing] = [m for m in said if "  mlflow      run " in m]
-  assert "writes of steps 20-40 NOT delivered (" in closing
-  # The server's store, read directly: what came before it died...
-  client = mlflow.MlflowClient(tracked.store)
-  run_id = files.read_json(wd.tracker("mlflow"))["run_id"]
-  assert in_mlflow(client, run_id, ["train/loss"]) == {
-      "train/loss": in_jsonl(wd)["train/loss"][:1]}
-  # ...and a rerun (nothing to train) with the store back sends the rest.
-  monkeypatch.setenv("MLFLOW_TRACKING_URI", tracked.store)
-  assert run.run(config, wd.root, verbose=False)["step"] == 40
-  expected = in_jsonl(wd)
-  assert in_mlflow(client, run_id, expected) == expected
+      proc.kill()
+  exact_run(tracked, wd)  # read behind the gate
+  said = proc.log.read_text().splitlines()
+  assert mlflow_runs.noise("\n".join(said)) == []
+  mine = [l[9:] for l in said if l[9:].startswith(("mlflow:", "WARNING: mlf"))]
+  assert len(mine) == 2 and mine[1] == "mlflow: delivering again", mine
+  assert mine[0].startswith("WARNING: mlflow: could not deliver (")
+  assert mine[0].endswith("training goes on, its writes are kept and sent"
+                          " again after the next checkpoint")
+  [closing] = [l for l in said if l.startswith("  mlflow ")]
+  assert closing.endswith(" writes sent")
