@@ -147,7 +147,10 @@ def cli():
   (see looper.cli.runs), `looper data_service ...` serves a tf.data service
   (see looper.cli.data_service)."""
   if sys.argv[1:2] in (["launch"], ["runs"], ["data_service"]):  # own flags
-    # Only the tool asked for: launch imports no TensorFlow.
+    # Only the tool asked for: launch imports no TensorFlow; the others
+    # do, quietly as a run does.
+    if sys.argv[1] != "launch":
+      console.start(verbose=console.wants_tensorflow_logs(sys.argv))
     tool = importlib.import_module(f"looper.cli.{sys.argv[1]}")
     sys.exit(tool.main(sys.argv[2:]))
   if sys.argv[1:] in ([], ["--help"], ["-h"], ["help"]):

@@ -78,8 +78,13 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
   took = re.fullmatch(rf"{TIME} looper done: step 20 in (0:00:\d\d) \(this"
                       r" attempt's wall time\)", lines[done])
   assert took, lines[done]
-  # `looper runs` shows the same time: the one attempt's record.
+  # `looper runs` shows the same time: the one attempt's record; a user's
+  # `looper runs` (it imports TensorFlow) prints its table, quietly too.
   assert runs.summarize(str(workdir))[runs.WALL] == took.group(1)
+  table = run_fresh("runs", str(workdir))
+  assert table.returncode == 0 and took.group(1) in table.stdout, table
+  assert not [l for l in table.stderr.splitlines()
+              if any(c in l for c in TENSORFLOW_CHATTER)], table.stderr
   last = re.fullmatch(r"  last eval   loss=\S+ examples=1001 accuracy=(\S+)",
                       lines[done + 1])
   assert last and lines[done + 2] == (
