@@ -120,7 +120,8 @@ def half_made(path: str) -> bool:
                if "alembic_version" in tables else None)
   except sqlite3.DatabaseError:
     return False  # not a store MLflow began: MLflow's error says what it is
-  # MLflow's own check of a store's schema (`_verify_schema`) reads this.
+  # MLflow's own check of a store's schema (`_verify_schema`) reads this;
+  # private, so the extra pins mlflow<4 (pyproject.toml).
   latest = db_utils._get_latest_schema_revision()  # pylint: disable=protected-access
   return (stamp or [None])[0] != latest
 

@@ -79,12 +79,15 @@ def measure(replicas: int, cases: list[str]) -> dict:
   strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
   out = {}
   for case in cases:
-    runs = {}
+    runs, built = {}, None
     for shard in (False, True):
       config = configured(tiny.get_config(), CASES[case],
                           distribution__shard_optimizer=shard)
       t = pieces.trainer(config, strategy)
       losses = t.train(STEPS)[0]
+      # Bytes can match by chance (SGD's momentum over even sizes): the
+      # update built must be the sharded one too.
+      built = isinstance(t.update, sharding.Sharded) if shard else built
       runs[shard] = (losses, [v.numpy() for v in t.model.trainable_variables],
                      sharding.per_device(strategy, t.update, t.ema),
                      None if shard else expected_bytes(strategy, t))
@@ -92,7 +95,7 @@ def measure(replicas: int, cases: list[str]) -> dict:
         losses=_relative(runs[True][0], runs[False][0]),
         weights=max(_relative(a, b) for a, b in zip(runs[True][1],
                                                     runs[False][1])),
-        bytes=[runs[False][2], runs[True][2], runs[False][3]])
+        bytes=[runs[False][2], runs[True][2], runs[False][3]], sharded=built)
   return out
 
 
@@ -104,7 +107,7 @@ def launched(workers: int, cases: list[str], directory: str) -> dict:
   from tests.unit.cli.test_launch import launch  # pylint: disable=g-import-not-at-top
   out = {}
   for case in cases:
-    runs = {}
+    runs, built = {}, None
     for shard in (False, True):
       workdir = f"{directory}/{case}-{shard}"
       proc = launch(
@@ -169,6 +172,9 @@ def _report(where: str, results: dict) -> int:
                f" {sharded} B sharded")
       if sharded != expected:
         line += f"  NOT the {expected} B its replicated build implies"
+        bad = True
+      if not r["sharded"]:
+        line += "  NOT SHARDED: the run built a replicated update"
         bad = True
     over += bad
     print(line, flush=True)
