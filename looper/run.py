@@ -61,8 +61,8 @@ from looper.data import input as input_lib
 from looper.modes import MODES
 from looper.options import best
 from looper.options import distribute
+from looper.options import optimizer_state
 from looper.options import precision
-from looper.options import sharding
 from looper.train import actions as actions_lib
 from looper.train import callbacks
 from looper.train import controller as controller_lib
@@ -329,7 +329,7 @@ class Run:
         modes.start(mode, restored, self.checkpoint_path), trainer.model,
         self.batch, peak=self.peak, epoch=self.epoch,
         note=trainer.random.note(),
-        state=sharding.per_device(self.strategy, trainer.update, trainer.ema),
+        state=optimizer_state.per_device(self.strategy, trainer.update, trainer.ema),
         trained=None if self.trains else files.read_json(wd.config)))
     if mode == "export":
       return modes.export_checkpoint(trainer, self.evaluator, ckpt, wd,

@@ -70,6 +70,7 @@ TESTED_IN = {
     "looper.data.splits": "unit/train/test_epochs.py",
     "looper.options.ema": "unit/train/test_numerics.py",
     "looper.options.losses": "unit/options/test_weights.py",
+    "looper.options.optimizer_state": "unit/options/test_sharding.py",
     "looper.options.precision": "unit/train/test_numerics.py",
     "looper.data.arrays": "unit/data/test_data.py",
     "looper.data.checks": "unit/data/test_data.py",

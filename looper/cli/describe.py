@@ -22,7 +22,7 @@ from looper.data import batch as batch_lib
 from looper.data import input as input_lib
 from looper.data import splits
 from looper.options import distribute
-from looper.options import sharding
+from looper.options import optimizer_state
 from looper.train import epochs
 from looper.workdir import summaries
 
@@ -42,7 +42,7 @@ def describe(config) -> str:
   lines = [console.header(config, strategy, None, "describe", None,
                           trainer.model, batch, epoch=epoch,
                           note=trainer.random.note(),
-                          state=sharding.per_device(strategy, trainer.update,
+                          state=optimizer_state.per_device(strategy, trainer.update,
                                                     trainer.ema)),
            "", "data"]
   for split in (config.data.train_split, *splits.eval_sets(config).values()):

@@ -9,7 +9,6 @@ Synopsis::
     update.refresh()                          # a train loop's start
     update.apply(grads)                       # a replica's step: the update
     checkpoint_items["optimizer"] = update.checkpointed()
-    sharding.per_device(strategy, update)     # the state's bytes per device
 
 Over N >= 2 replicas each weight is flattened and padded to N * k
 elements (k = ceil(size / N)); replica r owns elements [r k, (r + 1) k):
@@ -51,7 +50,6 @@ elementwise ones.
 import contextlib
 import math
 
-from absl import logging
 import keras
 import tensorflow as tf
 
@@ -96,8 +94,10 @@ class Sharded:
     inner one owns the slots; `refusal` None) not yet built; builds it on
     the shards."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    self.variables, self.optimizer = list(variables), optimizer
-    self.strategy, self.replicas = strategy, strategy.num_replicas_in_sync
+    self.variables = list(variables)
+    self.optimizer = optimizer
+    self.strategy = strategy
+    self.replicas = strategy.num_replicas_in_sync
     self.shards = [self.shard_of(v) for v in self.variables]
     # Its exclusions by variable (var_list=) name the weights: the same
     # decision, moved to their shards.
@@ -331,37 +331,6 @@ def _assign_each(context, variables, values) -> None:
       strategy.extended.update(variable, lambda v, x: v.assign(x),
                                args=(value,), group=False)
   context.merge_call(update, args=(values,))
-
-
-def held(strategy: tf.distribute.Strategy, variables) -> dict[str, list]:
-  """(name, dtype, shape) of each component of `variables`, by device."""
-  where = {}
-  for variable in variables:
-    value = variable.value if isinstance(variable, keras.Variable) else variable
-    for part in strategy.experimental_local_results(value):
-      where.setdefault(part.device, []).append(
-          (getattr(variable, "path", variable.name), part.dtype, part.shape))
-  return where
-
-
-def state_bytes(strategy: tf.distribute.Strategy, variables) -> dict[str, int]:
-  """Bytes of `variables` on each device, from their components."""
-  return {device: sum(s.num_elements() * d.size for _, d, s in parts)
-          for device, parts in held(strategy, variables).items()}
-
-
-def per_device(strategy: tf.distribute.Strategy, update, average=None) -> int:
-  """The optimizer's state on the device holding most, in bytes: its
-  variables (slots, step, a loss scale), the weight shards of a Sharded
-  `update` and the weight average (`average`, its `.average(decay)`);
-  `--verbosity=1` logs what each device of this process holds, as built."""
-  variables = [*update.optimizer.variables, *getattr(update, "shards", []),
-               *(average.averages if average else [])]
-  for device, parts in held(strategy, variables).items():
-    logging.vlog(1, "optimizer state on %s: %s", device, "; ".join(
-        f"{name} {dtype.name}[{','.join(map(str, shape))}]"
-        for name, dtype, shape in parts))
-  return max(state_bytes(strategy, variables).values(), default=0)
 
 
 class Replicated:

@@ -58,12 +58,13 @@ def expected_bytes(strategy, trainer) -> int:
   """The sharded state per device a replicated `trainer` implies: its
   scalars (the step, a loss scale) whole, ceil(size / N) of each other
   variable it built (slots, averages) and of each weight (the shard)."""
-  from looper.options import sharding  # pylint: disable=g-import-not-at-top
+  from looper.options import optimizer_state  # pylint: disable=g-import-not-at-top
   n = strategy.num_replicas_in_sync
   state = [*trainer.update.optimizer.variables,
            *(trainer.ema.averages if trainer.ema else [])]
-  device, parts = next(iter(sharding.held(strategy, state).items()))
-  weights = sharding.held(strategy, trainer.model.trainable_variables)[device]
+  device, parts = next(iter(optimizer_state.held(strategy, state).items()))
+  weights = optimizer_state.held(strategy,
+                                 trainer.model.trainable_variables)[device]
   return sum(d.size * (1 if s.rank == 0 else -(-s.num_elements() // n))
              for _, d, s in parts + weights)
 
@@ -72,6 +73,7 @@ def measure(replicas: int, cases: list[str]) -> dict:
   """In this process: each case on `replicas` CPU devices."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
+  from looper.options import optimizer_state  # pylint: disable=g-import-not-at-top
   from looper.options import sharding  # pylint: disable=g-import-not-at-top
   from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
   from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
@@ -89,7 +91,7 @@ def measure(replicas: int, cases: list[str]) -> dict:
       # update built must be the sharded one too.
       built = isinstance(t.update, sharding.Sharded) if shard else built
       runs[shard] = (losses, [v.numpy() for v in t.model.trainable_variables],
-                     sharding.per_device(strategy, t.update, t.ema),
+                     optimizer_state.per_device(strategy, t.update, t.ema),
                      None if shard else expected_bytes(strategy, t))
     out[case] = dict(
         losses=_relative(runs[True][0], runs[False][0]),

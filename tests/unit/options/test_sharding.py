@@ -15,6 +15,7 @@ from unittest import mock
 
 from looper.errors import ConfigError
 from looper.options import distribute
+from looper.options import optimizer_state
 from looper.options import sharding
 from looper.train import trainer as trainer_lib
 from tests.fixtures import pieces
@@ -89,7 +90,7 @@ def _run(trainer) -> dict:
 
 
 def _state_bytes(trainer, strategy) -> list[int]:
-  return list(sharding.state_bytes(
+  return list(optimizer_state.state_bytes(
       strategy, trainer.update.optimizer.variables).values())
 
 
@@ -191,7 +192,7 @@ def test_on_one_replica_the_weights_are_updated_in_place():
   sizes = sum(v.shape.num_elements()
               for v in trainers[True].model.trainable_variables)
   for t in trainers.values():  # step; two moments and the average
-    assert sharding.per_device(strategy, t.update, t.ema) == 8 + 12 * sizes
+    assert optimizer_state.per_device(strategy, t.update, t.ema) == 8 + 12 * sizes
 
 
 def _part_update(optimizer, shard, grad, rows: int, replicas: int):
