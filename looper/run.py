@@ -289,11 +289,9 @@ class Run:
     c = self.config
     if self.trains:
       dry_run.check_inputs(self.trainer, self.input, c.data.train_split)
-      self.input.check_slice(c.data.train_split, count=False)
     if MODES[self.mode].reads_eval_split:
       for split in self.evaluator.sets.values():
         dry_run.check_inputs(self.trainer, self.input, split)
-        self.input.check_slice(split)  # counted for the evaluation anyway
     best.check_best_metric(c.checkpoint.best_metric,
                            self.evaluator.metric_names)
     cores = distribute.tpu_cores(self.strategy, c.distribution)
@@ -329,7 +327,8 @@ class Run:
         modes.start(mode, restored, self.checkpoint_path), trainer.model,
         self.batch, peak=self.peak, epoch=self.epoch,
         note=trainer.random.note(),
-        state=optimizer_state.per_device(self.strategy, trainer.update, trainer.ema),
+        state=optimizer_state.per_device(self.strategy, trainer.update,
+                                         trainer.ema),
         trained=None if self.trains else files.read_json(wd.config)))
     if mode == "export":
       return modes.export_checkpoint(trainer, self.evaluator, ckpt, wd,

@@ -90,6 +90,7 @@ TESTED_IN = {
     "looper.train.health": "unit/train/test_math.py",
     "looper.train.layers": "unit/train/test_numerics.py",
     "looper.train.stopping": "unit/train/test_signals.py",
+    "looper.train.surfaces": "unit/train/test_controller.py",
     "looper.modes": "e2e/commands/test_console.py",
     "looper.train.standard_actions": "unit/train/test_trainer.py",
     "looper.main": "e2e/commands/test_cli.py",

@@ -25,7 +25,8 @@ from looper.options import losses
 
 def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disable=redefined-builtin
                  forward: int = 8) -> None:
-  """Checks the first `probe` examples' labels and weights, and runs
+  """Checks a split named with a slice holds that slice (`Input.check_slice`)
+  and the first `probe` examples' labels and weights, and runs
   `trainer`'s model and loss eagerly on the first `forward` of them.
 
   Few through the model: an eager forward pass leaves its activations'
@@ -49,6 +50,9 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
     input.source(split).check(input.batch.replicas,
                               input.batch.micro_batch_size, "train.batch_size")
   examples = checks.check_nonempty(input.examples(split), split, field)
+  # A slice's count ('test[:50%]'), where counting takes no pass over the
+  # train data; an eval split is counted for the evaluation anyway.
+  input.check_slice(split, count=split != config.data.train_split)
   # padded_batch: examples of variable length (data.bucket) fit too.
   inputs, labels, weights = batch_lib.parts(
       next(iter(examples.padded_batch(probe))))
