@@ -100,7 +100,10 @@ class Input:
         not (count or self._known_size(split))):
       return
     field = splits.split_field(self.config, split)
-    whole = self._known_size(name) or self.size(name)
+    whole = self._known_size(name)
+    if whole is None and not count:
+      return  # the whole split too would take a pass
+    whole = whole or self.size(name)
     if name not in (self.config.data.train_split,
                     *splits.eval_sets(self.config).values()):
       self._sources.pop(name, None)  # only its size was needed
