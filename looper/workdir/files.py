@@ -84,12 +84,12 @@ def _remove_quietly(path: str) -> None:
     logging.warning("Could not remove %s: %s", path, errors.first_line(e))
 
 
-def write_text(path: str, text: str) -> None:
-  """Replaces the file at `path` by `text`, whole, on any store
+def write_text(path: str, text: str | bytes) -> None:
+  """Replaces the file at `path` by `text` (or bytes), whole, on any store
   (`replacing`; also as TensorFlow's ram:// would append to a file opened
   anew)."""
   with replacing(path) as tmp:
-    with tf.io.gfile.GFile(tmp, "w") as f:
+    with tf.io.gfile.GFile(tmp, "wb" if isinstance(text, bytes) else "w") as f:
       f.write(text)
 
 
