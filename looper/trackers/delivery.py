@@ -245,7 +245,7 @@ class Tracker(writers.Writer):
     why = self._failing or "no complete checkpoint covers them"
     return (f"{self.where()}: {len(self._pending)} writes of steps"
             f" {steps[0]}-{steps[-1]} NOT delivered ({why}); rerun the same"
-            " command to send their scalars (metrics.jsonl keeps them)")
+            " command to send them (the workdir keeps them)")
 
   # --- Helpers ------------------------------------------------------------------
 
