@@ -107,7 +107,7 @@ def trial(store: str, folder: pathlib.Path, url: str | None,
                                 f"sqlite:///{wd.mlflow_db}")
   found = mlflow_runs.exact_run(client, wd, [client.get_experiment_by_name(
       f"trial-{index}").experiment_id] if store == "server" else None)
-  mlflow_runs.exact_media(client, found.info.run_id, range(10, 81, 10))
+  mlflow_runs.exact_media(client, wd, found.info.run_id, range(10, 81, 10))
   return "; ".join(kills)
 
 

@@ -209,7 +209,7 @@ def test_a_kill_mid_send_resends_only_what_the_server_lacks(tracked, tmp_path):
        f"--workdir={wd.root}"], tmp_path, when="before")
   found = exact_run(tracked, wd)  # the final figures (cut off) sent again
   assert len(in_jsonl(wd)["train/loss"]) == 80
-  mlflow_runs.exact_media(mlflow.MlflowClient(tracked.url),
+  mlflow_runs.exact_media(mlflow.MlflowClient(tracked.url), wd,
                           found.info.run_id, range(10, 81, 10))
 
 
