@@ -107,7 +107,7 @@ def makedirs(path: str) -> None:
 
 def remove(path: str) -> None:
   """Removes the file at `path` (a tracker's store a kill left half made:
-  looper.trackers.mlflow)."""
+  looper.trackers.mlflow; a write the tracker holds: looper.workdir.spool)."""
   tf.io.gfile.remove(path)
 
 
