@@ -27,9 +27,16 @@ What makes it exact across a kill at any moment, with the tracker's state
   tracker which of those points it holds (`held`) and leaves them out.
 A tracker that takes a point before it holds it (W&B: its own process
 writes it later) sets `delivered` and `sending` from what it holds as it
-opens, on every restart (looper.trackers.wandb). Images, histograms and
-texts are not in metrics.jsonl: those pending at a kill (with W&B, those
-its process had not written) are lost (scalars are not).
+opens, on every restart (looper.trackers.wandb).
+
+Images, histograms and texts are not in metrics.jsonl: each one of a kind
+the tracker keeps (`KEEPS`) is also kept in the workdir as it is written
+(looper.workdir.spool) until the tracker is known to hold it: once its
+send returned (`HELD_ON_SEND`: MLflow's calls are synchronous), else once
+the tracker's own record shows it (W&B's files, read at a restart) or
+the run was closed. A restart makes the kept ones of the steps up to the
+restored one pending again, asking the tracker first which it holds
+(`held`), and drops the later ones (trained, so written, again).
 
 A tracker failing mid-run never stops training: its points stay pending
 and go with the next delivery; one warning line when it starts failing,
@@ -49,6 +56,7 @@ from looper import errors
 from looper import workdir as workdir_lib
 from looper.workdir import files
 from looper.workdir import jsonl
+from looper.workdir import spool
 from looper.workdir import writers
 
 
@@ -60,15 +68,18 @@ class Point:
   values: dict[str, Any]
   time: float  # seconds since the epoch (a line's own, when replayed)
   buckets: dict[str, int] | None = None  # histograms'
+  kept: str = ""  # its file in the spool (a kind the tracker KEEPS)
 
 
 class Tracker(writers.Writer):
   """The delivery every tracker shares; a subclass talks to its service.
 
-  A subclass sets `name` and implements `_open`, `_params`, `_send`,
-  `_held` (if the service can say) and `_finish`.
+  A subclass sets `name` and `KEEPS` and implements `_open`, `_params`,
+  `_send`, `_held` (if the service can say) and `_finish`.
   """
   name = ""
+  KEEPS: tuple[str, ...] = ()  # the kinds besides scalars it keeps
+  HELD_ON_SEND = True  # a send that returned is held (else: once closed)
 
   def __init__(self, wd: workdir_lib.Workdir):
     self._wd = wd
@@ -76,6 +87,8 @@ class Tracker(writers.Writer):
     self._state = {"run_id": None, "delivered": 0, "sending": None,
                    "final": None}
     self._pending: list[Point] = []
+    self._spool = spool.Spool(wd.tracker_media(self.name), wd.checkpoints)
+    self._handed: list[str] = []  # kept points sent, not yet known held
     self._loaded = False  # metrics.jsonl's undelivered lines are pending
     self._failing = None  # the last send's error, while sends fail
     self._opened = False
@@ -98,8 +111,8 @@ class Tracker(writers.Writer):
     raise NotImplementedError
 
   def _held(self, points: list[Point]) -> set[tuple[str, int]] | None:
-    """(name, step) of the scalars among `points` the run already holds;
-    None: the service cannot say."""
+    """(name, step) of the values among `points` the run already holds (a
+    text it would replace need not be named); None: it cannot say."""
     del points
     return None
 
@@ -133,8 +146,11 @@ class Tracker(writers.Writer):
 
   def _add(self, step, kind, values, buckets=None):
     if values:
-      self._pending.append(Point(int(step), kind, values, time.time(),
-                                 buckets))
+      point = Point(int(step), kind, values, time.time(), buckets)
+      if kind in self.KEEPS:
+        point.kept = self._spool.put(point.step, kind, values, buckets,
+                                     time=point.time)
+      self._pending.append(point)
 
   # --- The run's calls ----------------------------------------------------------
 
@@ -164,6 +180,8 @@ class Tracker(writers.Writer):
     undelivered ones before it sent."""
     if not self._loaded:
       self._load(step)
+    self._spool.remove(*[p.kept for p in self._pending
+                         if p.step > step and p.kept])
     self._pending = [p for p in self._pending if p.step <= step]
     self.deliver(step)
 
@@ -182,10 +200,21 @@ class Tracker(writers.Writer):
     self._state["sending"] = [min(first, doubt[0]) if doubt else first,
                               max(last, doubt[1]) if doubt else last]
     self._save()
-    if not self._call(lambda: self._send(self._not_held(ready, doubt)),
-                      "could not deliver", sending=True):
+    sent = []
+
+    def send():
+      sent[:] = self._not_held(ready, doubt)
+      self._send(sent)
+
+    if not self._call(send, "could not deliver", sending=True):
       return
     self._pending = [p for p in self._pending if p.step > durable]
+    # Held: what was sent (HELD_ON_SEND), and what the run held already.
+    handed = {p.kept for p in sent}
+    self._spool.remove(*[p.kept for p in ready if p.kept and (
+        self.HELD_ON_SEND or p.kept not in handed)])
+    if not self.HELD_ON_SEND:
+      self._handed += [path for path in handed if path]
     self.sent += len(ready)
     self._state.update(delivered=max(self._state["delivered"], last),
                        sending=None)
@@ -206,45 +235,55 @@ class Tracker(writers.Writer):
     if self._failing:  # away: said once, the closing line says the rest
       with contextlib.suppress(Exception):  # its status waits for the rerun
         self._finish(status)
-    else:
-      self._call(lambda: self._finish(status),
-                 f"could not mark its run {status}")
+    elif self._call(lambda: self._finish(status),
+                    f"could not mark its run {status}"):
+      self._spool.remove(*self._handed)  # its run closed: held
+      self._handed = []
     if not self._pending:
       return f"{self.where()}: {self.sent} writes sent"
     steps = sorted({p.step for p in self._pending})
     why = self._failing or "no complete checkpoint covers them"
     return (f"{self.where()}: {len(self._pending)} writes of steps"
             f" {steps[0]}-{steps[-1]} NOT delivered ({why}); rerun the same"
-            " command to send their scalars (metrics.jsonl keeps them)")
+            " command to send them (the workdir keeps them)")
 
   # --- Helpers ------------------------------------------------------------------
 
   def _load(self, upto: int) -> None:
     """The lines of metrics.jsonl after the delivered step, up to `upto`,
-    as pending points (a restart: they were, or may have been, lost)."""
+    and the spool's points up to `upto`, as pending points (a restart:
+    they were, or may have been, lost); the spool's later ones dropped."""
     self._loaded = True
     delivered = self._state["delivered"]
-    self._pending[:0] = [
+    mine = {p.kept for p in self._pending}
+    kept = [e for e in self._spool.read() if e.path not in mine]
+    self._spool.remove(*[e.path for e in kept if e.step > upto])
+    kept = [Point(e.step, e.kind, e.values, e.time, e.buckets, e.path)
+            for e in kept if e.step <= upto]
+    self._pending = sorted([
         Point(line["step"], "scalars", jsonl.named(line), line["time"])
         for line in jsonl.read(self._wd.metrics)
-        if line["kind"] in jsonl.PREFIXES and delivered < line["step"] <= upto]
+        if line["kind"] in jsonl.PREFIXES and delivered < line["step"] <= upto
+    ] + kept + self._pending, key=lambda p: p.step)
+    if kept:  # the run may hold them: the first send asks (`_not_held`)
+      doubt = self._state["sending"] or [kept[0].step, kept[-1].step]
+      self._state["sending"] = [min(doubt[0], kept[0].step),
+                                max(doubt[1], kept[-1].step)]
 
   def _not_held(self, ready: list[Point], doubt: list[int] | None
                 ) -> list[Point]:
-    """`ready` without the scalars a send a kill interrupted (steps
-    `doubt`) already gave the run."""
+    """`ready` without the values the run already holds of the steps
+    `doubt`: a send a kill interrupted, the spool's points."""
     if not doubt:
       return ready
-    held = self._held([p for p in ready if doubt[0] <= p.step <= doubt[1]
-                       and p.kind in ("scalars", "figures")]) or set()
+    inside = [p for p in ready if doubt[0] <= p.step <= doubt[1]]
+    held = (self._held(inside) if inside else None) or set()
     out = []
     for p in ready:
-      if p.kind in ("scalars", "figures"):
-        values = {k: v for k, v in p.values.items() if (k, p.step) not in held}
-        if values:
-          out.append(dataclasses.replace(p, values=values))
-      else:
-        out.append(p)
+      values = {k: v for k, v in p.values.items() if (k, p.step) not in held
+                or not doubt[0] <= p.step <= doubt[1]}
+      if values:
+        out.append(dataclasses.replace(p, values=values))
     return out
 
   def _call(self, fn, failed: str, sending: bool = False) -> bool:

@@ -29,7 +29,10 @@ and time (`train/loss`, `eval/accuracy`, an action's names), and at the
 last step the run's final figures (the HParams' `hparams/...` columns and
 `goodput/...`). Images: `log_image` at their step, one per image
 (`name/<i>` when several); texts: artifacts `texts/<name>/step-<N>.txt`;
-histograms are not sent (MLflow has no such kind). Status: RUNNING while
+histograms are not sent (MLflow has no such kind). Images and texts are
+kept in the workdir until sent (looper.trackers.delivery): a rerun after
+a kill sends those it lacks (an image found among the run's artifacts is
+not sent again; a text replaces its own file). Status: RUNNING while
 an attempt trains, then FINISHED, KILLED (stopped: a rerun resumes it) or
 FAILED.
 
@@ -54,6 +57,7 @@ run then made is sent every line of metrics.jsonl.
 import contextlib
 import logging as std_logging
 import os
+import re
 import sqlite3
 import uuid
 
@@ -83,6 +87,9 @@ QUIET_ENV = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 QUIET = ("mlflow", "alembic", "sqlalchemy", "urllib3")
 # MLflow's limits: per log_batch request, and a param's length.
 METRICS_PER_BATCH, PARAMS_PER_BATCH, PARAM_LENGTH = 1000, 100, 6000
+# The file of an image `log_image` stored: its key ('/' as '~'; '#' and
+# '%' in older MLflow), its step.
+IMAGE = re.compile(r"images/(.+?)[+%]step[+%](\d+)[+%]timestamp[+%].*\.png")
 
 
 @contextlib.contextmanager
@@ -103,6 +110,11 @@ def calling(values: dict[str, str]):
       os.environ.pop(name, None)
     for logger, level in zip(loggers, levels):
       logger.setLevel(level)
+
+
+def image_key(name: str, i: int, count: int) -> str:
+  """The key of image `i` of `count` written as `name`."""
+  return name if count == 1 else f"{name}/{i}"
 
 
 def half_made(path: str) -> bool:
@@ -129,6 +141,7 @@ def half_made(path: str) -> bool:
 class MLflow(delivery.Tracker):
   """MLflow's run of the workdir `wd` (see module doc)."""
   name = "mlflow"
+  KEEPS = ("images", "texts")
 
   def __init__(self, wd: workdir_lib.Workdir):
     super().__init__(wd)
@@ -146,6 +159,7 @@ class MLflow(delivery.Tracker):
     # workdir is, and quietly (`calling`).
     self._client = None if self._local else mlflow.MlflowClient(uri)
     self._experiment = self._run = None
+    self._stored = set()  # (key, step) of the run's images, when asked
     if uri.startswith(("http://", "https://")):
       try:
         with calling(PREFLIGHT):
@@ -251,35 +265,46 @@ class MLflow(delivery.Tracker):
                                for k, v in sorted(changed.items())))
 
   def _send(self, points):
-    metrics = []
+    metrics = [entities.Metric(k, v, int(p.time * 1000), p.step)
+               for p in points if p.kind in ("scalars", "figures")
+               for k, v in p.values.items()]
     with calling(SENDING):
+      for i in range(0, len(metrics), METRICS_PER_BATCH):
+        self._client.log_batch(self._run,
+                               metrics=metrics[i:i + METRICS_PER_BATCH])
       for p in points:
-        if p.kind in ("scalars", "figures"):
-          at = int(p.time * 1000)
-          metrics += [entities.Metric(k, v, at, p.step)
-                      for k, v in p.values.items()]
-        elif p.kind == "images":
+        if p.kind == "images":
           for name, images in p.values.items():
             for i, image in enumerate(images):
-              self._client.log_image(
-                  self._run, image[..., 0] if image.shape[-1] == 1 else image,
-                  key=name if len(images) == 1 else f"{name}/{i}",
-                  step=p.step, timestamp=int(p.time * 1000))
+              key = image_key(name, i, len(images))
+              if (key, p.step) not in self._stored:  # some of them sent
+                self._client.log_image(
+                    self._run, image[..., 0] if image.shape[-1] == 1 else
+                    image, key=key, step=p.step,
+                    timestamp=int(p.time * 1000))
         elif p.kind == "texts":
           for name, text in p.values.items():
             self._client.log_text(self._run, text,
                                   f"texts/{name}/step-{p.step}.txt")
-      for i in range(0, len(metrics), METRICS_PER_BATCH):
-        self._client.log_batch(self._run,
-                               metrics=metrics[i:i + METRICS_PER_BATCH])
 
   def _held(self, points):
     held = set()
     with calling(SENDING):
-      for key in {k for p in points for k in p.values}:
+      for key in {k for p in points if p.kind in ("scalars", "figures")
+                  for k in p.values}:
         held |= {(key, m.step)
                  for m in self._client.get_metric_history(self._run, key)}
-    return held
+      images = [p for p in points if p.kind == "images"]
+      if images:
+        self._stored = {
+            (re.sub("[~#]", "/", match.group(1)), int(match.group(2)))
+            for a in self._client.list_artifacts(self._run, "images")
+            if (match := IMAGE.fullmatch(a.path))}
+    # An image name is held when each of its images is.
+    return held | {(name, p.step) for p in images
+                   for name, value in p.values.items()
+                   if all((image_key(name, i, len(value)), p.step)
+                          in self._stored for i in range(len(value)))}
 
   def _finish(self, status):
     with calling(SENDING):

@@ -32,7 +32,9 @@ restart waits for an earlier attempt's W&B process to let go of the
 run's files, reads what they hold, and sends exactly the (key, step)
 pairs of metrics.jsonl they lack; the final figures go to the summary
 again (it keeps each key's latest value). Images, histograms and texts
-are not in metrics.jsonl: those W&B had not written at a kill are lost.
+are kept in the workdir (looper.trackers.delivery) until the run's files
+show them (a restart reads them) or the run finished: a restart sends
+those the files lack, a histogram rebuilt from its values.
 Its sends are in the background, so a failure mid-run is W&B's to retry
 and report, not looper's. Online W&B is not tested here (no network): an
 online run without an API key fails as its run opens, in one line, before
@@ -59,6 +61,8 @@ BINS = 30
 class WandB(delivery.Tracker):
   """W&B's run of the workdir `wd` (see module doc)."""
   name = "wandb"
+  KEEPS = ("images", "histograms", "texts")
+  HELD_ON_SEND = False  # W&B's own process writes it later
 
   def __init__(self, wd: workdir_lib.Workdir):
     super().__init__(wd)

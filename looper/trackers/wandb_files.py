@@ -120,9 +120,10 @@ def history(files: list[pathlib.Path]) -> list[tuple[int, dict]]:
 
 def held(rows: list[tuple[int, dict]]) -> set[tuple[str, int]]:
   """(key, step) of every value in `rows` (W&B's own `_step`, `_runtime`,
-  `_timestamp` left out)."""
-  return {(key, step) for step, row in rows for key in row
-          if not key.startswith("_")}
+  `_timestamp` left out), a medium's (`samples/_type`) as its own key
+  (`samples`)."""
+  return {(key.removesuffix("/_type"), step) for step, row in rows
+          for key in row if not key.startswith("_")}
 
 
 def summary(files: list[pathlib.Path]) -> dict:

@@ -5,7 +5,8 @@ any file is written; the one line for a full disk), `checkpoint` (saves,
 restores, the best one) with `contents` (what a checkpoint holds; warm
 starts from another run's), `lease` (one writer per workdir), `summaries`
 (TensorBoard events, the progress line) with `jsonl` (metrics.jsonl),
-`formats` (how a value prints) and `hparams` (the HParams row), `export`
+`formats` (how a value prints) and `hparams` (the HParams row), `spool`
+(a tracker's media until it holds them), `export`
 (a SavedModel for serving). They, and the profiler window (looper.train.profiler), take
 their paths from the `Workdir` defined here.
 
@@ -33,6 +34,8 @@ Layout (every name is spelled here and nowhere else)::
                            (looper.train.goodput)
     trackers/<name>.json   an experiment tracker's run id and delivered
                            step (looper.trackers)
+    trackers/<name>-media/ its images, histograms and texts until it holds
+                           them, a file per write (spool)
     mlflow.db, mlruns/     MLflow's store and artifacts, and wandb/, W&B's
                            folder, when their variables name none
     export/<step>/         a SavedModel for serving; written as
@@ -133,6 +136,11 @@ class Workdir:
   def tracker(self, name: str) -> str:
     """The state of experiment tracker `name` (looper.trackers.delivery)."""
     return self._path("trackers", f"{name}.json")
+
+  def tracker_media(self, name: str) -> str:
+    """Tracker `name`'s images, histograms and texts until it holds them
+    (looper.workdir.spool)."""
+    return self._path("trackers", f"{name}-media")
 
   @property
   def mlflow_db(self) -> str:

@@ -84,12 +84,12 @@ def _remove_quietly(path: str) -> None:
     logging.warning("Could not remove %s: %s", path, errors.first_line(e))
 
 
-def write_text(path: str, text: str) -> None:
-  """Replaces the file at `path` by `text`, whole, on any store
+def write_text(path: str, text: str | bytes) -> None:
+  """Replaces the file at `path` by `text` (or bytes), whole, on any store
   (`replacing`; also as TensorFlow's ram:// would append to a file opened
   anew)."""
   with replacing(path) as tmp:
-    with tf.io.gfile.GFile(tmp, "w") as f:
+    with tf.io.gfile.GFile(tmp, "wb" if isinstance(text, bytes) else "w") as f:
       f.write(text)
 
 
@@ -107,7 +107,7 @@ def makedirs(path: str) -> None:
 
 def remove(path: str) -> None:
   """Removes the file at `path` (a tracker's store a kill left half made:
-  looper.trackers.mlflow)."""
+  looper.trackers.mlflow; a write the tracker holds: looper.workdir.spool)."""
   tf.io.gfile.remove(path)
 
 

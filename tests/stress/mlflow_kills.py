@@ -7,21 +7,24 @@ Synopsis::
 
 Per trial, in a fresh workdir, against the workdir's store (`local`) or a
 real `mlflow server` on 127.0.0.1 (`server`, one for all trials): start
-tiny (80 steps, a save every 20, 1 step per loop: sends of ~260 metrics,
-the last two log_batch requests) killed (SIGKILL, tests/fixtures/killer.py)
+tiny_media (80 steps, a save every 20, 1 step per loop: sends of ~260
+metrics, the last two log_batch requests, then 2 steps' images, 2 a step,
+and texts) killed (SIGKILL, tests/fixtures/killer.py)
 at a random call of a random moment, rerun the same command killed again
 at another (half the trials), then run it to its end. The moments:
   store        after the Nth of the 98 tables MLflow makes (local: its
                first tables, then those of its ~100 migrations)
   create_run   as create_run returns, before looper keeps the run's id
   log_batch    before or after the Nth log_batch (the params, each send)
+  log_image    before or after the Nth of the 16 images
   terminated   before or after set_terminated (the final status)
   timed        a random moment 0-6 s after the start (any of them)
 A kill at a call the run never reaches leaves it to end (said so). A trial
 is exact when the store holds one run, the workdir's, FINISHED, with each
 (metric, step) of metrics.jsonl once and the final figures once
-(tests/fixtures/mlflow_runs.exact_run), and no process printed anything
-but looper's lines.
+(tests/fixtures/mlflow_runs.exact_run), each image once at its step, as
+written, and each text (exact_media), and no process printed anything but
+looper's lines.
 """
 
 import argparse
@@ -39,7 +42,7 @@ from looper import workdir as workdir_lib
 from tests.fixtures import mlflow_runs
 from tests.fixtures.servers import mlflow_server
 
-ARGS = ("--config=tests/fixtures/tiny.py", "--config.trackers=mlflow",
+ARGS = ("--config=tests/fixtures/tiny_media.py", "--config.trackers=mlflow",
         "--config.train.steps=80", "--config.train.steps_per_loop=1",
         "--config.checkpoint.every_steps=20", "--config.eval.every_steps=40")
 CLIENT = "mlflow.tracking.client:MlflowClient."
@@ -48,6 +51,8 @@ MOMENTS = {
     "store": ("sqlalchemy:after_create", ("after",), 98, ("local",)),
     "create_run": (CLIENT + "create_run", ("after",), 1, ("local", "server")),
     "log_batch": (CLIENT + "log_batch", ("before", "after"), 7,
+                  ("local", "server")),
+    "log_image": (CLIENT + "log_image", ("before", "after"), 16,
                   ("local", "server")),
     "terminated": (CLIENT + "set_terminated", ("before", "after"), 1,
                    ("local", "server")),
@@ -98,13 +103,11 @@ def trial(store: str, folder: pathlib.Path, url: str | None,
   said = mlflow_runs.noise(done.stderr + done.stdout)
   assert not said, said
   wd = workdir_lib.Workdir(str(wd_root))
-  if store == "server":
-    client = mlflow.MlflowClient(url)
-    mlflow_runs.exact_run(client, wd, [client.get_experiment_by_name(
-        f"trial-{index}").experiment_id])
-  else:
-    mlflow_runs.exact_run(
-        mlflow.MlflowClient(f"sqlite:///{wd.mlflow_db}"), wd)
+  client = mlflow.MlflowClient(url if store == "server" else
+                                f"sqlite:///{wd.mlflow_db}")
+  found = mlflow_runs.exact_run(client, wd, [client.get_experiment_by_name(
+      f"trial-{index}").experiment_id] if store == "server" else None)
+  mlflow_runs.exact_media(client, wd, found.info.run_id, range(10, 81, 10))
   return "; ".join(kills)
 
 

@@ -12,8 +12,9 @@ drawn from MOMENTS (the Nth `Run.log` at a random N up to the run's ~60,
 before or after it returned; right after `wandb.init`; in `Run.finish`,
 before its exit record or a random delay into it; after it returned),
 then a rerun to the end. A trial is exact when the workdir's one W&B run
-holds every (key, step) of metrics.jsonl once, the action's media at most
-once a step and the final figures (`wandb_kills.check_run`). An attempt
+holds every (key, step) of metrics.jsonl once, the action's image,
+histogram and text once at each of its steps, as written, and the final
+figures (`wandb_kills.check_run`). An attempt
 whose moment never came (a resumed run logs less) just ends.
 """
 

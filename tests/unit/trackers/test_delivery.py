@@ -5,11 +5,13 @@ MLflow does (the real one: test_mlflow.py)."""
 
 import logging
 
+import numpy as np
 import pytest
 
 from looper import workdir as workdir_lib
 from looper.trackers import delivery
 from looper.workdir import jsonl
+from looper.workdir import spool
 
 
 class Service:
@@ -152,7 +154,7 @@ def test_a_failing_service_never_stops_training_and_the_rerun_catches_up(
       " writes are kept and sent again after the next checkpoint"]
   assert line == ("run run-1: 2 writes of steps 20-30 NOT delivered"
                   " (connection refused); rerun the same command to send"
-                  " their scalars (metrics.jsonl keeps them)")
+                  " them (the workdir keeps them)")
   assert service.pairs() == expected([10])
   service.down = False  # the rerun: nothing to train, the rest delivered
   rerun = Fake(wd, service)
@@ -193,3 +195,41 @@ def test_a_replayed_line_is_named_as_it_was_written(tmp_path, kind):
   tracker.open({})
   tracker.start(10)
   assert service.pairs() == [(jsonl.PREFIXES[kind] + "loss", 10)]
+
+
+@pytest.mark.parametrize("held_on_send", [True, False])
+def test_media_a_kill_took_are_sent_by_the_restart_once(tmp_path,
+                                                        held_on_send):
+  """Images and texts are in no metrics.jsonl: the spool keeps them until
+  the service holds them (a send returned, or, for a tracker whose own
+  process writes later (W&B), its run closed)."""
+  wd, service = workdir_lib.Workdir(str(tmp_path)), Service()
+
+  class Keeping(Fake):
+    KEEPS = ("images", "texts")
+    HELD_ON_SEND = held_on_send
+
+  kept = spool.Spool(wd.tracker_media("fake"), wd.checkpoints)
+  first = Keeping(wd, service)
+  first.open({})
+  first.start(0)
+  for step in (10, 20, 30):
+    loops(wd, first, [step])
+    first.write_images(step, {"samples": np.full((1, 2, 2, 3), step)})
+    first.write_texts(step, {"note": f"step {step}"})
+  first.deliver(10)  # then a kill -9: steps 20 and 30 in memory only
+  assert [e.step for e in kept.read()] == (
+      [20, 20, 30, 30] if held_on_send else [10, 10, 20, 20, 30, 30])
+  rerun = Keeping(wd, service)
+  rerun.open({})
+  rerun.start(20)  # restored at 20: step 30 is trained (written) again
+  media = sorted((k, s) for k, s, _, kind in service.points
+                 if kind != "scalars")
+  assert media == [("note", 10), ("note", 20), ("samples", 10),
+                   ("samples", 20)]  # each once
+  [(_, _, pixels, _)] = [p for p in service.points if p[:2] == ("samples", 20)]
+  assert np.array_equal(pixels, np.full((1, 2, 2, 3), 20))
+  assert service.pairs() == sorted(expected([10, 20]) + media)
+  assert [e.step for e in kept.read()] == ([] if held_on_send else [20, 20])
+  rerun.close(20, figures=None, status="FINISHED")
+  assert kept.read() == []

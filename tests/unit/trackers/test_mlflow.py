@@ -195,17 +195,22 @@ def test_a_kill_before_the_run_id_is_kept_adopts_the_run(tracked, tmp_path):
 
 @pytest.mark.slow  # a looper process, killed
 def test_a_kill_mid_send_resends_only_what_the_server_lacks(tracked, tmp_path):
-  """One send of 80 train lines (13 scalars each) is two log_batch
-  requests (1000 metrics each at most; the params' came first): killed
-  after the first, the rerun asks what the run holds, sends the rest."""
+  """One send of 80 train lines (13 scalars each: two log_batch requests,
+  1000 metrics each at most), then the action's images and texts of 8
+  steps (tiny_media), 2 images a step: killed as the 3rd image goes (step
+  20's first), the rerun asks what the run holds (the scalars, step 10's
+  images), sends the rest (the images and texts from the workdir's spool)."""
   wd = workdir_lib.Workdir(str(tmp_path / "run"))
   mlflow_runs.killed_then_rerun(
-      "mlflow.tracking.client:MlflowClient.log_batch", 2,
-      [*TINY, "--config.train.steps=80", "--config.train.steps_per_loop=1",
+      "mlflow.tracking.client:MlflowClient.log_image", 3,
+      ["--config=tests/fixtures/tiny_media.py", "--config.trackers=mlflow",
+       "--config.train.steps=80", "--config.train.steps_per_loop=1",
        "--config.checkpoint.every_steps=80", "--config.eval.every_steps=80",
-       f"--workdir={wd.root}"], tmp_path)
-  exact_run(tracked, wd)  # the final figures (cut off) sent by the rerun
+       f"--workdir={wd.root}"], tmp_path, when="before")
+  found = exact_run(tracked, wd)  # the final figures (cut off) sent again
   assert len(in_jsonl(wd)["train/loss"]) == 80
+  mlflow_runs.exact_media(mlflow.MlflowClient(tracked.url), wd,
+                          found.info.run_id, range(10, 81, 10))
 
 
 def wait_stopped(proc, timeout: float = 120) -> None:
