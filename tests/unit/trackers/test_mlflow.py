@@ -28,7 +28,7 @@ from tests.fixtures import killer
 from tests.fixtures import mlflow_runs
 from tests.fixtures import needs
 from tests.fixtures import tiny
-from tests.fixtures.configs import configured
+from tests.fixtures.configs import configured, run_here
 from tests.fixtures.mlflow_runs import in_jsonl, in_mlflow
 from tests.fixtures.servers import Gate, mlflow_server
 
@@ -201,12 +201,23 @@ def test_a_kill_mid_send_resends_only_what_the_server_lacks(tracked, tmp_path):
   20's first), the rerun asks what the run holds (the scalars, step 10's
   images), sends the rest (the images and texts from the workdir's spool)."""
   wd = workdir_lib.Workdir(str(tmp_path / "run"))
-  mlflow_runs.killed_then_rerun(
-      "mlflow.tracking.client:MlflowClient.log_image", 3,
-      ["--config=tests/fixtures/tiny_media.py", "--config.trackers=mlflow",
-       "--config.train.steps=80", "--config.train.steps_per_loop=1",
-       "--config.checkpoint.every_steps=80", "--config.eval.every_steps=80",
-       f"--workdir={wd.root}"], tmp_path, when="before")
+  args = ["--config=tests/fixtures/tiny_media.py", "--config.trackers=mlflow",
+          "--config.train.steps=80", "--config.train.steps_per_loop=1",
+          "--config.checkpoint.every_steps=80", "--config.eval.every_steps=80",
+          f"--workdir={wd.root}"]
+  proc = mlflow_runs.killed("mlflow.tracking.client:MlflowClient.log_image",
+                            3, args, tmp_path, when="before")
+  assert mlflow_runs.noise(proc.log.read_text()) == []
+  # Killed mid-send indeed: the run holds that send's scalars and step
+  # 10's two images, not the other 14.
+  client = mlflow.MlflowClient(tracked.url)
+  run_id = files.read_json(wd.tracker("mlflow"))["run_id"]
+  assert len(in_mlflow(client, run_id, ["train/loss"])["train/loss"]) == 80
+  assert sorted(a.path.split("+timestamp")[0]
+                for a in client.list_artifacts(run_id, "images")
+                if a.path.endswith(".png")) == [
+                    "images/samples~0+step+10", "images/samples~1+step+10"]
+  run_here(*args)
   found = exact_run(tracked, wd)  # the final figures (cut off) sent again
   assert len(in_jsonl(wd)["train/loss"]) == 80
   mlflow_runs.exact_media(mlflow.MlflowClient(tracked.url), wd,

@@ -5,23 +5,27 @@ steps, the config with the changed field, and the final figures.
 
 Read back from the offline files by looper.trackers.wandb_files (wandb
 0.31 ships no reader of them: its `sync` is in the Go wandb-core), checked
-here against metrics.jsonl, what looper wrote itself; cut anywhere, a file
-reads as a prefix of its records. Not tested: online mode and `wandb
+here against metrics.jsonl, what looper wrote itself, and against the
+records a plain de-framer (`records`, below: LevelDB's chunks, no checks)
+finds in the same files; cut anywhere, a file reads as a prefix of its
+records. Not tested: online mode and `wandb
 sync` (no server), W&B's own drop of a step below its last one, a failure
 mid-run (W&B sends in the background and retries itself).
 
 Kills: killed right after `wandb.init`, after the Nth `Run.log`, and
 inside `Run.finish`, then rerun, one workdir ends with one W&B run whose
 files hold every (key, step) of metrics.jsonl once, the action's images,
-histograms and texts at most once a step (those W&B had not written at a
-kill are lost: not in metrics.jsonl), and the final figures. Each kill is
+histograms and texts exactly once a step (kept in the workdir until W&B's
+files hold them), and the final figures. Each kill is
 the process' own (tests/fixtures/killer.py), at a named call: no timing.
 Repeated trials at other moments: `python -m tests.stress.wandb_kills`."""
 
 import os
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -46,6 +50,29 @@ finally:
   tempfile.tempdir = _TEMP
 from looper.trackers import wandb_files  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests.fixtures import wandb_kills  # pylint: disable=g-import-not-at-top,wrong-import-position
+from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
+
+
+def records(path) -> list:
+  """The records of a whole `.wandb` file, by the format alone (W&B's 7
+  byte file header, then LevelDB's log: 32 KiB blocks of chunks, each a
+  7 byte header (crc, length, type) and its bytes; FULL or FIRST, MIDDLE..,
+  LAST): the reference looper's reader is checked against."""
+  data, pos, parts, out = path.read_bytes(), 7, b"", []
+  assert data[:4] == b":W&B"
+  while pos + 7 <= len(data):
+    if 32768 - pos % 32768 < 7:  # a block's tail too short for a header
+      pos += 32768 - pos % 32768
+      continue
+    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    parts += data[pos + 7:pos + 7 + length]
+    pos += 7 + length
+    if kind in (1, 4):  # FULL, LAST
+      record = wandb_internal_pb2.Record()
+      record.ParseFromString(parts)
+      out.append(record)
+      parts = b""
+  return out
 
 
 @pytest.mark.slow  # over 2 s: out of the fast lane
@@ -75,6 +102,7 @@ def test_a_run_and_its_rerun_are_one_wandb_run_holding_metrics_jsonl(
       f"offline-run-*-{run_id}/run-{run_id}.wandb")) and len(paths) == 2
   configs = {}
   for path in paths:
+    assert wandb_files.records(path) == records(path), path
     for record in wandb_files.records(path):
       kind = record.WhichOneof("record_type")
       if kind == "run":
@@ -143,6 +171,7 @@ def test_the_files_are_read_once_no_process_writes_them(tmp_path):
   try:
     while not wandb_files.writers([path]):  # it has opened the file
       assert holder.poll() is None
+      time.sleep(0.01)
     with pytest.raises(RuntimeError, match=(
         rf"^process {holder.pid} \(an earlier attempt's wandb-core\) still"
         rf" writes the run's files after 0 s; .* \(kill {holder.pid}\)")):
