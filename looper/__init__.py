@@ -28,16 +28,11 @@ Where each concern lives (BUILD.md "Layout" maps every module):
       cli/         the command line's tools (launch, runs, describe, check)
 
 The names below (PUBLIC) load on first use, so `import looper` starts no
-TensorFlow (`looper launch` and the Controller need none). A module that
-moved keeps working under its old path with a FutureWarning naming the new
-one (MOVED); one that was split fails in one line naming both (SPLIT).
+TensorFlow (`looper launch` and the Controller need none). Modules moved
+in 0.x keep no old path (CHANGELOG.md says where each went).
 """
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
-import warnings
 
 __version__ = "0.1.0"
 
@@ -50,85 +45,8 @@ PUBLIC = {
     "ConfigError": "looper.errors",
 }
 
-# Old module path -> where it lives now (every layout looper had).
-MOVED = {
-    "looper.trainer": "looper.train.trainer",
-    "looper.loop": "looper.train.loop",
-    "looper.controller": "looper.train.controller",
-    "looper.actions": "looper.train.actions",
-    "looper.evaluator": "looper.train.evaluator",
-    "looper.evaluation": "looper.train.eval_action",
-    "looper.train.evaluation": "looper.train.eval_action",
-    "looper.stopping": "looper.train.stopping",
-    "looper.preemption": "looper.train.signals",
-    "looper.train.preemption": "looper.train.signals",
-    "looper.train.notices": "looper.train.vm_notices",
-    "looper.train.peak": "looper.train.peak_flops",
-    "looper.profiler": "looper.train.profiler",
-    "looper.probe": "looper.train.dry_run",
-    "looper.layers": "looper.train.layers",
-    "looper.distribute": "looper.options.distribute",
-    "looper.train.distribute": "looper.options.distribute",
-    "looper.train.slurm": "looper.options.slurm",
-    "looper.precision": "looper.options.precision",
-    "looper.train.precision": "looper.options.precision",
-    "looper.optimizers": "looper.options.optimizers",
-    "looper.train.optimizers": "looper.options.optimizers",
-    "looper.ema": "looper.options.ema",
-    "looper.train.ema": "looper.options.ema",
-    "looper.train.keras_objects": "looper.options.keras_objects",
-    "looper.names": "looper.references",
-    "looper.refs": "looper.references",
-    "looper.conversion": "looper.autograph",
-    "looper.arrays": "looper.data.arrays",
-    "looper.sources": "looper.data.sources",
-    "looper.checkpoint": "looper.workdir.checkpoint",
-    "looper.export": "looper.workdir.export",
-    "looper.hparams": "looper.workdir.hparams",
-    "looper.jsonl": "looper.workdir.jsonl",
-    "looper.lease": "looper.workdir.lease",
-    "looper.summaries": "looper.workdir.summaries",
-    "looper.launch": "looper.cli.launch",
-    "looper.runs": "looper.cli.runs",
-    "looper.describe": "looper.cli.describe",
-    "looper.flag_errors": "looper.cli.parsing",
-    "looper.preflight": "looper.cli.tpu_check",
-}
-
-# Old module path -> the modules its parts went to.
-SPLIT = {
-    "looper.objectives": "looper.options.losses (losses, their average,"
-                         " EvalLoss) and looper.options.metrics (Metrics)",
-}
-SPLIT["looper.train.objectives"] = SPLIT["looper.objectives"]
-
 
 def __getattr__(name: str):
   if name in PUBLIC:
     return getattr(importlib.import_module(PUBLIC[name]), name)
   raise AttributeError(f"module 'looper' has no attribute {name!r}")
-
-
-class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-  """Imports an old path (MOVED) as its module under the new one."""
-
-  def find_spec(self, name, path=None, target=None):
-    del path, target
-    if name in MOVED or name in SPLIT:
-      return importlib.util.spec_from_loader(name, self)
-    return None
-
-  def create_module(self, spec):
-    if spec.name in SPLIT:
-      raise ImportError(f"{spec.name} was split; import {SPLIT[spec.name]}")
-    warnings.warn(f"{spec.name} moved to {MOVED[spec.name]}; import that",
-                  FutureWarning, stacklevel=2)
-    module = importlib.import_module(MOVED[spec.name])
-    self._spec = module.__spec__  # the import system overwrites it next
-    return module
-
-  def exec_module(self, module):
-    module.__spec__ = self._spec  # the module stays its own, not an alias
-
-
-sys.meta_path.append(_OldPaths())

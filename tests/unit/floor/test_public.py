@@ -1,13 +1,12 @@
-"""The top of the package: the public names and the old module paths.
+"""The top of the package: the public names, and nothing else.
 
 `import looper` must stay free of TensorFlow (`looper launch` and the
-Controller import it); an old path keeps working as the same module with
-one warning naming the new one, and a split module fails in one line.
+Controller import it); an old module path (0.x moved many) is no longer
+there: it fails as any missing module does.
 """
 
 import subprocess
 import sys
-import warnings
 
 import pytest
 
@@ -33,24 +32,7 @@ def test_import_looper_starts_no_tensorflow():
   assert out.stdout.strip() == "False"
 
 
-def test_an_old_path_is_the_new_module_with_one_warning():
-  sys.modules.pop("looper.launch", None)
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    from looper import launch as old  # pylint: disable=import-outside-toplevel
-  assert old is launch
-  assert old.__spec__.name == "looper.cli.launch"
-  assert [str(w.message) for w in caught] == [
-      "looper.launch moved to looper.cli.launch; import that"]
-  # Every old path names a module that exists.
-  for new in looper.MOVED.values():
-    assert __import__(new, fromlist=["_"]).__name__ == new
-
-
-def test_a_split_module_names_where_its_parts_went():
-  with pytest.raises(ImportError) as e:
-    import looper.train.objectives  # pylint: disable=import-outside-toplevel,unused-import
-  assert str(e.value) == (
-      "looper.train.objectives was split; import looper.options.losses"
-      " (losses, their average, EvalLoss) and looper.options.metrics"
-      " (Metrics)")
+def test_an_old_module_path_is_gone():
+  with pytest.raises(ModuleNotFoundError,
+                     match="No module named 'looper.launch'"):
+    import looper.launch  # pylint: disable=import-outside-toplevel,unused-import
