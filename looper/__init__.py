@@ -15,8 +15,8 @@ Where each concern lives (BUILD.md "Layout" maps every module):
       run.py       assembles a run from a config (`Run`) and runs a mode
       config.py    the defaults and `validate` (fields declared once)
       console.py   the header and summary lines a run prints
-      errors.py, references.py, compat.py, autograph.py, fields.py   the
-                   floor: one-line errors, 'module:name' references and
+      errors.py, references.py, compat.py, keras_compat.py, autograph.py,
+      fields.py    the floor: one-line errors, 'module:name' references and
                    config JSON, private TF/Keras API patches, AutoGraph for
                    the user's code only, config field kinds
       options/     what a config chooses: distribution, precision,

@@ -38,10 +38,11 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from looper import compat
 from looper import fields
+from looper import keras_compat
 from looper import network
 from looper import references
+from looper.data import splits
 from looper.options import best
 from looper.options import distribute
 from looper.options import keras_objects
@@ -49,11 +50,10 @@ from looper.options import losses
 from looper.options import metrics
 from looper.options import optimizers
 from looper.options import precision
-from looper.data import splits
 # Public names for experiments (see the module doc).
 from looper.data.splits import parse_split, split_field, split_slice  # pylint: disable=unused-import
-from looper.fields import Field, boolean, declared, seconds, whole  # pylint: disable=unused-import
 from looper.errors import ConfigError, first_line  # pylint: disable=unused-import
+from looper.fields import Field, boolean, declared, seconds, whole  # pylint: disable=unused-import
 
 
 # Lengths in steps or in epochs of the train split: (steps field, epochs
@@ -319,7 +319,7 @@ def _validate_objectives(c: ml_collections.ConfigDict) -> None:
   # Built once here, their variables never made: what they log under,
   # and that each object rebuilds from its config (looper makes fresh
   # copies), fail now, not in the first trace.
-  with compat.keras_variables_deferred():
+  with keras_compat.keras_variables_deferred():
     metrics.Metrics(c.metrics)
   weights = c.data.class_weights
   values = list(weights.values()) if isinstance(weights, dict) else weights

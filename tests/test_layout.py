@@ -15,7 +15,8 @@ from tests.tools import config_reads
 
 # In import order: each may import those before it (and its own group).
 GROUPS = (
-    ("looper.errors", "looper.references", "looper.compat", "looper.autograph",
+    ("looper.errors", "looper.references", "looper.compat",
+     "looper.keras_compat", "looper.autograph",
      "looper.data.splits", "looper.fields", "looper.network"),
     ("looper.options",),
     ("looper.config",),
@@ -66,6 +67,7 @@ TESTS_TOP = {"__init__.py", "conftest.py", "test_docs.py", "test_layout.py",
 TESTED_IN = {
     "looper": "unit/floor/test_public.py",
     "looper.errors": "unit/run/test_catalogue.py",
+    "looper.keras_compat": "unit/floor/test_compat.py",
     "looper.autograph": "unit/train/test_trainer.py",
     "looper.fields": "unit/config/test_config.py",
     "looper.data.splits": "unit/train/test_epochs.py",

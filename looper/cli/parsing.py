@@ -148,8 +148,8 @@ def parse_flags(argv):
     # create TensorFlow variables before looper sets the devices up.
     # (Imported here: `looper launch` shares this module and starts no
     # TensorFlow.)
-    from looper import compat  # pylint: disable=g-import-not-at-top
-    with compat.keras_variables_deferred():
+    from looper import keras_compat  # pylint: disable=g-import-not-at-top
+    with keras_compat.keras_variables_deferred():
       return flags.FLAGS(argv)
   except ConfigError as e:
     sys.exit(f"looper: {e}")

@@ -22,9 +22,9 @@ over the global batch (Keras averages each replica's own).
 A metric object holds variables: looper needs fresh ones per use (train,
 eval, in the strategy's scope), so it rebuilds the object from its class
 and `get_config()`. The config file itself is loaded with Keras'
-variables deferred (`compat.keras_variables_deferred`, looper.cli.parsing),
-so a metric written there creates no TensorFlow variable before looper
-sets the devices up. Errors are one line naming the field and the fix.
+variables deferred (`keras_compat.keras_variables_deferred`,
+looper.cli.parsing), so a metric written there creates no TensorFlow
+variable before looper sets the devices up. Errors are one line naming the field and the fix.
 """
 
 from typing import Any, Callable

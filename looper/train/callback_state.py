@@ -25,8 +25,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from looper import compat
 from looper import errors
+from looper import keras_compat
 from looper.workdir import files
 
 # What survives a restart of Keras' own callbacks: the attributes saved
@@ -174,7 +174,8 @@ def resolve_modes(callbacks: list, metrics) -> None:
       if candidate.rsplit("/", 1)[-1] == "loss":
         callback.mode = "min"
       elif candidate in metrics.by_name:
-        direction = compat.metric_direction(metrics.by_name[candidate][1])
+        direction = keras_compat.metric_direction(
+            metrics.by_name[candidate][1])
         if direction:
           callback.mode = "max" if direction == "up" else "min"
       else:

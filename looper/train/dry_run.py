@@ -14,8 +14,8 @@ workdir, so a bad experiment leaves a workdir as it was.
 import keras
 import tensorflow as tf
 
-from looper import compat
 from looper import errors
+from looper import keras_compat
 from looper.data import batch as batch_lib
 from looper.data import checks
 from looper.data import splits
@@ -220,7 +220,7 @@ def _check_logits_or_probabilities(model, config) -> None:
   trains (or reports) silently wrong (Keras warns of it too); so does a
   Keras object reading probabilities (from_logits=False) behind a linear
   last layer."""
-  last = compat.output_operation(model)
+  last = keras_compat.output_operation(model)
   if last is None:
     return  # a subclassed model: its last step cannot be read
   kind = type(last).__name__.lower()  # a Softmax layer, keras.ops.sigmoid

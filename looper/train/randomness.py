@@ -45,7 +45,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from looper import compat
+from looper import keras_compat
 from looper.train import layers as looper_layers
 
 # Keras layers whose output row i is a function of input row i and noise
@@ -88,10 +88,10 @@ def adopt(model: keras.Model, rows: int) -> Random:
   the examples of one replica's micro-batch (a layer's first axis when it
   holds examples)."""
   states, unreachable = {}, []
-  for layer in compat.sublayers(model):
+  for layer in keras_compat.sublayers(model):
     if isinstance(layer, looper_layers.GlobalBatchNoise):
       continue  # invariant by construction, its state already tracked
-    generators = compat.seed_generators(layer)
+    generators = keras_compat.seed_generators(layer)
     for generator in generators:
       states[f"{len(states):03d}_{type(layer).__name__}"] = generator.state
     if type(layer) in PER_EXAMPLE:  # pylint: disable=unidiomatic-typecheck

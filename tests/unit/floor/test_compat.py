@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from looper import compat
+from looper import keras_compat
 from tests.fixtures.servers import loopback_server
 
 
@@ -413,16 +414,16 @@ def test_nested_layers_and_their_seed_generators_are_tracked():
                                               return_sequences=True)])
   x = tf.zeros([1, 3, 4])
   attention(x, x)
-  names = [type(l).__name__ for l in compat.sublayers(model)]
+  names = [type(l).__name__ for l in keras_compat.sublayers(model)]
   assert names == ["Sequential", "InputLayer", "Dropout", "LSTM", "LSTMCell"]
-  inner = compat.sublayers(attention)
+  inner = keras_compat.sublayers(attention)
   assert [type(l).__name__ for l in inner].count("Dropout") == 1
-  counts = {type(l).__name__: len(compat.seed_generators(l))
-            for l in compat.sublayers(model) + inner}
+  counts = {type(l).__name__: len(keras_compat.seed_generators(l))
+            for l in keras_compat.sublayers(model) + inner}
   assert counts == {"Sequential": 0, "InputLayer": 0, "Dropout": 1,
                     "LSTM": 0, "LSTMCell": 1, "MultiHeadAttention": 0,
                     "EinsumDense": 0, "Softmax": 0}
-  state = compat.seed_generators(model.layers[0])[0].state
+  state = keras_compat.seed_generators(model.layers[0])[0].state
   assert isinstance(state, keras.Variable) and state.shape == (2,)
 
 
@@ -430,7 +431,7 @@ def test_nested_layers_and_their_seed_generators_are_tracked():
 
 
 def test_keras_variables_made_deferred_create_no_tensorflow_variable():
-  with compat.keras_variables_deferred():
+  with keras_compat.keras_variables_deferred():
     metric = keras.metrics.SparseTopKCategoricalAccuracy(k=3)
   assert all(v._value is None for v in metric.variables)  # pylint: disable=protected-access
   # Not initialized by the next stateless scope to close either (Keras'
@@ -446,16 +447,19 @@ def test_keras_variables_made_deferred_create_no_tensorflow_variable():
 def test_a_functional_models_output_names_its_operation():
   inputs = keras.Input((3,))
   hidden = keras.layers.Dense(4, name="logits")(inputs)
-  assert compat.output_operation(keras.Model(inputs, hidden)).name == "logits"
-  op = compat.output_operation(keras.Model(inputs, keras.ops.softmax(hidden)))
+  assert keras_compat.output_operation(
+      keras.Model(inputs, hidden)).name == "logits"
+  op = keras_compat.output_operation(
+      keras.Model(inputs, keras.ops.softmax(hidden)))
   assert type(op).__name__ == "Softmax"
-  assert compat.output_operation(keras.Sequential(
+  assert keras_compat.output_operation(keras.Sequential(
       [keras.Input((3,)), keras.layers.Dense(2, name="last")])).name == "last"
 
 
 def test_keras_metrics_say_which_way_they_get_better():
-  assert compat.metric_direction(
+  assert keras_compat.metric_direction(
       keras.metrics.SparseCategoricalAccuracy()) == "up"
-  assert compat.metric_direction(keras.metrics.AUC()) == "up"
-  assert compat.metric_direction(keras.metrics.MeanSquaredError()) == "down"
-  assert compat.metric_direction(keras.metrics.Mean()) is None
+  assert keras_compat.metric_direction(keras.metrics.AUC()) == "up"
+  assert keras_compat.metric_direction(
+      keras.metrics.MeanSquaredError()) == "down"
+  assert keras_compat.metric_direction(keras.metrics.Mean()) is None
