@@ -39,8 +39,8 @@ __version__ = "0.1.0"
 # What an experiment or a Trainer subclass imports from `looper`.
 PUBLIC = {
     "Trainer": "looper.train.trainer",
-    "Action": "looper.train.actions",
-    "Moment": "looper.train.actions",
+    "Action": "looper.control.actions",
+    "Moment": "looper.control.actions",
     "default_config": "looper.config",
     "ConfigError": "looper.errors",
 }

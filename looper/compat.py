@@ -257,7 +257,7 @@ def function_graph(graph, name: str):
   calls (a while loop's body, a cond's branch, a tf.function), or None.
 
   Touches: `Graph._get_function(name)` (an AtomicFunction) and its `graph`.
-  Why: looper.train.flops counts a step's FLOPs in the loop's body and the
+  Why: looper.measure.flops counts a step's FLOPs in the loop's body and the
   functions it calls, with shapes (`graph.as_graph_def()` has none); no
   public API maps a call to its graph.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
@@ -275,7 +275,7 @@ def on_gce() -> bool:
   (metadata.google.internal when unset), `Metadata-Flavor: Google`, 5 s
   timeout; True on status 200, False otherwise or on any requests error.
   Why: looper watches the metadata server's preemption and maintenance
-  notices (looper.train.vm_notices) where TensorFlow would; no public API.
+  notices (looper.control.vm_notices) where TensorFlow would; no public API.
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   from tensorflow.python.distribute.failure_handling import failure_handling_util  # pylint: disable=g-import-not-at-top

@@ -58,7 +58,7 @@ from looper.fields import Field, boolean, declared, seconds, whole  # pylint: di
 
 # Lengths in steps or in epochs of the train split: (steps field, epochs
 # field, what they set). One of each pair is set, the other 0 (no value is
-# silently ignored); looper.train.epochs makes steps of epochs.
+# silently ignored); looper.control.epochs makes steps of epochs.
 IN_EPOCHS = (("train.steps", "train.epochs", "how long to train"),
              ("eval.every_steps", "eval.every_epochs", "when to evaluate"),
              ("checkpoint.every_steps", "checkpoint.every_epochs",
@@ -97,13 +97,13 @@ def default_config() -> ml_collections.ConfigDict:
   # a list, or a factory f(config) returning one (or its 'module:name').
   c.actions = fields.object_field(())
   # Keras callbacks as fit() calls them: a list, or a factory as for actions.
-  c.callbacks = fields.object_field(())  # (looper/train/callbacks.py)
+  c.callbacks = fields.object_field(())  # (looper/control/callbacks.py)
   # Experiment trackers, each set up by its own environment variables:
   c.trackers = ""  # '' | mlflow | wandb | mlflow,wandb (README)
 
   c.train = ml_collections.ConfigDict()
   # How long to train: optimizer updates, or epochs of the train split
-  # (a fraction too: 2.5), which looper.train.epochs turns into updates,
+  # (a fraction too: 2.5), which looper.control.epochs turns into updates,
   # rounded up. Set one, the other 0 (IN_EPOCHS).
   c.train.steps = whole(0, low=0)
   c.train.epochs = fields.epochs()
@@ -116,7 +116,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.nan_recovery_tries = whole(0, low=0)
   # Roll back a loop whose top step loss > this x the recent median; 0: off.
   c.train.spike_factor = Field(0.0, float, "a factor", 1, above=True, off=0)
-  c.train.health_metrics = boolean(True)  # grad/weight norms: train/health.py
+  c.train.health_metrics = boolean(True)  # grad/weight norms: measure/health.py
   # Stop after this many evals not bettering checkpoint.best_metric; 0: never.
   c.train.early_stop_patience = whole(0, low=0)
   # float32 | mixed_bfloat16 (TPU, CPU with AMX or AVX-512 BF16) |
@@ -131,7 +131,7 @@ def default_config() -> ml_collections.ConfigDict:
   # batch grad_accum_steps times larger (train.steps counts updates).
   c.train.grad_accum_steps = whole(1)
   # FLOP/s of a GPU or TPU device, or of a host's CPUs, MFU is the share of; 0:
-  # a datasheet's (known GPU, TPU) or matmul probes', cached (train/peak_flops.py).
+  # a datasheet's (known GPU, TPU) or matmul probes', cached (measure/peak_flops.py).
   c.train.peak_flops = Field(0.0, float, "a number of FLOP/s")
 
   c.eval = ml_collections.ConfigDict()
@@ -392,7 +392,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 def check_steps(c: ml_collections.ConfigDict) -> None:
   """The fields bounded by train.steps; by `validate`, or by
-  looper.train.epochs once it has turned train.epochs into steps."""
+  looper.control.epochs once it has turned train.epochs into steps."""
   _check(c.profile.start_step < c.train.steps, "profile.start_step",
          c.profile.start_step, f"must be < train.steps={c.train.steps}: the"
          " trace holds the steps after it; set --config.profile.start_step")

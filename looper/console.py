@@ -197,7 +197,7 @@ def _differs(config, trained: dict, argv: list[str]) -> str:
   """Where `config` (the run's, epochs resolved) and `trained` differ, by
   where each value came from: the command line `argv` (its
   --config.FIELD flags), derived by the run (the steps of an epochs field
-  it sets: looper.train.epochs), or the experiment file (a config from
+  it sets: looper.control.epochs), or the experiment file (a config from
   Python: the config given); '' if nowhere."""
   from looper import config as lc  # pylint: disable=g-import-not-at-top
   from looper import references  # pylint: disable=g-import-not-at-top
@@ -226,8 +226,8 @@ def header(config, strategy, workdir: str | None, mode: str,
   """The lines that open a run: what runs where (`start`: from where it
   starts, or what it reads), with which batch (`batch`, the run's
   `looper.data.batch.Batch`), how many epochs the steps are (of `epoch`, a
-  `looper.train.epochs.Epoch`, if the train split's size is known), the
-  peak (a `looper.train.peak_flops.Peak`) the progress line's MFU is of,
+  `looper.control.epochs.Epoch`, if the train split's size is known), the
+  peak (a `looper.measure.peak_flops.Peak`) the progress line's MFU is of,
   and a `note` on what the run cannot promise (looper.train.randomness);
   `state`: the optimizer state's bytes per device (Trainer's).
 
@@ -307,7 +307,7 @@ def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
             export: str | None, goodput: str | None = None,
             trackers: list[tuple[str, str]] = ()) -> str:
   """The lines that close a run: what it reached and where things are;
-  `seconds` is this attempt's wall time (looper.train.goodput: from its
+  `seconds` is this attempt's wall time (looper.measure.goodput: from its
   process' start, or the call of run.run), which the first line says;
   `trackers`: (name, what it holds) of each (looper.trackers)."""
   from looper.workdir import formats  # pylint: disable=g-import-not-at-top

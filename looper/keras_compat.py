@@ -88,7 +88,7 @@ def metric_direction(metric) -> str | None:
   Touches: the `_direction` Keras' metrics set in their constructors,
   which a MonitorCallback's mode 'auto' reads through a compiled model.
   Why: EarlyStopping(monitor="val_accuracy") on looper's model, which is
-  not compiled (looper.train.callback_state.resolve_modes).
+  not compiled (looper.control.callback_state.resolve_modes).
   Checked on TensorFlow 2.21.0 / Keras 3.15.1.
   """
   return getattr(metric, "_direction", None)

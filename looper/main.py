@@ -87,7 +87,7 @@ def main(argv):
   import tensorflow as tf
   from looper import run
   from looper.options import distribute
-  from looper.train import goodput
+  from looper.measure import goodput
   # pylint: enable=g-import-not-at-top
   try:
     if inspect is not None:

@@ -23,24 +23,24 @@ gets what it needs as arguments, from the pieces built before it:
   _build_strategy      config.distribution -> tf.distribute.Strategy
   _build_batch         the batch's numbers (looper.data.batch)
   _build_input         the data (looper.data.input.Input)
-      (epochs resolved as steps: looper.train.epochs)
+      (epochs resolved as steps: looper.control.epochs)
   _build_trainer       config.trainer: state, step seams, its train loop
   _build_spikes        train.spike_factor's loss spikes (training, if set)
   _build_evaluator     one exact pass over each eval set
-  _build_callbacks     config.callbacks, Keras' (looper.train.callbacks)
+  _build_callbacks     config.callbacks, Keras' (looper.control.callbacks)
   _build_trackers      config.trackers: installed, answering (looper.trackers)
       (everything checked; the workdir's lease taken, if training)
   _build_checkpointer  saves and restores (looper.workdir.checkpoint)
   _build_summaries     the writers: events, metrics.jsonl, config.json,
                        the lines, the trackers
   _build_evaluation    evaluation as an action (best checkpoint, early stop)
-  _build_controller    the outer loop (looper.train.controller)
+  _build_controller    the outer loop (looper.control.controller)
   _build_actions       what runs after each loop, by group
-                       (looper.train.standard_actions), with the user's
-                       (config.actions, looper.train.actions)
+                       (looper.control.standard_actions), with the user's
+                       (config.actions, looper.control.actions)
 
-A signal (looper.train.signals) or a Google Cloud VM's preemption or
-maintenance notice (looper.train.vm_notices) asks the trainer to stop.
+A signal (looper.control.signals) or a Google Cloud VM's preemption or
+maintenance notice (looper.control.vm_notices) asks the trainer to stop.
 """
 
 import time
@@ -63,20 +63,20 @@ from looper.options import best
 from looper.options import distribute
 from looper.options import optimizer_state
 from looper.options import precision
-from looper.train import actions as actions_lib
-from looper.train import callbacks
-from looper.train import controller as controller_lib
-from looper.train import dry_run
-from looper.train import epochs
-from looper.train import eval_action
+from looper.control import actions as actions_lib
+from looper.control import callbacks
+from looper.control import controller as controller_lib
+from looper.measure import dry_run
+from looper.control import epochs
+from looper.control import eval_action
 from looper.train import evaluator as evaluator_lib
-from looper.train import goodput
-from looper.train import peak_flops
-from looper.train import profiler
-from looper.train import signals
-from looper.train import spikes
-from looper.train import standard_actions
-from looper.train import vm_notices
+from looper.measure import goodput
+from looper.measure import peak_flops
+from looper.control import profiler
+from looper.control import signals
+from looper.control import spikes
+from looper.control import standard_actions
+from looper.control import vm_notices
 from looper.workdir import checkpoint
 from looper.workdir import contents
 from looper.workdir import files
@@ -97,7 +97,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
       use instead of the latest.
     started: when the attempt started, on the `time.monotonic()` clock
       (looper.main: the process' start); default: now. Its goodput's
-      start-up is counted from there (looper.train.goodput).
+      start-up is counted from there (looper.measure.goodput).
     verbose: print the command line's lines (the header, each loop's
       progress line, evaluations, the closing summary) to stdout where
       logging shows none, as from plain Python or a notebook; False: quiet.
@@ -151,7 +151,7 @@ class Run:
     self.chief = self.strategy.extended.should_checkpoint
     self.batch = self._build_batch()
     self.input = self._build_input()
-    # Epochs as steps, before anything reads a step (looper.train.epochs); a
+    # Epochs as steps, before anything reads a step (looper.control.epochs); a
     # run that does not train reads the train split only if epochs need it.
     self.config, self.epoch = epochs.resolve(config, self.input,
                                              known=self.trains)
@@ -252,7 +252,7 @@ class Run:
     in the order they run after a loop. The user's actions run first in
     'save': after the evaluation, and before the checkpoint that covers
     what they wrote; Keras callbacks around the standard ones (their
-    places: looper.train.callbacks); the trackers' deliveries last."""
+    places: looper.control.callbacks); the trackers' deliveries last."""
     c, wd, out = self.config, self.workdir, self.summaries
     calls = self.callbacks.actions(eval_logs=self.evaluation.evaluate,
                                    latest=self.checkpointer.kept)
@@ -317,7 +317,7 @@ class Run:
     trainer, ckpt = self.trainer, self.checkpointer
     restored = self._restore() if self.trains else None
     # What MFU is the share of (a probe, cached, or a known figure); the
-    # FLOPs of a step are counted after the first loop (looper.train.flops).
+    # FLOPs of a step are counted after the first loop (looper.measure.flops).
     self.peak = (peak_flops.of_run(config, self.strategy) if self.trains
                  else None)
     # Every worker: under `looper launch` each line says whose it is. A

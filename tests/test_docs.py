@@ -25,7 +25,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from looper import workdir as workdir_lib
-from looper.train import goodput
+from looper.measure import goodput
 from looper.workdir import jsonl
 from tests.fixtures import tiny
 from tests.fixtures.events import curve, scalars

@@ -23,13 +23,15 @@ GROUPS = (
     ("looper.data",),
     ("looper.workdir",),
     ("looper.trackers",),
+    ("looper.measure",),
     ("looper.train",),
+    ("looper.control",),
     ("looper.run", "looper.modes", "looper.console"),
     ("looper.main", "looper.cli"),
 )
 # Each group's folder of unit tests (tests/unit/NAME), in GROUPS' order.
 GROUP_FOLDERS = ("floor", "options", "config", "data", "workdir", "trackers",
-                 "train", "run", "cli")
+                 "measure", "train", "control", "run", "cli")
 
 
 def _module(path: pathlib.Path) -> str:
@@ -70,7 +72,7 @@ TESTED_IN = {
     "looper.keras_compat": "unit/floor/test_compat.py",
     "looper.autograph": "unit/train/test_trainer.py",
     "looper.fields": "unit/config/test_config.py",
-    "looper.data.splits": "unit/train/test_epochs.py",
+    "looper.data.splits": "unit/control/test_epochs.py",
     "looper.options.ema": "unit/train/test_numerics.py",
     "looper.options.losses": "unit/options/test_weights.py",
     "looper.options.optimizer_state": "unit/options/test_sharding.py",
@@ -87,15 +89,15 @@ TESTED_IN = {
     "looper.workdir.jsonl": "unit/run/test_tensorboard.py",
     "looper.workdir.summaries": "unit/run/test_tensorboard.py",
     "looper.trackers.wandb_files": "unit/trackers/test_wandb.py",
-    "looper.train.callback_state": "unit/train/test_callbacks.py",
-    "looper.train.dry_run": "unit/options/test_keras_objects.py",
-    "looper.train.eval_action": "unit/options/test_best.py",
-    "looper.train.health": "unit/train/test_math.py",
+    "looper.control.callback_state": "unit/control/test_callbacks.py",
+    "looper.measure.dry_run": "unit/options/test_keras_objects.py",
+    "looper.control.eval_action": "unit/options/test_best.py",
+    "looper.measure.health": "unit/train/test_math.py",
     "looper.train.layers": "unit/train/test_numerics.py",
-    "looper.train.stopping": "unit/train/test_signals.py",
-    "looper.train.surfaces": "unit/train/test_controller.py",
+    "looper.train.stopping": "unit/control/test_signals.py",
+    "looper.control.surfaces": "unit/control/test_controller.py",
     "looper.modes": "e2e/commands/test_console.py",
-    "looper.train.standard_actions": "unit/train/test_trainer.py",
+    "looper.control.standard_actions": "unit/train/test_trainer.py",
     "looper.main": "e2e/commands/test_cli.py",
     "looper.cli.data_service": "unit/data/test_service.py",
     "looper.cli.describe": "e2e/commands/test_console.py",
@@ -206,9 +208,10 @@ NOT_RUN_FILES = {
     "looper.data.datasets": "the download cache (config.data.cache_dir):"
                             " the folder Keras downloads into; a failed"
                             " download removed",
-    "looper.train.peak_flops": "the cache of this machine's measured peak"
-                               " FLOP/s (peak_flops.cache_path(): in"
-                               " ~/.cache/looper by default), shared by runs",
+    "looper.measure.peak_flops": "the cache of this machine's measured peak"
+                                 " FLOP/s (peak_flops.cache_path(): in"
+                                 " ~/.cache/looper by default), shared by"
+                                 " runs",
 }
 # Calls that make, replace, move or remove a file, by their dotted name's end.
 CHANGES = ("gfile.makedirs", "gfile.mkdir", "gfile.rename", "gfile.copy",

@@ -9,7 +9,7 @@ Synopsis::
 Prints the strategy and its replicas, the global and per-replica batch, the
 loop and its cadence (the steps in epochs too), each split's input mode,
 example spec and size, the model summary and the resolved config (epochs
-as steps: looper.train.epochs; a Keras object by its class and
+as steps: looper.control.epochs; a Keras object by its class and
 arguments). It builds the strategy and the Trainer exactly as a run does
 (so a bad config fails with the run's one-line error) but reads no
 checkpoint and writes nothing.
@@ -23,7 +23,7 @@ from looper.data import input as input_lib
 from looper.data import splits
 from looper.options import distribute
 from looper.options import optimizer_state
-from looper.train import epochs
+from looper.control import epochs
 from looper.workdir import summaries
 
 

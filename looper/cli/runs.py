@@ -18,7 +18,7 @@ step, the last value of every eval metric (each eval set's as
 (`checkpoint.best_metric` from its config.json; else `accuracy`; else the
 loss; of the monitor set) with its step, the goodput of its training
 attempts and their wall time added up (from its goodput/ records:
-looper.train.goodput): each attempt from its process' start to its end,
+looper.measure.goodput): each attempt from its process' start to its end,
 the time between attempts (a stopped run waiting for its rerun) not
 counted. It is the goodput line's `of 0:01:02 in 2 attempts` and, for a
 run of one attempt, its closing line's `looper done: step 1000 in
@@ -40,7 +40,7 @@ from looper import workdir as workdir_lib
 from looper.cli import parsing
 from looper.data import splits
 from looper.options import best
-from looper.train import goodput
+from looper.measure import goodput
 from looper.workdir import files
 from looper.workdir import jsonl
 from looper.workdir import formats

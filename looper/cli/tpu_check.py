@@ -50,7 +50,7 @@ from looper.data import checks
 from looper.data import input as input_lib
 from looper.data import splits
 from looper.options import distribute
-from looper.train import epochs
+from looper.control import epochs
 from looper.options import precision
 
 # Distinct train batch shapes above which a TPU run spends its time

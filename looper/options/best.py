@@ -10,7 +10,7 @@ Synopsis::
     best.check_best_metric("val/accuracy", evaluator.metric_names)
 
 The same rule picks the best checkpoint and counts early stopping's
-patience (looper.train.eval_action), and fills the best columns of
+patience (looper.control.eval_action), and fills the best columns of
 TensorBoard's HParams table (looper.workdir.hparams) and of `looper runs`.
 """
 

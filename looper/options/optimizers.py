@@ -13,7 +13,7 @@ optimizer's step: `constant`, `cosine` (to 0 at `total_steps`) and `linear`
 warmup (update k of the warmup uses k/warmup_steps of the rate; see
 `Warmup`, the one piece Keras cannot express); with config.callbacks,
 times the Trainer's `learning_rate_scale` (`Scaled`: how a Keras callback
-sets the rate, looper.train.callbacks). With `scale_lr_with_batch`
+sets the rate, looper.control.callbacks). With `scale_lr_with_batch`
 the peak rate is `learning_rate * batch / reference_batch_size` (the linear
 scaling rule of large-batch and TPU training, meant with warmup).
 
@@ -154,7 +154,7 @@ def after_sum(optimizer: keras.optimizers.Optimizer, *,
   gradients (the global batch's gradient) once per update, right after its
   own all-reduce: `observe(share)` gets this replica's share of its square
   (the shares sum to ||g||^2 over the replicas: train.health_metrics,
-  looper.train.health), then a `clip_norm` > 0 clips the sum to at most
+  looper.measure.health), then a `clip_norm` > 0 clips the sum to at most
   that norm (`optimizer.clip_global_norm`). Call once, after building it;
   neither set: nothing to do.
 

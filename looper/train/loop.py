@@ -32,7 +32,7 @@ One call, all on the device side (no host sync per step)::
       sequences, the tokens the steps read (summed likewise)
 
 The logs also hold the loop's FLOPs: its steps times the FLOPs of one,
-counted once from the first call's traced graph (looper.train.flops).
+counted once from the first call's traced graph (looper.measure.flops).
 
 The loop body is `next(iterator)` and the replica step, as in the TPU
 guide's loop: nothing in it reads model or optimizer state or reduces
@@ -51,7 +51,7 @@ import tensorflow as tf
 
 from looper import autograph
 from looper.options import precision
-from looper.train import flops
+from looper.measure import flops
 from looper.train import stopping
 
 

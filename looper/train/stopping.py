@@ -19,7 +19,7 @@ is never cut short: before each loop the workers agree with one
 all-reduce whether any of them was asked to stop.
 
 This is the one place a stop request lives, with its reason; the
-Controller reads both after each loop (looper.train.controller).
+Controller reads both after each loop (looper.control.controller).
 """
 
 import tensorflow as tf

@@ -51,8 +51,8 @@ from looper.options import metrics
 from looper.options import optimizers
 from looper.options import precision
 from looper.options import sharding
-from looper.train import flops
-from looper.train import health
+from looper.measure import flops
+from looper.measure import health
 from looper.train import loop
 from looper.train import randomness
 from looper.train import stopping
@@ -76,7 +76,7 @@ class Trainer:
       raise ConfigError(
           f"config.train.steps=0 reached the Trainer with train.epochs="
           f"{config.train.epochs}; build it from the config"
-          " looper.train.epochs.resolve(config, input) returns (as looper.run"
+          " looper.control.epochs.resolve(config, input) returns (as looper.run"
           " does), or set config.train.steps")
     self.config = config
     self.strategy = strategy
@@ -107,7 +107,7 @@ class Trainer:
       # the checkpoint, whatever build_model made (looper.train.randomness).
       self.random = randomness.adopt(self.model, rows=batch.per_replica)
       # The schedule's factor: 1 unless a Keras callback sets the rate
-      # (looper.train.callbacks checkpoints it with the callbacks' state).
+      # (looper.control.callbacks checkpoints it with the callbacks' state).
       self.learning_rate_scale = tf.Variable(
           1.0, trainable=False, name="learning_rate_scale")
       self.optimizer = precision.wrap(self.build_optimizer(),

@@ -7,7 +7,7 @@ starts from another run's), `lease` (one writer per workdir), `summaries`
 (TensorBoard events, the progress line) with `jsonl` (metrics.jsonl),
 `formats` (how a value prints) and `hparams` (the HParams row), `spool`
 (a tracker's media until it holds them), `export`
-(a SavedModel for serving). They, and the profiler window (looper.train.profiler), take
+(a SavedModel for serving). They, and the profiler window (looper.control.profiler), take
 their paths from the `Workdir` defined here.
 
 Synopsis::
@@ -31,7 +31,7 @@ Layout (every name is spelled here and nowhere else)::
     eval_continuous/       events of --mode=continuous_eval
     hparams/               the run's row of TensorBoard's HParams table
     goodput/attempt-<N>.json  where training attempt N's time went
-                           (looper.train.goodput)
+                           (looper.measure.goodput)
     trackers/<name>.json   an experiment tracker's run id and delivered
                            step (looper.trackers)
     trackers/<name>-media/ its images, histograms and texts until it holds
@@ -96,7 +96,7 @@ class Workdir:
 
   @property
   def best_history(self) -> str:
-    """The evaluated values of checkpoint.best_metric (looper.train.eval_action)."""
+    """The evaluated values of checkpoint.best_metric (looper.control.eval_action)."""
     return os.path.join(self.best_checkpoints, "history.json")
 
   def checkpoint_saves(self, task_id: int | None = None) -> tuple[str, str]:

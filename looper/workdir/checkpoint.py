@@ -62,7 +62,7 @@ ADDED_LATER = {
     "recent_losses": "the recent steps' losses train.spike_factor compares"
                      " with, so spikes are looked for again after a few"
                      " steps",
-    "callbacks": "config.callbacks' state (looper.train.callbacks), so"
+    "callbacks": "config.callbacks' state (looper.control.callbacks), so"
                  " their epochs, counts and learning-rate scale start over",
 }
 

@@ -21,8 +21,8 @@ here: the HParams row, start_run, the purge on resume.
 Layout: `workdir/train/` holds the loss of every step and, per loop, each
 train metric, `learning_rate`, `steps_per_sec`, `examples_per_sec`,
 `tokens_per_sec` (sequences), `flops_per_sec` and `mfu` (the share of the
-peak, at most 1: a loop above it raises it; looper.train.flops,
-looper.train.peak_flops), `input_wait_fraction`;
+peak, at most 1: a loop above it raises it; looper.measure.flops,
+looper.measure.peak_flops), `input_wait_fraction`;
 `workdir/eval/` holds every eval metric and `examples` (how many real
 examples were counted). Same tag names in both runs, so TensorBoard draws
 train and eval on one chart. A continuous evaluator writes to its own
@@ -243,7 +243,7 @@ class Summaries:
 
   def goodput(self, step: int, fractions: dict[str, float]) -> None:
     """The run's goodput so far and each loss' share, as `goodput/<name>`
-    train scalars (looper.train.goodput)."""
+    train scalars (looper.measure.goodput)."""
     named = {f"goodput/{k}": v for k, v in fractions.items()}
     self._train_events.write_scalars(step, named)
     self.figures.update(named)

@@ -21,8 +21,8 @@ from looper import main
 from looper import run
 from looper import workdir as workdir_lib
 from looper.cli import runs
-from looper.train import goodput
-from looper.train import peak_flops
+from looper.measure import goodput
+from looper.measure import peak_flops
 from tests.fixtures import forks
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured, run_here

@@ -1,6 +1,6 @@
 """Keras callbacks on 2 replicas and on 2 workers: they stop where fit does.
 
-The same run as tests/unit/train/test_callbacks.py's (fit_like's
+The same run as tests/unit/control/test_callbacks.py's (fit_like's
 ReduceLROnPlateau, EarlyStopping and CSVLogger), on 2 replicas in the
 test's process and on 2 workers (`looper launch`): every worker decides alike,
 the chief alone writes the CSV file, and its rows are those of Keras' own
@@ -13,7 +13,7 @@ import pytest
 from tests.fixtures import callbacks as fixture
 from tests.fixtures.configs import configured, run_here
 from tests.unit.cli.test_launch import launch
-from tests.unit.train.test_callbacks import assert_same_rows, read_csv
+from tests.unit.control.test_callbacks import assert_same_rows, read_csv
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow

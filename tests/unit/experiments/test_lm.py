@@ -34,7 +34,7 @@ from looper import run
 from looper.cli import tpu_check
 from looper import workdir as workdir_lib
 from looper.data import windows
-from looper.train import goodput
+from looper.measure import goodput
 from looper.options import losses
 from looper.options import precision
 from tests.fixtures.checkpoints import restored_trainer

@@ -12,7 +12,7 @@ import pytest
 
 import looper
 from looper.cli import launch
-from looper.train import actions
+from looper.control import actions
 from looper.train import trainer
 
 

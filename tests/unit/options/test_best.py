@@ -12,9 +12,9 @@ import pytest
 
 from looper import workdir
 from looper.cli import runs
-from looper.train import actions
+from looper.control import actions
 from looper.options import best
-from looper.train import eval_action
+from looper.control import eval_action
 from looper.workdir import files
 from looper.workdir import hparams
 from looper.workdir import jsonl

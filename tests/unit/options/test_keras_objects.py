@@ -20,7 +20,7 @@ from looper import config as lc
 from looper import references
 from looper.cli import describe
 from looper.errors import ConfigError
-from looper.train import dry_run
+from looper.measure import dry_run
 from looper.options import losses
 from looper.train import evaluator as evaluator_lib
 from tests.fixtures import forks

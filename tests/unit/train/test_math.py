@@ -4,7 +4,7 @@ The model is softmax regression with an L2 kernel regularizer trained by SGD
 with momentum; NumPy computes the same steps by hand (forward, gradients,
 momentum update), so every per-step loss read back from the event files, the
 train accuracy of the last loop, the eval metrics over all 1001 eval
-examples and each loop's health figures (looper.train.health) must match it.
+examples and each loop's health figures (looper.measure.health) must match it.
 """
 
 import json

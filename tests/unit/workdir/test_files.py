@@ -22,10 +22,10 @@ import tensorflow as tf
 from looper import errors
 from looper import modes
 from looper import workdir
-from looper.train import actions
-from looper.train import eval_action
-from looper.train import goodput
-from looper.train import profiler
+from looper.control import actions
+from looper.control import eval_action
+from looper.measure import goodput
+from looper.control import profiler
 from looper.options import best
 from looper.workdir import checkpoint
 from looper.workdir import files

@@ -1,4 +1,4 @@
-"""Epochs as steps (looper.train.epochs): train.epochs and every_epochs
+"""Epochs as steps (looper.control.epochs): train.epochs and every_epochs
 resolved from the train split's size in array, element and bucket mode,
 with gradient accumulation, on 1 and 2 replicas; the one-line refusals;
 the header.
@@ -19,7 +19,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from looper.cli import describe
-from looper.train import epochs
+from looper.control import epochs
 from looper.workdir import jsonl
 from tests.fixtures import pieces
 from tests.fixtures import tiny
@@ -132,7 +132,7 @@ def test_a_trainer_needs_the_resolved_steps():
     pieces.trainer(c, tf.distribute.get_strategy())
   assert str(e.value) == (
       "config.train.steps=0 reached the Trainer with train.epochs=2.0; build"
-      " it from the config looper.train.epochs.resolve(config, input)"
+      " it from the config looper.control.epochs.resolve(config, input)"
       " returns (as looper.run does), or set config.train.steps")
   resolved, _ = _resolve(c)
   assert pieces.trainer(resolved, tf.distribute.get_strategy())

@@ -16,7 +16,7 @@ replica in the graph: the "model FLOPs" of PaLM's MFU (Chowdhery et al.
 its attention). Elementwise work (activations, normalization, softmax,
 the optimizer's update) is not: it runs on the vector units, not at the
 matmul peak MFU is measured against, and is ~2% of what TensorFlow's
-profiler counts for the LM and the MNIST CNN (tests/unit/train/test_flops.py
+profiler counts for the LM and the MNIST CNN (tests/unit/measure/test_flops.py
 checks the LM against PaLM's formula, the CNN and an LSTM against hand counts).
 
 Why not TensorFlow's profiler (`tf.compat.v1.profiler.profile(graph,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from looper.data import batch as batch_lib
-from looper.train import actions
-from looper.train import controller as controller_lib
+from looper.control import actions
+from looper.control import controller as controller_lib
 
 
 class FakeTrainer:

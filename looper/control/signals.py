@@ -21,7 +21,7 @@ agree (one all-reduce) whether any of them was asked to stop, and all stop
 and save at that step. This must be entered after the strategy is built:
 MultiWorkerMirroredStrategy installs a C++ SIGTERM handler of its own.
 (Why not TensorFlow's PreemptionCheckpointHandler: see BUILD.md. The
-notices a Google Cloud VM gets before SIGTERM: looper.train.vm_notices.)
+notices a Google Cloud VM gets before SIGTERM: looper.control.vm_notices.)
 """
 
 import os

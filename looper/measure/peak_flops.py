@@ -32,7 +32,7 @@ MaxText and PaLM's MFU: the float32 layers of a mixed model count at the
 16-bit peak too.
 
 MFU is never above 1: a loop faster than the peak raises it (`beaten`,
-said once by looper.train.controller). A probed figure is measured again
+said once by looper.control.controller). A probed figure is measured again
 (the first time in a run) and the best of that and the loop's speed is
 what the cache then holds; a given one (flag, datasheet) becomes the
 loop's speed.

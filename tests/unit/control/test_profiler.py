@@ -6,10 +6,10 @@ import pytest
 
 from looper import config as lc
 from looper import workdir
-from looper.train import actions
-from looper.train import profiler
+from looper.control import actions
+from looper.control import profiler
 from tests.fixtures import tiny
-from tests.unit.train.test_controller import make
+from tests.unit.control.test_controller import make
 
 
 def window(log, trainer_of, logdir="/logs", start_step=10, num_steps=5):

@@ -7,7 +7,7 @@ Synopsis::
       ...
     controller.Controller(FakeTrainer(), checkpointer=..., data=...)
 
-The Controller (looper.train.controller) knows nothing of tf.distribute or
+The Controller (looper.control.controller) knows nothing of tf.distribute or
 Keras: it calls the Trainer to run steps, the Checkpointer to save and
 restore, the Input to say and move its position, the spike guard and the
 peak; each Protocol below is that call list, and the class named in its
@@ -80,7 +80,7 @@ class CheckpointerSurface(Protocol):
 
 
 class SpikeSurface(Protocol):
-  """Loss spikes (`looper.train.spikes.SpikeGuard`)."""
+  """Loss spikes (`looper.control.spikes.SpikeGuard`)."""
 
   def spike(self, losses: np.ndarray, first_step: int) -> str | None:
     """Why this loop is a spike (one line), or None."""
@@ -90,7 +90,7 @@ class SpikeSurface(Protocol):
 
 
 class PeakSurface(Protocol):
-  """The peak FLOP/s `mfu` divides by (`looper.train.peak_flops.Peak`)."""
+  """The peak FLOP/s `mfu` divides by (`looper.measure.peak_flops.Peak`)."""
   flops_per_sec: float  # of all the run's devices
 
   def beaten(self, seen: float) -> str:

@@ -1,6 +1,6 @@
 """What Keras callbacks keep across a restart, and what they need of looper's model.
 
-Synopsis (looper.train.callbacks uses it)::
+Synopsis (looper.control.callbacks uses it)::
 
     state = callback_state.State(callbacks, trainer.learning_rate_scale,
                                  ["accuracy"])

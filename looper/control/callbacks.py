@@ -42,7 +42,7 @@ Every worker calls the callbacks on the same logs; file writers (CSVLogger,
 or a callback with `chief_only = True`) only the chief's.
 
 What survives a restart is saved with the checkpoint, as the state at that
-step (`looper.train.callback_state`): the epoch count, the train logs since
+step (`looper.control.callback_state`): the epoch count, the train logs since
 the epoch began, the learning-rate scale, the counts of EarlyStopping and
 ReduceLROnPlateau (callback_state.SAVED) and the attributes a callback
 names in its `checkpointed` tuple; a CSVLogger's file drops the rows
@@ -63,8 +63,8 @@ import keras
 from looper import errors
 from looper import references
 from looper.data import splits
-from looper.train import actions as actions_lib
-from looper.train import callback_state
+from looper.control import actions as actions_lib
+from looper.control import callback_state
 
 # Callbacks that do a job looper does itself, against its contracts; the
 # error names what does it.

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from looper import workdir as workdir_lib
 from looper.cli import runs
-from looper.train import goodput
+from looper.measure import goodput
 from tests.fixtures.configs import run_here
 from tests.fixtures.events import scalars
 from tests.fixtures.paths import ROOT
@@ -128,7 +128,7 @@ def test_process_started_counts_from_the_process_start():
   age = subprocess.run(
       [sys.executable, "-c",
        "import time; time.sleep(1.0)\n"
-       "from looper.train import goodput\n"
+       "from looper.measure import goodput\n"
        "print(time.monotonic() - goodput.process_started())"],
       cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
   assert 1.0 <= float(age.stdout) < 60

@@ -23,8 +23,8 @@ import tensorflow as tf
 from looper import errors
 from looper import run
 from looper.options import metrics
-from looper.train import callback_state
-from looper.train import callbacks as callbacks_lib
+from looper.control import callback_state
+from looper.control import callbacks as callbacks_lib
 from tests.fixtures import callbacks as fixture
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured

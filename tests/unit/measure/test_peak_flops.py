@@ -15,10 +15,10 @@ import types
 import pytest
 import tensorflow as tf
 
-from looper.train import actions
-from looper.train import peak_flops
+from looper.control import actions
+from looper.measure import peak_flops
 from tests.fixtures import tiny
-from tests.unit.train import test_controller
+from tests.unit.control import test_controller
 
 START = 1.8e9  # a wall-clock time: 2027-01-15 08:00 UTC
 

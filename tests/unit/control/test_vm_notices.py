@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from looper import compat
-from looper.train import vm_notices
+from looper.control import vm_notices
 from tests.fixtures import processes
 from tests.fixtures.processes import finish, start_workers, wait_for
 from tests.fixtures.stopping import stop_and_resume

@@ -31,12 +31,12 @@ Synopsis (what `looper.run.run` assembles from a config)::
         now.spent[action.name] = the seconds it took
 
 A stop is requested on the trainer (`trainer.stop.request(reason)`, e.g.
-from a signal handler: looper.train.signals); an early end by an action
+from a signal handler: looper.control.signals); an early end by an action
 (`now.end_training(reason)`, e.g. early stopping). The Controller knows
 nothing of tf.distribute or Keras: the Trainer runs steps, the
 Checkpointer saves and restores, the data (`looper.data.input.Input`)
 says and moves its position, actions do everything else. What it needs
-of them is written down in `looper.train.surfaces` (looper's Trainer,
+of them is written down in `looper.control.surfaces` (looper's Trainer,
 Checkpointer and Input have it; the tests' fakes too).
 """
 
@@ -47,8 +47,8 @@ from absl import logging
 import numpy as np
 
 from looper import errors
-from looper.train import actions as actions_lib
-from looper.train.surfaces import (BatchSurface, CheckpointerSurface,
+from looper.control import actions as actions_lib
+from looper.control.surfaces import (BatchSurface, CheckpointerSurface,
                                    DataSurface, PeakSurface, SpikeSurface,
                                    TrainerSurface)
 from looper.workdir import formats
@@ -81,7 +81,7 @@ class Controller:
     nan_recovery_tries: `train.nan_recovery_tries`.
     spikes: which loops spike (`SpikeSurface`); None: none do.
     peak: the FLOP/s of the run's devices that `mfu` is the share of
-      (`PeakSurface`: looper.train.peak_flops.Peak); None: no mfu.
+      (`PeakSurface`: looper.measure.peak_flops.Peak); None: no mfu.
     writer: the run's writers, given to actions as `Moment.writer`
       (looper.workdir.summaries.Summaries.writer).
     chief: whether this process is the chief (`Moment.chief`: an action

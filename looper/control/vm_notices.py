@@ -13,7 +13,7 @@ A watcher thread long-polls each key (`?wait_for_change=true` with the
 last ETag: the server answers when the value changes, or after
 `timeout_sec` with the same value) and on a notice calls
 `request_stop("a preemption notice (instance/preempted=TRUE)")`: the stop a
-SIGTERM takes (looper.train.signals), so the Controller saves at the
+SIGTERM takes (looper.control.signals), so the Controller saves at the
 step reached and the run exits 0; under multi-worker every worker has its
 own metadata server and the workers agree on one step
 (looper.train.stopping). `MIGRATE_ON_HOST_MAINTENANCE` is a live

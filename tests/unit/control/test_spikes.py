@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from looper import workdir
-from looper.train import spikes
+from looper.control import spikes
 from looper.workdir import checkpoint
 from tests.fixtures import pieces
 from tests.fixtures import spiky

@@ -25,14 +25,14 @@ from experiments import mnist
 from looper import run
 from looper import workdir as workdir_lib
 from looper.options import distribute
-from looper.train import flops
-from looper.train import peak_flops
+from looper.measure import flops
+from looper.measure import peak_flops
 from looper.workdir import jsonl
 from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.events import scalars
-from tests.unit.train import test_controller
+from tests.unit.control import test_controller
 
 # The small LM: V bytes, L blocks of width W, context T, batch B.
 V, L, W, T, B = 256, 2, 32, 16, 4

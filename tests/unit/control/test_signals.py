@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from looper.train import signals
+from looper.control import signals
 from looper.train import stopping
 
 

@@ -15,9 +15,9 @@ Synopsis (what `looper.run.Run._build_actions` assembles)::
 Each runs on every worker (`all_workers`: the writers are no-ops but on
 the chief; a save and an evaluation are collectives). Each factory takes
 its collaborators as arguments (the Summaries writer,
-the Trainer, a `looper.train.eval_action.EvalAction`, the Checkpointer, a
-`looper.train.goodput.Ledger`) and returns one `looper.train.actions.Action`
-(the profiler window is one already: looper.train.profiler.Window). The
+the Trainer, a `looper.control.eval_action.EvalAction`, the Checkpointer, a
+`looper.measure.goodput.Ledger`) and returns one `looper.control.actions.Action`
+(the profiler window is one already: looper.control.profiler.Window). The
 groups run in that order after each loop: report (every loop), evaluate
 (train_and_eval only), save (the user's actions, the checkpoint, the
 profiler window, the export at the end, the trackers' deliveries, and last
@@ -25,9 +25,9 @@ the goodput accounting, which times the others).
 """
 
 from looper import workdir as workdir_lib
-from looper.train import actions
-from looper.train import eval_action
-from looper.train import goodput
+from looper.control import actions
+from looper.control import eval_action
+from looper.measure import goodput
 from looper.workdir import export
 from looper.workdir import summaries
 

@@ -35,7 +35,7 @@ from absl import logging
 import tensorflow as tf
 
 from looper import workdir as workdir_lib
-from looper.train import actions
+from looper.control import actions
 from looper.workdir import files
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from looper import errors
 from looper import fields
-from looper.train import actions
-from tests.unit.train.test_controller import make
+from looper.control import actions
+from tests.unit.control.test_controller import make
 
 
 def seen(log, name, *fields):
@@ -138,9 +138,9 @@ def test_config_actions_are_a_list_or_a_factory_of_one():
   assert actions.of_config(config) == [action]
   config.actions = lambda c: [action] * c.width
   assert actions.of_config(config) == [action] * 3
-  config.actions = "tests.unit.train.test_actions:_two_actions"
+  config.actions = "tests.unit.control.test_actions:_two_actions"
   assert [a.every_steps for a in actions.of_config(config)] == [3, 3]
-  for bad in (action, [print], "tests.unit.train.test_actions:nothing"):
+  for bad in (action, [print], "tests.unit.control.test_actions:nothing"):
     config.actions = bad
     with pytest.raises(errors.ConfigError, match=r"^config\.actions=") as e:
       actions.of_config(config)
