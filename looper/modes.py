@@ -6,8 +6,10 @@ Synopsis::
     modes.MODES["eval"].takes_checkpoint   # True: it reads --checkpoint
     modes.start("train", restored=None, checkpoint_path=None)
     # 'fresh start': what the header says the mode starts from or reads
-    modes.export_checkpoint(trainer, evaluator, ckpt, workdir, None,
-                            chief=True, on_tpu=False)  # --mode=export
+    modes.export_checkpoint(ckpt, workdir, None, model=trainer.model,
+                            serve=trainer.serve, step=trainer.step,
+                            evaluator=evaluator, chief=True,
+                            on_tpu=False)  # --mode=export
     out = modes.open_workdir(wd, config, modes.MODES["train"], chief=True,
                              eval_names=["accuracy"], input_hint="",
                              trackers=[])  # config.json, the writers
@@ -70,18 +72,25 @@ def start(mode: str, restored: str | None,
   return f"{verb} {checkpoint_path or 'the latest checkpoint'}"
 
 
-def export_checkpoint(trainer, evaluator, ckpt: checkpoint.Checkpointer,
-                      wd: workdir_lib.Workdir, path: str | None, *,
-                      chief: bool, on_tpu: bool) -> dict:
-  """--mode=export: restores `path` (default: the latest) and exports it."""
+def export_checkpoint(ckpt: checkpoint.Checkpointer, wd: workdir_lib.Workdir,
+                      path: str | None, *, model, serve: Callable,
+                      step: tf.Variable, evaluator, chief: bool,
+                      on_tpu: bool) -> dict:
+  """--mode=export: restores `path` (default: the latest) and exports
+  `model` serving `serve` (looper.workdir.export); `step`: the update
+  counter the checkpoint restores; `evaluator` (looper.train.evaluator):
+  the example's spec and the weights eval sees."""
   restored = ckpt.restore(path)
   if not restored:
     raise errors.CheckpointError(
         f"--mode=export found no checkpoint in {ckpt.directory}; train"
         " first, or point --workdir at a trained run")
-  result = {"step": trainer.global_step, "checkpoint": restored}
+  result = {"step": int(step.numpy()), "checkpoint": restored}
   if chief:  # the other workers hold the same weights
-    result["export"] = export.export(trainer, evaluator, wd, on_tpu=on_tpu)
+    result["export"] = export.export(
+        model, serve, wd, step=result["step"],
+        spec=evaluator.example_spec(), weights=evaluator.averaged_weights,
+        on_tpu=on_tpu)
   return result
 
 

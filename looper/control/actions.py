@@ -37,8 +37,7 @@ time each action before it took after that loop (`spent`), whether
 training ends or stops there, `end_training(reason)` (an early stop),
 `writer`, the run's writers (looper.workdir.writers: TensorBoard's train/,
 metrics.jsonl, the experiment trackers) to write scalars, images,
-histograms and texts through, and `trainer`, the run's Trainer (its model,
-optimizer, strategy).
+histograms and texts through, and `model`, the run's Keras model.
 What the function returns, if not None, is the mode's result under the
 action's `name` (the last value: the evaluation's logs, the export's path).
 New behaviour (export, a profiler window, an early stop) is a new action:
@@ -89,7 +88,7 @@ class Moment:
   # The run's writers (a looper.workdir.writers.Writer; no-ops but on the
   # chief); None outside a run.
   writer: Any = None
-  trainer: Any = None  # the run's looper.Trainer; None outside a run
+  model: Any = None  # the run's Keras model; None outside a run
   chief: bool = True  # this process is the one that writes files
 
   @property

@@ -259,7 +259,8 @@ def test_callbacks_looper_does_itself_are_refused_in_one_line(
   c = tiny.get_config()
   c.callbacks = [make(str(tmp_path / "theirs"))]
   with pytest.raises(errors.ConfigError) as e:
-    callbacks_lib.build(c, c.callbacks, trainer=None, chief=True)
+    callbacks_lib.build(c, c.callbacks, model=None, optimizer=None,
+                        rate_scale=None, metrics=None, chief=True)
   assert str(e.value).startswith(line)
   assert str(e.value).endswith("; remove it from config.callbacks") or (
       "Callback; give Callback objects" in str(e.value))
@@ -270,7 +271,8 @@ def test_a_factory_that_raises_is_one_line():
     return [config.model.nothing]
 
   with pytest.raises(errors.ConfigError) as e:
-    callbacks_lib.build(tiny.get_config(), broken, trainer=None, chief=True)
+    callbacks_lib.build(tiny.get_config(), broken, model=None, optimizer=None,
+                        rate_scale=None, metrics=None, chief=True)
   assert str(e.value) == (
       "config.callbacks: test_a_factory_that_raises_is_one_line.<locals>."
       "broken(config) raised AttributeError: \"'nothing'\"; fix it, or give"

@@ -22,7 +22,6 @@ from looper.cli import describe
 from looper.errors import ConfigError
 from looper.measure import dry_run
 from looper.options import losses
-from looper.train import evaluator as evaluator_lib
 from tests.fixtures import forks
 from tests.fixtures import pieces
 from tests.fixtures import tiny
@@ -79,7 +78,7 @@ def test_ignored_labels_count_nowhere_in_eval():
   loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                     ignore_class=3)
   trainer = pieces.trainer(_config(loss), tf.distribute.get_strategy())
-  logs = evaluator_lib.Evaluator(trainer).evaluate()
+  logs = pieces.evaluator(trainer).evaluate()
   x, y = tiny.make_data(tiny.get_config().model.num_examples, seed=1)
   logits = trainer.model(x).numpy()
   kept = y != 3
@@ -94,7 +93,7 @@ def test_metric_objects_are_fresh_copies_and_report_what_numpy_does():
   top2 = config.metrics[1]
   trainer = pieces.trainer(config, tf.distribute.get_strategy())
   trainer.train(20)
-  logs = evaluator_lib.Evaluator(trainer).evaluate()
+  logs = pieces.evaluator(trainer).evaluate()
   x, y = tiny.make_data(config.model.num_examples, seed=1)
   logits = trainer.model(x).numpy()
   in_top2 = (np.argsort(-logits, axis=1)[:, :2] == y[:, None]).any(axis=1)

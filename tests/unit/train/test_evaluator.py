@@ -4,7 +4,6 @@ import pytest
 import tensorflow as tf
 
 from looper import errors
-from looper.train import evaluator as evaluator_lib
 from tests.fixtures import pieces
 from tests.fixtures import tiny
 
@@ -25,7 +24,7 @@ def test_each_evaluation_takes_one_whole_pass_and_a_shrunk_split_is_named():
   c = tiny.get_config()
   c.dataset_fn = dataset_fn
   trainer = pieces.trainer(c, tf.distribute.get_strategy())
-  evaluator = evaluator_lib.Evaluator(trainer)
+  evaluator = pieces.evaluator(trainer)
   first = evaluator.evaluate()
   assert first["examples"] == 1001
   assert [evaluator.evaluate() for _ in range(3)] == [first] * 3
