@@ -24,6 +24,7 @@ from looper.data import splits
 from looper.options import distribute
 from looper.options import optimizer_state
 from looper.control import epochs
+from looper.run import pieces
 from looper.workdir import summaries
 
 
@@ -36,9 +37,8 @@ def describe(config) -> str:
   # Its splits are counted anyway: the header says what the steps are in
   # epochs in element mode too.
   config, epoch = epochs.resolve(config, data, count=True)
-  trainer = references.resolve(config.trainer, "trainer")(
-      config, strategy, data, batch,
-      steps_per_loop=config.train.steps_per_loop)
+  trainer = pieces.trainer(config, strategy, data, batch,
+                           steps_per_loop=config.train.steps_per_loop)
   lines = [console.header(config, strategy, None, "describe", None,
                           trainer.model, batch, epoch=epoch,
                           note=trainer.random.note(),

@@ -52,6 +52,7 @@ from looper.data import splits
 from looper.options import distribute
 from looper.control import epochs
 from looper.options import precision
+from looper.run import pieces
 
 # Distinct train batch shapes above which a TPU run spends its time
 # compiling (rule 3).
@@ -83,8 +84,9 @@ def check(config, *, cores: int = 8, batches: int = 20,
   data = input_lib.Input(config, strategy, batch)
   # The optimizer's schedule needs the steps train.epochs come to.
   config, _ = epochs.resolve(config, data, known=False)
-  trainer = trainer_cls(config, strategy, data, batch,
-                        steps_per_loop=config.train.steps_per_loop)
+  trainer = pieces.trainer(config, strategy, data, batch,
+                           steps_per_loop=config.train.steps_per_loop,
+                           cls=trainer_cls)
   if notes is not None and trainer.random.note():
     notes.append(trainer.random.note())
   read = [config.data.train_split, *splits.eval_sets(config).values()]

@@ -12,6 +12,7 @@ times).
 import fractions
 import json
 
+from absl import logging
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -191,7 +192,7 @@ def one_replica(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("epochs1")
   with pytest.MonkeyPatch.context() as patch:
     logged = []
-    patch.setattr(run.logging, "info",
+    patch.setattr(logging, "info",
                   lambda fmt, *args: logged.append(fmt % args))
     result = run.run(_in_epochs(**RUN), str(workdir))
   assert result["step"] == 7
