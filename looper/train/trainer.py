@@ -53,7 +53,7 @@ from looper.measure import health
 from looper.train import loop
 from looper.train import randomness
 from looper.train import stopping
-from looper.train import weighting
+from looper.train import weighting as weighting_lib
 from looper.train.step_options import StepOptions
 
 
@@ -96,7 +96,7 @@ class Trainer:
     self.model_fn = references.resolve(config.model_fn, "model_fn")
     self._loss_fn = losses.losses(config.loss)
     # How an update's examples weigh in its loss (looper.train.weighting).
-    self.weighting = weighting.Weighting(
+    self.weighting = weighting_lib.Weighting(
         config.loss, config.loss_normalization, config.loss_weights,
         class_weights=options.class_weights, batch=batch)
     self._dense_gradients = options.dense_gradients
