@@ -11,11 +11,12 @@ Synopsis (what `looper.run.Run` does; a notebook or a test builds one alone)::
     pieces.restore(config, trainer, checkpointer)  # or the warm start
     trainer.train(100); evaluator.evaluate()
 
-The Trainer is the step math and reads only its own blocks (looper.train.
-trainer); what surrounds its update, each option from its own block, is
-assembled here and handed in: the precision, XLA, dense gradients, the
-class weights, the clipping, the sharded optimizer state and the weight
-average (`StepOptions`), the stop request and the timed input wait.
+The Trainer is the step math and reads only its own blocks
+(looper.train.trainer); what surrounds its step, each option from its own
+block, is assembled here and handed in: the precision, XLA, dense
+gradients, the class weights, the clipping, the sharded optimizer state and
+the weight average (`StepOptions`), the stop request, the schedule's
+length, whether a Keras callback may set the rate, the timed input wait.
 The Evaluator is built from the Trainer's eval step and the state it
 feeds (looper.train.evaluator), as the train loop from its train step.
 Before anything is written they are checked on the data (the model and
