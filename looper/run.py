@@ -22,8 +22,7 @@ gets what it needs as arguments, from the pieces built before it:
 
   _build_strategy      config.distribution -> tf.distribute.Strategy
   _build_batch         the batch's numbers (looper.data.batch)
-  _build_input         the data (looper.data.input.Input)
-      (epochs resolved as steps: looper.control.epochs)
+  _build_input         the data (looper.data.input.Input); epochs -> steps
   _build_trainer       config.trainer: state, step seams, its train loop
   _build_spikes        train.spike_factor's loss spikes (training, if set)
   _build_evaluator     one exact pass over each eval set
@@ -58,6 +57,7 @@ from looper import trackers as trackers_lib
 from looper import workdir as workdir_lib
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
+from looper.data import splits
 from looper.modes import MODES
 from looper.options import best
 from looper.options import distribute
@@ -67,7 +67,6 @@ from looper.control import actions as actions_lib
 from looper.control import callbacks
 from looper.control import controller as controller_lib
 from looper.measure import dry_run
-from looper.control import epochs
 from looper.control import eval_action
 from looper.train import evaluator as evaluator_lib
 from looper.measure import goodput
@@ -153,8 +152,8 @@ class Run:
     self.input = self._build_input()
     # Epochs as steps, before anything reads a step (looper.control.epochs); a
     # run that does not train reads the train split only if epochs need it.
-    self.config, self.epoch = epochs.resolve(config, self.input,
-                                             known=self.trains)
+    self.config, self.epoch = config_lib.resolve_epochs(config, self.input,
+                                                        known=self.trains)
     # The loop's buffer and the Controller's loops: one value, read once.
     self.steps_per_loop = self.config.train.steps_per_loop
     self.trainer = self._build_trainer()
@@ -170,13 +169,16 @@ class Run:
   # --- The pieces: each built once, overridable -------------------------------
 
   def _build_strategy(self) -> tf.distribute.Strategy:
-    return distribute.strategy_for(self.config)
+    return distribute.strategy_for(self.config.distribution)
 
   def _build_batch(self) -> batch_lib.Batch:
-    return batch_lib.of(self.config, self.strategy.num_replicas_in_sync)
+    c = self.config
+    return batch_lib.of(c.train, c.eval, self.strategy.num_replicas_in_sync)
 
   def _build_input(self) -> input_lib.Input:
-    return input_lib.Input(self.config, self.strategy, self.batch)
+    c = self.config  # only its dataset_fn gets it whole
+    return input_lib.Input(c.data, self.strategy, self.batch, seed=c.seed,
+                           dataset_fn=references.bound(c, "dataset_fn"))
 
   def _build_trainer(self):
     trainer_cls = references.resolve(self.config.trainer, "trainer")
@@ -195,9 +197,11 @@ class Run:
 
   def _build_callbacks(self) -> callbacks.Callbacks:
     """config.callbacks (Keras'), of a run that trains."""
+    c = self.config
     return callbacks.build(
-        self.config, self.config.callbacks if self.trains else (),
-        self.trainer, chief=self.chief)
+        c, c.callbacks if self.trains else (), self.trainer, chief=self.chief,
+        every_steps=c.eval.every_steps, total_steps=c.train.steps,
+        eval_batch_size=c.eval.batch_size, monitor=splits.monitor_set(c))
 
   def _build_checkpointer(self, guard) -> checkpoint.Checkpointer:
     """`guard`: the lease's check before each save (None: not held)."""
@@ -220,10 +224,10 @@ class Run:
   def _build_summaries(self) -> summaries.Summaries:
     """The writers (events, metrics.jsonl, lines, trackers), config.json."""
     return modes.open_workdir(
-        self.workdir, self.config, MODES[self.mode], self.chief,
+        self.workdir, references.to_json(self.config), MODES[self.mode],
+        self.chief, total_steps=self.config.train.steps, trackers=self.trackers,
         eval_names=self.evaluator.metric_names,
-        input_hint=self.input.faster() if self.trains else "",
-        trackers=self.trackers)
+        input_hint=self.input.faster() if self.trains else "")
 
   def _build_evaluation(self) -> eval_action.EvalAction:
     """The evaluations: what --mode=eval runs, and train_and_eval's eval
@@ -287,11 +291,9 @@ class Run:
     nothing already saved in `workdir` is touched by a bad config, and a
     bad eval split fails now, not after hours of training."""
     c = self.config
-    if self.trains:
-      dry_run.check_inputs(self.trainer, self.input, c.data.train_split)
-    if MODES[self.mode].reads_eval_split:
-      for split in self.evaluator.sets.values():
-        dry_run.check_inputs(self.trainer, self.input, split)
+    reads = MODES[self.mode].reads(c.data.train_split, self.evaluator.sets)
+    dry_run.check_inputs(self.trainer, self.input, reads, loss=c.loss,
+                         metrics=c.metrics, data=c.data)
     best.check_best_metric(c.checkpoint.best_metric,
                            self.evaluator.metric_names)
     cores = distribute.tpu_cores(self.strategy, c.distribution)
@@ -318,18 +320,17 @@ class Run:
     restored = self._restore() if self.trains else None
     # What MFU is the share of (a probe, cached, or a known figure); the
     # FLOPs of a step are counted after the first loop (looper.measure.flops).
-    self.peak = (peak_flops.of_run(config, self.strategy) if self.trains
-                 else None)
-    # Every worker: under `looper launch` each line says whose it is. A
-    # reader of a trained run describes what was trained: its config.json.
+    self.peak = (peak_flops.of_run(config.train, self.strategy)
+                 if self.trains else None)
+    # Every worker: under `looper launch` each line says whose it is.
+    shown, differs = modes.described(mode, config, wd)
     logging.info("%s", console.header(
-        config, self.strategy, wd.root, mode,
-        modes.start(mode, restored, self.checkpoint_path), trainer.model,
-        self.batch, peak=self.peak, epoch=self.epoch,
-        note=trainer.random.note(),
-        state=optimizer_state.per_device(self.strategy, trainer.update,
-                                         trainer.ema),
-        trained=None if self.trains else files.read_json(wd.config)))
+        self.strategy, wd.root, mode, modes.start(
+            mode, restored, self.checkpoint_path), trainer.model, self.batch,
+        shown.train, shown.eval, shown.checkpoint, shown.distribution,
+        peak=self.peak, epoch=self.epoch, differs=differs,
+        note=trainer.random.note(), state=optimizer_state.per_device(
+            self.strategy, trainer.update, trainer.ema)))
     if mode == "export":
       return modes.export_checkpoint(trainer, self.evaluator, ckpt, wd,
                                      self.checkpoint_path, chief=self.chief,

@@ -6,7 +6,9 @@ Synopsis (what `looper.run.Run._build_callbacks` and `_build_actions` do)::
                    keras.callbacks.CSVLogger("/tmp/run/epochs.csv")]
     # or c.callbacks = "my_module:callbacks": callbacks(config) -> a list
 
-    calls = callbacks.build(config, config.callbacks, trainer, chief=True)
+    calls = callbacks.build(config, config.callbacks, trainer, chief=True,
+                            every_steps=500, total_steps=2000,
+                            eval_batch_size=256, monitor="")
     checkpointer = Checkpointer(..., {**trainer.checkpoint_items(),
                                       **calls.checkpoint_items()})
     groups = calls.actions(eval_logs=evaluation.evaluate,
@@ -51,7 +53,8 @@ state; an epoch the checkpoint fell inside does not begin again. With
 several eval sets, on_epoch_end has each as '<set>/<metric>' and the
 monitor set (eval.monitor_set) as 'val_<metric>' (`val_logs`), which
 on_test_end has. A callback that raises ends the run in one line naming it and its method;
-the last checkpoint is kept.
+the last checkpoint is kept. The top-level field `callbacks` is declared
+here (`config()`).
 """
 
 import dataclasses
@@ -59,8 +62,10 @@ import math
 from typing import Callable
 
 import keras
+import ml_collections
 
 from looper import errors
+from looper import fields
 from looper import references
 from looper.data import splits
 from looper.control import actions as actions_lib
@@ -84,9 +89,12 @@ REFUSED = {
 }
 
 
-def build(config, value, trainer, *, chief: bool) -> "Callbacks":
+def build(config, value, trainer, *, chief: bool, every_steps: int,  # pylint: disable=redefined-outer-name
+          total_steps: int, eval_batch_size: int, monitor: str
+          ) -> "Callbacks":
   """config.callbacks (`value`: a list, or a factory `f(config) -> list`
-  or its 'module:name') checked, one line each (none: no actions).
+  or its 'module:name') checked, one line each (none: no actions); the
+  config is read by nothing but that factory. The rest: as `Callbacks`.
 
   Raises:
     ConfigError: the factory raised, an entry is no keras.callbacks.Callback,
@@ -119,11 +127,9 @@ def build(config, value, trainer, *, chief: bool) -> "Callbacks":
         raise errors.ConfigError(
             f"config.callbacks[{i}]={type(callback).__name__}: "
             f"{REFUSED[cls.__name__]}; remove it from config.callbacks")
-  return Callbacks(list(value), trainer, chief=chief,
-                   every_steps=config.eval.every_steps,
-                   total_steps=config.train.steps,
-                   eval_batch_size=config.eval.batch_size,
-                   monitor=splits.monitor_set(config))
+  return Callbacks(list(value), trainer, chief=chief, every_steps=every_steps,
+                   total_steps=total_steps, eval_batch_size=eval_batch_size,
+                   monitor=monitor)
 
 
 class OptimizerView:
@@ -380,3 +386,11 @@ def val_logs(logs: dict, monitor: str = "") -> dict:
   every = logs if monitor else {}
   return {k: v for k, v in {**every, **val}.items()
           if k.rsplit("/", 1)[-1] not in ("examples", "val_examples")}
+
+
+def config() -> ml_collections.ConfigDict:
+  """The top-level field `callbacks`: its default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # Keras callbacks as fit() calls them: a list, or a factory as for actions.
+  c.callbacks = fields.object_field(())
+  return c

@@ -24,14 +24,18 @@ which it calls), so a subclass changes evaluation where it changes the
 loss; the eval state (`eval_loss`, `eval_metrics`) is built with the
 Trainer's in its scope. What is here: running it, on one iterator per set
 kept for the run, and checking that each pass held the examples counted.
+The `eval` block is declared here (`config()`) and checked here (`check`).
 """
 
 import contextlib
 
+import ml_collections
+from ml_collections import config_dict
 import tensorflow as tf
 
 from looper import autograph
 from looper import errors
+from looper import fields
 from looper.data import input as input_lib
 from looper.data import splits
 
@@ -42,7 +46,7 @@ class Evaluator:
   def __init__(self, trainer, input: input_lib.Input | None = None):  # pylint: disable=redefined-builtin
     self.trainer = trainer
     self.input = input or trainer.input
-    self.sets = splits.eval_sets(self.input.config)  # {set name: split}
+    self.sets = self.input.eval_sets  # {set name: split}
     # Made on a split's first pass: counting it may take a pass.
     self._plans = {}  # split -> (examples, steps, iterator) of one pass
     self._failed = set()  # splits whose last pass did not end whole: recount
@@ -78,7 +82,7 @@ class Evaluator:
 
   def _evaluate(self, split: str) -> dict[str, float]:
     """One whole pass over `split`."""
-    field = splits.split_field(self.input.config, split)
+    field = self.input.field(split)
     if split not in self._plans:
       # The size the Input counted (for epochs, describe) is the first
       # plan's; after a pass that went wrong it may be stale: counted anew.
@@ -117,3 +121,27 @@ class Evaluator:
       return i + 1
     tf.while_loop(lambda i: i < steps, one_batch, (tf.constant(0),))
     return {**trainer.eval_loss.results(), **trainer.eval_metrics.results()}
+
+
+def config() -> ml_collections.ConfigDict:
+  """The `eval` block: each field's default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # Evaluate every this many steps, or epochs; both 0: only at the end of
+  # training. Set one, the other 0 (IN_EPOCHS).
+  c.every_steps = fields.whole(0, low=0)
+  c.every_epochs = fields.epochs()
+  # GLOBAL batch; the last one is padded and masked.
+  c.batch_size = fields.whole(256)
+  c.steps = config_dict.placeholder(int)  # None: the whole eval split.
+  # --mode=continuous_eval stops after this long without a new checkpoint.
+  c.timeout_secs = fields.seconds(3600)
+  c.monitor_set = ""  # the eval set callbacks see (looper.data.splits)
+  return c
+
+
+def check(c: ml_collections.ConfigDict) -> None:
+  """The `eval` block's own rules (monitor_set names one of data's eval
+  sets: looper.config, across blocks); ConfigError on the first."""
+  fields.check_declared(c, "eval")
+  fields.check(c.steps is None or c.steps >= 1, "eval.steps", c.steps,
+               "must be >= 1, or None for the whole eval split")

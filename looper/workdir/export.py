@@ -27,7 +27,8 @@ object (a copy, then a delete): there the files move one by one with
 `saved_model.pb`, which a loader opens first, last, so a reader that
 finds it finds the rest; a folder without it may be in mid-move. On a
 TPU a local workdir is written through the host
-(`experimental_io_device='/job:localhost'`).
+(`experimental_io_device='/job:localhost'`). The `export` block is
+declared here (`config()`).
 """
 
 import logging as std_logging
@@ -35,10 +36,11 @@ import os
 
 from absl import logging
 import keras
+import ml_collections
 import tensorflow as tf
 
+from looper import fields
 from looper import workdir as workdir_lib
-from looper.data import splits
 from looper.workdir import checkpoint
 from looper.workdir import files
 
@@ -76,7 +78,7 @@ def export(trainer, evaluator, workdir: workdir_lib.Workdir, *,
   final = workdir.export_version(step)
   partial = workdir.export_partial(step)
   data = evaluator.input
-  split = next(iter(splits.eval_sets(data.config).values()))
+  split = next(iter(data.eval_sets.values()))
   spec = data.examples(split).element_spec[0]
   signature = input_signature(spec)
   archive = keras.export.ExportArchive()
@@ -122,3 +124,10 @@ def _move(partial: str, final: str) -> None:
     files.makedirs(os.path.dirname(target))
     tf.io.gfile.rename(path, target)
   tf.io.gfile.rmtree(partial)
+
+
+def config() -> ml_collections.ConfigDict:
+  """The `export` block: each field's default."""
+  c = ml_collections.ConfigDict()
+  c.at_end = fields.boolean(False)
+  return c
