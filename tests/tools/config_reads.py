@@ -13,12 +13,14 @@ A read is an attribute chain through a name or an attribute called
 `config` (`config.train.steps`, `self.config.data.bucket`,
 `input.config.eval.batch_size`), through an alias of one (`c = self.config`
 then `c.train.steps`; `data = config.data` then `data.bucket`, or
-`value = config.actions` used whole), or a `getattr(config, "train")`. The field is `section.field` (`train.steps`), or
-the section alone where the chain stops there (a block handed on whole).
-Issue 47 measures the house by it: outside the composition (config.py,
-run.py, main.py, cli/) at most 8 modules read the config and no field is
-read in more than 2; tests/test_layout.py holds today's ceilings, lowered
-as the blocks move to their owners.
+`value = config.actions` used whole), or a `getattr(config, "train")`.
+The field is `section.field` (`train.steps`), or the section alone where
+the chain stops there (a block handed on whole). Issue 47 measures the
+house by it: outside the composition (config.py, run.py, main.py, cli/)
+at most 8 modules read the config and no field is read in more than 2
+(tests/test_layout.py holds those ceilings); a component that gets its
+block in a parameter of its own name (`optimizers.check(opt)`) reads its
+block, not the config.
 """
 
 import ast
