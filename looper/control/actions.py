@@ -43,7 +43,8 @@ action's `name` (the last value: the evaluation's logs, the export's path).
 New behaviour (export, a profiler window, an early stop) is a new action:
 the Controller's loop does not change. A user's join the run's through
 `config.actions` (`of_config`): after the evaluation, before the save, so
-that what they write is covered by the checkpoint that follows.
+that what they write is covered by the checkpoint that follows. That
+top-level field is declared here (`config()`).
 """
 
 import dataclasses
@@ -52,7 +53,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+import ml_collections
+
 from looper import errors
+from looper import fields
 from looper import references
 
 
@@ -195,3 +199,12 @@ def of_config(config) -> list[Action]:
         f"config.actions={value!r}: give a list of looper.Action, or a"
         " factory f(config) returning one ('module:name' or a function)")
   return list(value)
+
+
+def config() -> ml_collections.ConfigDict:
+  """The top-level field `actions`: its default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # The user's looper.Actions beside looper's (README "Hooks of your own"):
+  # a list, or a factory f(config) returning one (or its 'module:name').
+  c.actions = fields.object_field(())
+  return c

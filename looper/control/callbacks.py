@@ -9,7 +9,9 @@ Synopsis (what `looper.run.Run._build_callbacks` and `_build_actions` do)::
     calls = callbacks.build(config, config.callbacks, model=trainer.model,
                             optimizer=trainer.optimizer,
                             rate_scale=trainer.learning_rate_scale,
-                            metrics=trainer.train_metrics, chief=True)
+                            metrics=trainer.train_metrics, chief=True,
+                            every_steps=500, total_steps=2000,
+                            eval_batch_size=256, monitor="")
     checkpointer = Checkpointer(..., {**trainer.checkpoint_items(),
                                       **calls.checkpoint_items()})
     groups = calls.actions(eval_logs=evaluation.evaluate,
@@ -54,7 +56,8 @@ state; an epoch the checkpoint fell inside does not begin again. With
 several eval sets, on_epoch_end has each as '<set>/<metric>' and the
 monitor set (eval.monitor_set) as 'val_<metric>' (`val_logs`), which
 on_test_end has. A callback that raises ends the run in one line naming it and its method;
-the last checkpoint is kept.
+the last checkpoint is kept. The top-level field `callbacks` is declared
+here (`config()`).
 """
 
 import dataclasses
@@ -62,8 +65,10 @@ import math
 from typing import Callable
 
 import keras
+import ml_collections
 
 from looper import errors
+from looper import fields
 from looper import references
 from looper.data import splits
 from looper.control import actions as actions_lib
@@ -87,11 +92,11 @@ REFUSED = {
 }
 
 
-def build(config, value, *, model, optimizer, rate_scale, metrics,
-          chief: bool) -> "Callbacks":
+def build(config, value, **rest) -> "Callbacks":  # pylint: disable=redefined-outer-name
   """config.callbacks (`value`: a list, or a factory `f(config) -> list`
   or its 'module:name') checked, one line each (none: no actions); the
-  rest as `Callbacks` takes them.
+  config is read by nothing but that factory. The rest (`rest`): as
+  `Callbacks` takes them.
 
   Raises:
     ConfigError: the factory raised, an entry is no keras.callbacks.Callback,
@@ -124,12 +129,7 @@ def build(config, value, *, model, optimizer, rate_scale, metrics,
         raise errors.ConfigError(
             f"config.callbacks[{i}]={type(callback).__name__}: "
             f"{REFUSED[cls.__name__]}; remove it from config.callbacks")
-  return Callbacks(list(value), model=model, optimizer=optimizer,
-                   rate_scale=rate_scale, metrics=metrics, chief=chief,
-                   every_steps=config.eval.every_steps,
-                   total_steps=config.train.steps,
-                   eval_batch_size=config.eval.batch_size,
-                   monitor=splits.monitor_set(config))
+  return Callbacks(list(value), **rest)
 
 
 class OptimizerView:
@@ -389,3 +389,11 @@ def val_logs(logs: dict, monitor: str = "") -> dict:
   every = logs if monitor else {}
   return {k: v for k, v in {**every, **val}.items()
           if k.rsplit("/", 1)[-1] not in ("examples", "val_examples")}
+
+
+def config() -> ml_collections.ConfigDict:
+  """The top-level field `callbacks`: its default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # Keras callbacks as fit() calls them: a list, or a factory as for actions.
+  c.callbacks = fields.object_field(())
+  return c

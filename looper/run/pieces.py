@@ -5,9 +5,9 @@ Synopsis (what `looper.run.Run` does; a notebook or a test builds one alone)::
     from looper.run import pieces
     trainer = pieces.trainer(config, strategy, data, batch,
                              steps_per_loop=100)
-    evaluator = pieces.evaluator(config, trainer, data)
-    pieces.check(config, trainer, data, evaluator, trains=True,
-                 evaluates=True)           # before a file is written
+    evaluator = pieces.evaluator(trainer, data)
+    pieces.check(config, trainer, data, evaluator,
+                 modes.MODES["train_and_eval"])  # before a file is written
     pieces.restore(config, trainer, checkpointer)  # or the warm start
     trainer.train(100); evaluator.evaluate()
 
@@ -31,10 +31,10 @@ import ml_collections
 import tensorflow as tf
 
 from looper import errors
+from looper import modes
 from looper import references
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
-from looper.data import splits
 from looper.measure import dry_run
 from looper.options import best
 from looper.options import distribute
@@ -85,38 +85,30 @@ def trainer(config: ml_collections.ConfigDict,
       timed=not t.deterministic, settable_rate=bool(config.callbacks))
 
 
-def evaluator(config: ml_collections.ConfigDict,
-              trainer: trainer_lib.Trainer,  # pylint: disable=redefined-outer-name
+def evaluator(trainer: trainer_lib.Trainer,  # pylint: disable=redefined-outer-name
               data: input_lib.Input) -> evaluator_lib.Evaluator:
-  """One exact pass over each eval set of `config` (looper.data.splits),
-  built from `trainer`'s eval step and the eval state it feeds."""
-  sets = splits.eval_sets(config)
+  """One exact pass over each of `data`'s eval sets, built from
+  `trainer`'s eval step and the eval state it feeds."""
   return evaluator_lib.Evaluator(
-      trainer.eval_step, strategy=trainer.strategy, data=data, sets=sets,
-      fields={split: splits.split_field(config, split)
-              for split in sets.values()},
+      trainer.eval_step, strategy=trainer.strategy, data=data,
       loss=trainer.eval_loss, metrics=trainer.eval_metrics,
       step=trainer.step, average=trainer.ema)
 
 
 def check(config: ml_collections.ConfigDict, trainer: trainer_lib.Trainer,  # pylint: disable=redefined-outer-name
-          data: input_lib.Input, evaluator: evaluator_lib.Evaluator, *,  # pylint: disable=redefined-outer-name
-          trains: bool, evaluates: bool) -> None:
+          data: input_lib.Input, evaluator: evaluator_lib.Evaluator,  # pylint: disable=redefined-outer-name
+          mode: modes.Mode) -> None:
   """Everything that can be checked, checked before a file is written:
   nothing already saved in a workdir is touched by a bad config, and a bad
-  eval split fails now, not after hours of training. `trains`: the train
-  split is read; `evaluates`: the eval splits are (looper.modes)."""
-  train_split = config.data.train_split
-  if trains:
-    dry_run.check_inputs(trainer, data, train_split)
-  if evaluates:
-    for split in evaluator.sets.values():
-      dry_run.check_inputs(trainer, data, split)
-  best.check_best_metric(config.checkpoint.best_metric,
-                         evaluator.metric_names)
-  cores = distribute.tpu_cores(trainer.strategy, config.distribution)
-  for warning in (trains and data.short_split(train_split),
-                  trains and cores and distribute.tpu_batch_warning(
+  eval split fails now, not after hours of training. `mode`: which splits
+  are read (looper.modes)."""
+  c, train_split = config, config.data.train_split
+  dry_run.check_inputs(trainer, data, mode.reads(train_split, evaluator.sets),
+                       loss=c.loss, metrics=c.metrics, data=c.data)
+  best.check_best_metric(c.checkpoint.best_metric, evaluator.metric_names)
+  cores = distribute.tpu_cores(trainer.strategy, c.distribution)
+  for warning in (mode.trains and data.short_split(train_split),
+                  mode.trains and cores and distribute.tpu_batch_warning(
                       data.batch.micro_batch_size, cores)):
     if warning:
       logging.warning("%s", warning)

@@ -16,7 +16,7 @@ The constructor builds what needs no file, then checks everything:
   _build_strategy      config.distribution -> tf.distribute.Strategy
   _build_batch         the batch's numbers (looper.data.batch)
   _build_input         the data (looper.data.input.Input)
-      (epochs as steps: looper.control.epochs; the stop request)
+      (epochs as steps: looper.config.resolve_epochs; the stop request)
   _build_watchers      what asks to stop: signals, a GCE VM's notices
   _build_trainer       config.trainer, the options around its step
                        (looper.run.pieces, looper.train.step_options)
@@ -60,6 +60,7 @@ from looper import trackers as trackers_lib
 from looper import workdir as workdir_lib
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
+from looper.data import splits
 from looper.modes import MODES
 from looper.options import best
 from looper.options import distribute
@@ -68,7 +69,6 @@ from looper.options import precision
 from looper.control import actions as actions_lib
 from looper.control import callbacks
 from looper.control import controller as controller_lib
-from looper.control import epochs
 from looper.control import eval_action
 from looper.train import evaluator as evaluator_lib
 from looper.train import stopping
@@ -125,8 +125,8 @@ class Run:
     self.input = self._build_input()
     # Epochs as steps, before anything reads a step (looper.control.epochs); a
     # run that does not train reads the train split only if epochs need it.
-    self.config, self.epoch = epochs.resolve(config, self.input,
-                                             known=self.trains)
+    self.config, self.epoch = config_lib.resolve_epochs(config, self.input,
+                                                        known=self.trains)
     # The loop's buffer and the Controller's loops: one value, read once.
     self.steps_per_loop = self.config.train.steps_per_loop
     # The stop request: the watchers make it, the train loop reads it
@@ -142,8 +142,7 @@ class Run:
     self.callbacks = self._build_callbacks(self.trainer)
     self.trackers = self._build_trackers()
     pieces.check(self.config, self.trainer, self.input, self.evaluator,
-                 trains=self.trains,
-                 evaluates=MODES[mode].reads_eval_split)
+                 MODES[mode])
 
   def run(self) -> dict:
     """Runs the mode; see `run` for the result. One writing run per
@@ -184,13 +183,16 @@ class Run:
   # --- The pieces: each built once, overridable -------------------------------
 
   def _build_strategy(self) -> tf.distribute.Strategy:
-    return distribute.strategy_for(self.config)
+    return distribute.strategy_for(self.config.distribution)
 
   def _build_batch(self) -> batch_lib.Batch:
-    return batch_lib.of(self.config, self.strategy.num_replicas_in_sync)
+    c = self.config
+    return batch_lib.of(c.train, c.eval, self.strategy.num_replicas_in_sync)
 
   def _build_input(self) -> input_lib.Input:
-    return input_lib.Input(self.config, self.strategy, self.batch)
+    c = self.config  # only its dataset_fn gets it whole
+    return input_lib.Input(c.data, self.strategy, self.batch, seed=c.seed,
+                           dataset_fn=references.bound(c, "dataset_fn"))
 
   def _build_watchers(self, stop: stopping.StopFlag) -> list:
     """Contexts that ask `stop` for a stop while training runs: SIGTERM
@@ -210,16 +212,18 @@ class Run:
         factor and self.trains) else None
 
   def _build_evaluator(self, trainer) -> evaluator_lib.Evaluator:
-    return pieces.evaluator(self.config, trainer, self.input)
+    return pieces.evaluator(trainer, self.input)
 
   def _build_callbacks(self, trainer) -> callbacks.Callbacks:
     """config.callbacks (Keras'), of a run that trains: they get the
     model, the optimizer, the learning-rate scale and the train metrics."""
+    c = self.config
     return callbacks.build(
-        self.config, self.config.callbacks if self.trains else (),
-        model=trainer.model, optimizer=trainer.optimizer,
-        rate_scale=trainer.learning_rate_scale,
-        metrics=trainer.train_metrics, chief=self.chief)
+        c, c.callbacks if self.trains else (), model=trainer.model,
+        optimizer=trainer.optimizer, rate_scale=trainer.learning_rate_scale,
+        metrics=trainer.train_metrics, chief=self.chief,
+        every_steps=c.eval.every_steps, total_steps=c.train.steps,
+        eval_batch_size=c.eval.batch_size, monitor=splits.monitor_set(c))
 
   def _build_trackers(self) -> list:
     """config.trackers (looper.trackers), each checked now (installed, its
@@ -243,16 +247,16 @@ class Run:
     """What MFU is the share of (a probe, cached, or a known figure), of a
     run that trains; the FLOPs of a step are counted after the first loop
     (looper.measure.flops)."""
-    return (peak_flops.of_run(self.config, self.strategy) if self.trains
-            else None)
+    return (peak_flops.of_run(self.config.train, self.strategy)
+            if self.trains else None)
 
   def _build_summaries(self) -> summaries.Summaries:
     """The writers (events, metrics.jsonl, lines, trackers), config.json."""
     return modes.open_workdir(
-        self.workdir, self.config, MODES[self.mode], self.chief,
+        self.workdir, references.to_json(self.config), MODES[self.mode],
+        self.chief, total_steps=self.config.train.steps, trackers=self.trackers,
         eval_names=self.evaluator.metric_names,
-        input_hint=self.input.faster() if self.trains else "",
-        trackers=self.trackers)
+        input_hint=self.input.faster() if self.trains else "")
 
   def _build_ledger(self) -> goodput.Ledger | None:
     """The attempt's time, accounted (looper.measure.goodput): the chief's,
@@ -335,13 +339,13 @@ class Run:
   def _say_header(self, restored: str | None) -> None:
     """The run's first lines, on every worker: under `looper launch` each
     says whose it is. A reader of a trained run describes what was
-    trained: its config.json."""
-    trainer, wd = self.trainer, self.workdir
+    trained (its config.json) and where the command line differs."""
+    trainer, mode = self.trainer, self.mode
+    shown, differs = modes.described(mode, self.config, self.workdir)
     logging.info("%s", console.header(
-        self.config, self.strategy, wd.root, self.mode,
-        modes.start(self.mode, restored, self.checkpoint_path),
-        trainer.model, self.batch, peak=self.peak, epoch=self.epoch,
-        note=trainer.random.note(),
-        state=optimizer_state.per_device(self.strategy, trainer.update,
-                                         trainer.ema),
-        trained=None if self.trains else files.read_json(wd.config)))
+        self.strategy, self.workdir.root, mode, modes.start(
+            mode, restored, self.checkpoint_path), trainer.model, self.batch,
+        shown.train, shown.eval, shown.checkpoint, shown.distribution,
+        peak=self.peak, epoch=self.epoch, differs=differs,
+        note=trainer.random.note(), state=optimizer_state.per_device(
+            self.strategy, trainer.update, trainer.ema)))

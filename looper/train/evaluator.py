@@ -3,8 +3,6 @@
 Synopsis (what looper.run.pieces.evaluator does with a Trainer)::
 
     evaluator = Evaluator(trainer.eval_step, strategy=strategy, data=input,
-                          sets={"": "test"},
-                          fields={"test": "data.eval_split"},
                           loss=trainer.eval_loss,
                           metrics=trainer.eval_metrics, step=trainer.step,
                           average=trainer.ema)
@@ -30,16 +28,21 @@ step is the Trainer's seam (`Trainer.eval_step`, beside `compute_loss`
 which it calls), so a subclass changes evaluation where it changes the
 loss, and the eval loss and metrics are built with the Trainer's state in
 its scope. What is here: running it, on one iterator per set kept for the
-run, and checking that each pass held the examples counted.
+run (the Input's eval sets), and checking that each pass held the examples
+counted. The `eval` block is declared here (`config()`) and checked here
+(`check`).
 """
 
 import contextlib
 from typing import Callable
 
+import ml_collections
+from ml_collections import config_dict
 import tensorflow as tf
 
 from looper import autograph
 from looper import errors
+from looper import fields
 from looper.data import input as input_lib
 from looper.data import splits
 
@@ -51,9 +54,8 @@ class Evaluator:
     eval_step: one replica's eval step, `eval_step(batch)`: it feeds `loss`
       and `metrics` (`Trainer.eval_step`).
     strategy: the run's tf.distribute strategy.
-    data: the run's Input (looper.data.input): each split's eval pass.
-    sets: {set name: split} (looper.data.splits.eval_sets).
-    fields: {split: the config field naming it}, for an error's line.
+    data: the run's Input (looper.data.input): its eval sets, each
+      split's eval pass and the field naming it (an error's line).
     loss: the eval loss `eval_step` feeds (looper.options.losses.EvalLoss).
     metrics: the eval metrics it feeds (looper.options.metrics.Metrics).
     step: the update counter (the step an evaluation is of).
@@ -63,13 +65,11 @@ class Evaluator:
   """
 
   def __init__(self, eval_step: Callable, *, strategy: tf.distribute.Strategy,
-               data: input_lib.Input, sets: dict[str, str],
-               fields: dict[str, str], loss, metrics, step: tf.Variable,
+               data: input_lib.Input, loss, metrics, step: tf.Variable,
                average=None):
     self._eval_step, self._strategy = eval_step, strategy
     self.input = data
-    self.sets = sets
-    self._fields = fields
+    self.sets = data.eval_sets  # {set name: split}
     self._loss, self._metrics = loss, metrics
     self._step, self._average = step, average
     # Made on a split's first pass: counting it may take a pass.
@@ -106,7 +106,7 @@ class Evaluator:
 
   def _evaluate(self, split: str) -> dict[str, float]:
     """One whole pass over `split`."""
-    field = self._fields[split]
+    field = self.input.field(split)
     if split not in self._plans:
       # The size the Input counted (for epochs, describe) is the first
       # plan's; after a pass that went wrong it may be stale: counted anew.
@@ -150,3 +150,27 @@ class Evaluator:
       return i + 1
     tf.while_loop(lambda i: i < steps, one_batch, (tf.constant(0),))
     return {**self._loss.results(), **self._metrics.results()}
+
+
+def config() -> ml_collections.ConfigDict:
+  """The `eval` block: each field's default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # Evaluate every this many steps, or epochs; both 0: only at the end of
+  # training. Set one, the other 0 (IN_EPOCHS).
+  c.every_steps = fields.whole(0, low=0)
+  c.every_epochs = fields.epochs()
+  # GLOBAL batch; the last one is padded and masked.
+  c.batch_size = fields.whole(256)
+  c.steps = config_dict.placeholder(int)  # None: the whole eval split.
+  # --mode=continuous_eval stops after this long without a new checkpoint.
+  c.timeout_secs = fields.seconds(3600)
+  c.monitor_set = ""  # the eval set callbacks see (looper.data.splits)
+  return c
+
+
+def check(c: ml_collections.ConfigDict) -> None:
+  """The `eval` block's own rules (monitor_set names one of data's eval
+  sets: looper.config, across blocks); ConfigError on the first."""
+  fields.check_declared(c, "eval")
+  fields.check(c.steps is None or c.steps >= 1, "eval.steps", c.steps,
+               "must be >= 1, or None for the whole eval split")

@@ -28,7 +28,8 @@ object (a copy, then a delete): there the files move one by one with
 `saved_model.pb`, which a loader opens first, last, so a reader that
 finds it finds the rest; a folder without it may be in mid-move. On a
 TPU a local workdir is written through the host
-(`experimental_io_device='/job:localhost'`).
+(`experimental_io_device='/job:localhost'`). The `export` block is
+declared here (`config()`).
 """
 
 import contextlib
@@ -38,8 +39,10 @@ from typing import Callable
 
 from absl import logging
 import keras
+import ml_collections
 import tensorflow as tf
 
+from looper import fields
 from looper import workdir as workdir_lib
 from looper.workdir import checkpoint
 from looper.workdir import files
@@ -125,3 +128,10 @@ def _move(partial: str, final: str) -> None:
     files.makedirs(os.path.dirname(target))
     tf.io.gfile.rename(path, target)
   tf.io.gfile.rmtree(partial)
+
+
+def config() -> ml_collections.ConfigDict:
+  """The `export` block: each field's default."""
+  c = ml_collections.ConfigDict()
+  c.at_end = fields.boolean(False)
+  return c

@@ -20,7 +20,6 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from looper.cli import describe
-from looper.control import epochs
 from looper.workdir import jsonl
 from tests.fixtures import pieces
 from tests.fixtures import tiny
@@ -44,7 +43,7 @@ def _in_epochs(**fields):
 
 def _resolve(config, **kwargs):
   lc.validate(config)
-  return epochs.resolve(
+  return lc.resolve_epochs(
       config, pieces.input(config, tf.distribute.get_strategy()), **kwargs)
 
 

@@ -42,6 +42,12 @@ def _config(loss, **fields):
   return c
 
 
+def _check_train(trainer, config):
+  """dry_run's check of the train split, as the Run calls it."""
+  dry_run.check_split(trainer, trainer.input, "train", loss=config.loss,
+                      metrics=config.metrics, data=config.data)
+
+
 def _first_batch():
   x, y = tiny.make_data(tiny.get_config().model.num_examples, seed=0)
   return x[:BATCH], y[:BATCH]
@@ -188,7 +194,7 @@ def test_objects_that_do_not_fit_the_model_are_one_line_before_training(
     config[field] = value
   trainer = pieces.trainer(config, tf.distribute.get_strategy())
   with pytest.raises(ConfigError) as e:
-    dry_run.check_inputs(trainer, trainer.input, "train")
+    _check_train(trainer, config)
   # The last Dense's name counts the layers the process made before.
   last = trainer.model.layers[-1].name
   assert str(e.value).startswith(error.replace("'dense_1'", repr(last)))
@@ -222,11 +228,11 @@ def test_a_final_softmax_op_counts_as_a_softmax_layer():
   config.model_fn = _softmax_op_model
   config.loss = keras.losses.SparseCategoricalCrossentropy()  # probabilities
   trainer = pieces.trainer(config, tf.distribute.get_strategy())
-  dry_run.check_inputs(trainer, trainer.input, "train")  # fits
+  _check_train(trainer, config)  # fits
   config.loss = "sparse_categorical_crossentropy"  # logits
   trainer = pieces.trainer(config, tf.distribute.get_strategy())
   with pytest.raises(ConfigError) as e:
-    dry_run.check_inputs(trainer, trainer.input, "train")
+    _check_train(trainer, config)
   assert "applies softmax, but config.loss='sparse_categorical_crossentropy'" \
       " takes logits" in str(e.value)
 

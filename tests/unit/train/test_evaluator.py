@@ -72,9 +72,8 @@ def test_an_evaluator_is_built_from_an_eval_step_and_its_state_alone():
     accuracy.update(labels, logits, mask)
 
   evaluator = evaluator_lib.Evaluator(
-      eval_step, strategy=data.strategy, data=data, sets={"": "test"},
-      fields={"test": "data.eval_split"}, loss=loss, metrics=accuracy,
-      step=step)
+      eval_step, strategy=data.strategy, data=data, loss=loss,
+      metrics=accuracy, step=step)
   logs = evaluator.evaluate()
   x, y = tiny.make_data(1001, seed=1)
   logits = x.astype(np.float64) @ kernel
