@@ -1,4 +1,6 @@
-"""The docs work: every command and code block in README.md and BUILD.md.
+"""The docs work: every command and code block in README.md, BUILD.md and
+the site's pages (docs/pages/*.md, but the two generated from their sources,
+errors.md and benchmarks.md, which their own tests check).
 
 - Every `--config.FIELD` either file mentions exists in the default config
   or in a shipped experiment's (a renamed field breaks this test, not a
@@ -32,7 +34,12 @@ from tests.fixtures.events import curve, scalars
 from tests.fixtures.paths import MNIST_DIR, ROOT
 from tests.fixtures.processes import run_ok
 
+GENERATED = ("errors.md", "benchmarks.md")  # tests/unit/run/test_catalogue.py, ...
+PAGES = sorted(p for p in (ROOT / "docs" / "pages").glob("*.md")
+               if p.name not in GENERATED)
+# README first: its first sh block that trains is the quickstart.
 DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "BUILD.md")}
+DOCS.update({str(p.relative_to(ROOT)): p.read_text() for p in PAGES})
 # common.py holds what the experiments share; it is not one.
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.py")
                      if p.stem not in ("__init__", "common"))
@@ -98,10 +105,17 @@ def test_every_config_field_the_docs_name_exists():
 
 
 def _files_to_write() -> set[str]:
-  """The experiment files the README has the reader write: its Python
+  """The experiment files the docs have the reader write: their Python
   blocks that open with `# experiments/NAME.py`."""
   return {m.group(1) for block in _blocks("python")
           for m in [re.match(r"# (experiments/\w+\.py)\n", block)] if m}
+
+
+def test_a_file_the_reader_writes_is_said_to_be_theirs_to_create():
+  for name, text in DOCS.items():
+    for match in re.finditer(r"```python\n# (experiments/\w+\.py)\n", text):
+      before = text[max(0, match.start() - 300):match.start()]
+      assert re.search(r"[Cc]reate this file", before), (name, match.group(1))
 
 
 def test_every_concrete_looper_command_parses_and_validates():
@@ -119,7 +133,7 @@ def test_every_concrete_looper_command_parses_and_validates():
     if config_file is None:
       continue
     if not (ROOT / config_file.split(":")[0]).exists():
-      # A file the README has the reader write (linear.py: run by
+      # A file the docs have the reader write (linear.py: run by
       # test_the_fifteen_line_experiment_trains); nothing else may be missing.
       assert config_file in written, command
       continue
@@ -203,7 +217,7 @@ def test_the_fifteen_line_experiment_trains(tmp_path):
 @pytest.mark.slow  # MNIST's CNN for 32 steps and a 10,000-image eval
 def test_the_fit_port_trains_with_its_keras_objects_and_epochs(
     tmp_path, monkeypatch):
-  """README's experiments/mnist_fit.py as written (Keras' loss and metric
+  """The docs' experiments/mnist_fit.py as written (Keras' loss and metric
   objects, epochs, early stopping), on the repository's MNIST test set
   for both splits (Keras' loader would download): a fifth of an epoch."""
   from experiments import mnist  # pylint: disable=g-import-not-at-top
@@ -226,7 +240,7 @@ def test_the_fit_port_trains_with_its_keras_objects_and_epochs(
 @pytest.mark.slow  # MNIST's CNN compiled for a step and two sets
 def test_the_fit_port_evaluates_exactly_each_slice_of_two_eval_sets(
     tmp_path, monkeypatch):
-  """README's experiments/mnist_fit.py as written, with README's two eval
+  """The docs' experiments/mnist_fit.py as written, with the docs' two eval
   sets of one split ('test[:50%]', 'test[50%:]'): each set is its slice
   (of a 101-image test split: rows 0-49 and 50-100), its count and its
   loss and accuracies NumPy's on those rows through the trained model."""
@@ -311,7 +325,7 @@ def test_docs_name_every_experiment():
 
 @pytest.mark.slow  # over 2 s: out of the fast lane
 def test_the_callbacks_example_runs_and_resumes(tmp_path, capsys):
-  """README's callbacks on tiny: one CSV row and line per epoch, and its
+  """The docs' callbacks on tiny: one CSV row and line per epoch, and its
   own callback's `checkpointed` count carried across a restart."""
   namespace = {}
   exec(_python_block("class Epochs(").replace("/tmp/", f"{tmp_path}/"),  # pylint: disable=exec-used

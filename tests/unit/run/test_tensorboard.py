@@ -66,9 +66,9 @@ def sweep(tmp_path_factory):
   RecordingTrainer.loop_ends.clear()
   run.run(tiny_config(train__steps=40, profile__start_step=10), str(root / "a"))
   resumed = list(RecordingTrainer.loop_ends)
-  # b also runs README's action (its block as written) every 10 steps.
+  # b also runs the docs' action (its block as written) every 10 steps.
   [block] = re.findall(r"```python\n(import looper\n.*?)```",
-                       (ROOT / "README.md").read_text(), re.S)
+                       (ROOT / "docs/pages/callbacks.md").read_text(), re.S)
   namespace = {}
   exec(block, namespace)  # pylint: disable=exec-used
   action = looper.Action(namespace["log_first_layer"], every_steps=10)
