@@ -62,9 +62,10 @@ def _imports(path: pathlib.Path):
 
 
 # What tests/ holds: the suite's two sides, their helpers, and commands run
-# by hand (bench/, stress/, tools/). BUILD.md "Install and test" says why.
+# by hand (bench/, stress/, tools/). BUILD.md "Layout" says why.
 TESTS_TOP = {"__init__.py", "conftest.py", "test_docs.py", "test_layout.py",
-             "fixtures", "unit", "e2e", "bench", "stress", "tools"}
+             "test_site.py", "fixtures", "unit", "e2e", "bench", "stress",
+             "tools"}
 # Modules with no test file named after them: where they are tested.
 TESTED_IN = {
     "looper": "unit/floor/test_public.py",
