@@ -71,8 +71,8 @@ def get_config() -> ml_collections.ConfigDict:
   # cosine decay (to 0 here; nanoGPT stops at 1e-4). Here batch 16 at 3e-3
   # and Keras' initializers (model.init): 2.17-2.20 bits/byte on pydocs'
   # faq/ in ~110 s on 2 CPU cores, against 2.56 with nanoGPT's numbers
-  # (BUILD.md, "The LM against plain Keras"); XLA: 1.3x the steps/s here,
-  # the same losses. On 8 TPU cores batch 16 is 2 windows per core:
+  # (docs/pages/benchmarks.md: the LM against plain Keras); XLA: 1.3x the
+  # steps/s here, the same losses. On 8 TPU cores batch 16 is 2 windows per core:
   # `looper check` asks for 64 or more.
   # Eval: 256 windows (32 per core on 8) of 64 bytes; pydocs' faq/ (192 KB)
   # is 12 batches.
@@ -123,7 +123,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Initial weights (experiments/text/model.py's INITS): 'keras', Keras'
   # layer defaults (glorot_uniform kernels, U(-0.05, 0.05) embeddings), or
   # 'gpt2', N(0, 0.02) everywhere as GPT-2 and nanoGPT. keras learns faster
-  # here: 2.38 against 2.56 bits/byte with nanoGPT's recipe (BUILD.md).
+  # here: 2.38 against 2.56 bits/byte with nanoGPT's recipe (docs/pages/benchmarks.md).
   c.model.init = "keras"
   # Recompute each block's activations in the backward pass instead of
   # keeping them (tf.recompute_grad per block): activation memory of one

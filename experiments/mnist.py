@@ -11,7 +11,7 @@ Synopsis::
     python -m looper.main --config=experiments/mnist.py --workdir=/tmp/fm \
         --config.data.dir=~/.keras/datasets/fashion-mnist \
         --config.model.arch=tutorial
-    # looper's recipe for >= 0.93 there: see BUILD.md "Fashion-MNIST".
+    # looper's recipe for >= 0.93 there: docs/pages/experiment.md.
 
     # Offline, anywhere: the real MNIST test set this repository carries
     # (experiments/data/mnist), split 8000/2000, a narrower CNN.

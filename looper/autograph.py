@@ -9,7 +9,7 @@ Synopsis::
     loss_fn = autograph.user(config.loss, "config.loss")  # a user's fn
 
 AutoGraph rewrites the source of every function a `tf.function` calls
-(20-200 ms each, most of the first trace: BUILD.md "first loop"). Keras 3's
+(20-200 ms each, most of the first trace: BUILD.md, "AutoGraph"). Keras 3's
 `fit` skips it for its own step functions, and so does looper: the train
 and eval loops are explicit `tf.while_loop`s and no looper function in
 them is converted. A user's code keeps what any `tf.function` gives it:

@@ -1,11 +1,13 @@
-"""The documentation's shape: the site builds, and README.md stays the size
-a reader can take in.
+"""The documentation's shape: the site builds, and the two top-level files
+stay the size a reader can take in.
 
 - `mkdocs build --strict` of docs/mkdocs.yml passes: no broken link or
   anchor, no page outside the nav (MkDocs' own checks, turned into errors
   by `validation:` and `--strict`), and every page is in the nav.
 - README.md: at most 250 lines, none over 100 characters outside code
   blocks (the landing page: a few screens).
+- BUILD.md: at most 40 KB, no line over 100 characters, tables included
+  (the design document, read in half an hour).
 
 Synopsis::
 
@@ -41,6 +43,12 @@ def test_readme_is_a_landing_page():
   text = (ROOT / "README.md").read_text()
   assert len(text.splitlines()) <= 250, len(text.splitlines())
   assert not _long_lines(text, outside_code=True)
+
+
+def test_build_md_is_read_in_half_an_hour():
+  data = (ROOT / "BUILD.md").read_bytes()
+  assert len(data) <= 40 * 1024, f"{len(data) / 1024:.1f} KB"
+  assert not _long_lines(data.decode(), outside_code=False)
 
 
 def _nav_pages() -> set[str]:

@@ -37,7 +37,7 @@ _LN_EPSILON = 1e-5
 # `model.init` -> (kernel, embedding) initializer classes. keras: Keras'
 # layer defaults, what a plain Keras model starts from (glorot_uniform
 # kernels, U(-0.05, 0.05) embeddings); gpt2: N(0, 0.02) for both, GPT-2's
-# and nanoGPT's. BUILD.md's LM accounting measures the difference.
+# and nanoGPT's. The benchmarks page's LM runs measure the difference.
 INITS = {
     "keras": (keras.initializers.GlorotUniform,
               lambda: keras.initializers.RandomUniform(-0.05, 0.05)),

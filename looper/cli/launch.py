@@ -26,8 +26,8 @@ so the launcher declares them `--config.distribution.network=loopback`
 other address they refuse in one line (pass private there if only your own
 machines share its networks).
 
-For real clusters set TF_CONFIG per machine yourself (see BUILD.md): this
-launcher only ever uses loopback addresses.
+For real clusters set TF_CONFIG per machine yourself
+(docs/pages/distributed.md): this launcher only ever uses loopback addresses.
 """
 
 import dataclasses

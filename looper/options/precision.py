@@ -77,7 +77,7 @@ def slower_here(name: str, *, accelerated: bool,
   """Why `train.precision=name` runs slower than float32 on this machine
   (a run on the CPU only: `accelerated` is False), or None.
 
-  Measured on this project's CPUs (BUILD.md): bfloat16 instructions make
+  Measured on this project's CPUs (docs/pages/benchmarks.md): bfloat16 instructions make
   mixed_bfloat16 faster, AMX (flag amx_bf16) 1.6-1.9x, AVX-512 BF16 (flag
   avx512_bf16, an AMD EPYC without AMX) 1.3-1.5x; without either it is
   ~0.7x; float16 ~170x slower (no float16 arithmetic in the CPU kernels).

@@ -28,8 +28,8 @@ shape of the global batch) and keeps its own copy, so every replica draws
 the global batch's noise from the same seed and the example at global
 position i gets the noise row i, as on one device. On one replica nothing
 changes: the draws are Keras' own. The cost is R times the layer's
-elementwise work and memory on each replica (`tests/bench/`'s figure in
-BUILD.md "Random layers"): cheap on a few replicas, a known cost on a
+elementwise work and memory on each replica (`tests.bench.random_layers`'
+figure: docs/pages/benchmarks.md): cheap on a few replicas, a known cost on a
 large TPU slice, as looper's own `looper.train.layers` (which draw the
 global batch's noise only).
 

@@ -74,7 +74,7 @@ class Trainer:
 
   # The methods the traced loops run are `autograph.plain`: never
   # rewritten by AutoGraph (20-200 ms per function, most of the first
-  # trace: BUILD.md "first loop"); a subclass's override of one is.
+  # trace: BUILD.md, "AutoGraph"); a subclass's override of one is.
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     autograph.convert_overrides(cls, Trainer)

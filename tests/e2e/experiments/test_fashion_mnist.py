@@ -4,7 +4,8 @@ The files are ../shared/data/fashion_mnist (60,000 / 10,000 IDX images);
 the checks below recompute what its README states (MD5 of the uncompressed
 files, 6,000 / 1,000 images per class) from the files themselves. The runs
 are shrunk (a few thousand real images, tens of steps); the full benchmark
-is `python -m tests.bench.time_to_accuracy --task=fashion` (BUILD.md).
+is `python -m tests.bench.time_to_accuracy --task=fashion` (the benchmarks
+page).
 """
 
 import gzip

@@ -5,8 +5,8 @@ images and evaluates on the other 2000 (the `:bundled` preset, the README's
 quickstart): a real, non-synthetic learning check, shortened to 200 of its
 1000 steps (0.94 measured at step 200), in this process (the console
 script's way into the same run: e2e/commands/test_cli.py). The whole
-quickstart and its 97% are a command outside the suite (BUILD.md,
-"Benchmarks and stress runs": the quickstart).
+quickstart and its 97% are a command outside the suite (README's
+quickstart; BUILD.md's offline newcomer check).
 """
 
 import json
