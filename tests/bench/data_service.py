@@ -152,7 +152,7 @@ def main():
   parser.add_argument("--batch_size", type=int, default=128)
   parser.add_argument("--width", type=int, default=16)
   args = parser.parse_args()
-  print(bench.machine(), flush=True)
+  bench.header()
   with tempfile.TemporaryDirectory() as tmp:
     records = os.path.join(tmp, "records")
     write_records(records)

@@ -80,7 +80,7 @@ def main():
     print(json.dumps(measure(model, int(replicas), args.rounds,
                              off_first=order == "off")))
     return
-  print(bench.machine())
+  bench.header()
   for model in args.models.split(","):
     for replicas in args.replicas.split(","):
       runs = [bench.child("tests.bench.health",

@@ -79,6 +79,7 @@ def main():
   parser.add_argument("--steps", type=int, default=400)
   parser.add_argument("--width", type=int, default=16)
   args = parser.parse_args()
+  bench.header()
   with tempfile.TemporaryDirectory() as tmp:
     records = os.path.join(tmp, "records")
     write_records(records)

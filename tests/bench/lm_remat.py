@@ -82,6 +82,7 @@ def main():
     print(json.dumps(measure(int(context), remat == "1", args.batch,
                              args.rounds, args.jit)))
     return
+  bench.header()
   print(f"batch {args.batch}, {'XLA' if args.jit else 'graph'}, {K} steps"
         " a call\n| context | remat | tf peak MB | rss MB | s/step |\n"
         "|---|---|---|---|---|", flush=True)

@@ -24,6 +24,8 @@ traces).
 import argparse
 import time
 
+from tests import bench
+
 
 def measure(context: int, num_bytes: int, rounds: int) -> dict:
   import keras  # pylint: disable=g-import-not-at-top
@@ -64,6 +66,7 @@ def main():
   parser.add_argument("--bytes", type=int, default=300)
   parser.add_argument("--rounds", type=int, default=3)
   args = parser.parse_args()
+  bench.header()
   print("| context | eager | window | window/2 | cached | cached/eager |\n"
         "|---|---|---|---|---|---|", flush=True)
   for context in map(int, args.contexts.split(",")):

@@ -176,7 +176,8 @@ def main():
           resource.RUSAGE_CHILDREN).ru_maxrss
     print(json.dumps(result))
     return
-  print(f"{bench.machine()}; data {args.data}", flush=True)
+  bench.header()
+  print(f"data {args.data}", flush=True)
   print("| contender | seed | eval bits/byte | wall s | peak RSS GB |")
   print("|---|---|---|---|---|")
   runs = {"looper": [], "keras": []}

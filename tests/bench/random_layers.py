@@ -79,7 +79,7 @@ def main() -> None:
     replicas, layers = args.one.split(":")
     print(json.dumps(measure(int(replicas), layers, args.rounds)))
     return
-  print(bench.machine())
+  bench.header()
   for replicas in args.replicas.split(","):
     for layers in ("adopted", "keras", "looper"):
       out = bench.child("tests.bench.random_layers",

@@ -60,7 +60,7 @@ def main():
                       help="--config.X=Y overrides for this tree's runs")
   flags = parser.parse_args()
   fields = [f if f.startswith("--") else f"--{f}" for f in flags.fields]
-  print(bench.machine(), flush=True)
+  bench.header()
   speeds = {"this": [], "against": []}
   with tempfile.TemporaryDirectory() as scratch:
     for i in range(flags.rounds):

@@ -272,6 +272,7 @@ def main():
         if args.first else
         measure(model, int(replicas), precision, args.rounds, args.clip)))
     return
+  bench.header()
   for model in args.models.split(","):
     for replicas in args.replicas.split(","):
       for precision in args.precisions.split(","):

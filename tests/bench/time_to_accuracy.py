@@ -41,6 +41,7 @@ import time
 
 import numpy as np
 
+from tests import bench
 from tests.fixtures.paths import MNIST_DIR, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
@@ -205,6 +206,7 @@ def main():
     fn = run_looper if contender == "looper" else run_fit
     print(json.dumps(fn(int(seed), precision)))
     return
+  bench.header()
   target = TASKS[args.task]["target"]
   print(f"| precision | contender | seconds to {target:g} (median, min-max) |"
         " steps and seconds (per seed) | median: launch to imports done, then to the"

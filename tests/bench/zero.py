@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from tests import bench
 from tests.fixtures.paths import ROOT
 
 K = 50
@@ -128,6 +129,7 @@ def main(argv=None) -> int:
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--memory", action="store_true")
   args = parser.parse_args(argv)
+  bench.header()
   if args.memory:
     memory((args.replicas or "1,2,4").split(","), args.width)
     return 0
