@@ -129,7 +129,7 @@ def test_hparams_are_the_set_fields_and_the_compared_ones_written_once(
     assert field not in settings, field
 
 
-def test_readme_s_action_writes_through_the_run_s_writers(sweep):
+def test_the_docs_action_writes_through_the_run_s_writers(sweep):
   """Images, a histogram and a scalar at steps 10 and 20, in train/ and
   (the scalar) metrics.jsonl; step 20's from b's final weights."""
   root, record = sweep
