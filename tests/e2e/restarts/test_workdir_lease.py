@@ -22,6 +22,7 @@ import pytest
 from looper import run
 from looper.errors import WorkdirError
 from looper.workdir import lease
+from tests.fixtures import catalogue
 from tests.fixtures import tiny
 from tests.fixtures.checkpoints import checkpoint_tensors
 from tests.fixtures.configs import configured, run_here
@@ -133,10 +134,9 @@ def test_a_run_whose_lease_was_taken_over_stops_without_saving(tmp_path):
     proc.kill()
     proc.wait()
   log = proc.log.read_text()
-  assert looper_lines(log)[-1].startswith(
-      f"looper: --workdir={workdir} is now held by host elsewhere pid 4242"
-      " since "), log[-3000:]
-  assert "this run's lease lapsed" in looper_lines(log)[-1]
+  assert re.fullmatch(catalogue.looper_line(
+      "lease-taken-over", workdir=workdir, host="elsewhere", pid=4242),
+                      looper_lines(log)[-1]), log[-3000:]
   # At most the save under way when the file changed got through.
   assert len(set((workdir / "checkpoints").glob("*.index")) - saved) <= 1
   assert json.loads(lease_file(workdir).read_text())["token"] == "new-run"

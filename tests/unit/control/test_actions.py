@@ -11,6 +11,7 @@ import pytest
 from looper import errors
 from looper import fields
 from looper.control import actions
+from tests.fixtures import catalogue
 from tests.unit.control.test_controller import make
 
 
@@ -152,11 +153,15 @@ def test_config_actions_are_a_list_or_a_factory_of_one():
   assert actions.of_config(config) == [action] * 3
   config.actions = "tests.unit.control.test_actions:_two_actions"
   assert [a.every_steps for a in actions.of_config(config)] == [3, 3]
-  for bad in (action, [print], "tests.unit.control.test_actions:nothing"):
+  for bad in (action, [print]):
     config.actions = bad
-    with pytest.raises(errors.ConfigError, match=r"^config\.actions=") as e:
+    with pytest.raises(errors.ConfigError, match=catalogue.line(
+        "actions-not-a-list", value=repr(bad))):
       actions.of_config(config)
-    assert "\n" not in str(e.value)
+  config.actions = "tests.unit.control.test_actions:nothing"
+  with pytest.raises(errors.ConfigError, match=r"^config\.actions=") as e:
+    actions.of_config(config)
+  assert "\n" not in str(e.value)
 
 
 def test_an_action_without_a_trigger_is_refused_in_one_line():

@@ -26,6 +26,7 @@ from looper.options import metrics
 from looper.control import callback_state
 from looper.control import callbacks as callbacks_lib
 from tests.fixtures import callbacks as fixture
+from tests.fixtures import catalogue
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.events import curve, scalars
@@ -165,12 +166,10 @@ def test_a_resumed_run_keeps_the_counts_and_the_csv_rows(
                  {**fields, "model.csv": str(tmp_path / "a.csv")})
   c.callbacks = [*fixture.fit_like(c), Boom(epoch=7)]
   wd = tmp_path / "run"
-  with pytest.raises(errors.ConfigError) as e:
+  with pytest.raises(errors.ConfigError, match=catalogue.line(
+      "callback-raised", callback="Boom.on_epoch_end", error="RuntimeError",
+      step=80, message="boom", checkpoint=wd / "checkpoints" / "ckpt-75")):
     run.run(c, str(wd), verbose=False)
-  assert str(e.value) == (
-      "config.callbacks: Boom.on_epoch_end raised RuntimeError at step 80:"
-      f" boom; {wd}/checkpoints/ckpt-75 is kept; fix the callback or remove"
-      " it from config.callbacks")
   assert tf.train.latest_checkpoint(str(wd / "checkpoints")).endswith("-75")
   assert len(read_csv(tmp_path / "a.csv")) == 8  # epochs 0-7
   shutil.copytree(wd, tmp_path / "control")
@@ -247,27 +246,21 @@ def test_learning_rate_scheduler_sets_each_epochs_rate(tmp_path):
 
 @pytest.mark.parametrize("make, line", [
     (keras.callbacks.BackupAndRestore,
-     "config.callbacks[0]=BackupAndRestore: looper resumes from the"
-     " workdir's last checkpoint when the same command runs again"),
+     catalogue.line("callback-backup-and-restore")),
     (lambda path: keras.callbacks.ModelCheckpoint(f"{path}/m.keras"),
-     "config.callbacks[0]=ModelCheckpoint: looper saves checkpoints itself"),
+     catalogue.line("callback-model-checkpoint")),
     (lambda path: keras.callbacks.ProgbarLogger(),
-     "config.callbacks[0]=ProgbarLogger: looper prints a progress line"),
-    (keras.callbacks.TensorBoard,
-     "config.callbacks[0]=TensorBoard: looper writes TensorBoard events"),
-    (lambda path: "a callback",
-     "config.callbacks[0]='a callback' is not a keras.callbacks.Callback"),
+     catalogue.line("callback-progbar")),
+    (keras.callbacks.TensorBoard, catalogue.line("callback-tensorboard")),
+    (lambda path: "a callback", catalogue.line("callback-not-a-callback")),
 ], ids=["backup", "checkpoint", "progbar", "tensorboard", "not-one"])
 def test_callbacks_looper_does_itself_are_refused_in_one_line(
     make, line, tmp_path):
   c = tiny.get_config()
   c.callbacks = [make(str(tmp_path / "theirs"))]
-  with pytest.raises(errors.ConfigError) as e:
+  with pytest.raises(errors.ConfigError, match=line):
     callbacks_lib.build(c, c.callbacks, model=None, optimizer=None,
                         rate_scale=None, metrics=None, chief=True, **_TIMING)
-  assert str(e.value).startswith(line)
-  assert str(e.value).endswith("; remove it from config.callbacks") or (
-      "Callback; give Callback objects" in str(e.value))
 
 
 def test_a_factory_that_raises_is_one_line():

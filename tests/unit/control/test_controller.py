@@ -4,12 +4,15 @@ Each test states the expected steps by hand: where loops end, when an
 action fires, what a stop, an early end or a NaN roll-back does.
 """
 
+import re
+
 import numpy as np
 import pytest
 
 from looper.data import batch as batch_lib
 from looper.control import actions
 from looper.control import controller as controller_lib
+from tests.fixtures import catalogue
 
 
 class FakeTrainer:
@@ -270,9 +273,8 @@ def test_nan_recovery_gives_up_after_its_tries():
   # The fake's bad step stays bad: the replay after the roll-back blows up.
   ctl, _, ckpt = make(steps_per_loop=5, trainer=FakeTrainer(
       nan_steps={23}), save_actions=[save], nan_recovery_tries=1)
-  with pytest.raises(FloatingPointError,
-                     match=r"^train loss is nan at step 23 after 1 recoveries"
-                     r" \(train.nan_recovery_tries\); ckpt-20 is kept"):
+  with pytest.raises(FloatingPointError, match=catalogue.line(
+      "nan-loss-after-recoveries", step=23, tries=1, checkpoint="ckpt-20")):
     ctl.train()
 
 
@@ -310,24 +312,19 @@ def test_a_spike_rolls_back_like_a_nan_in_one_line(caplog):
   # Loop 21..25 was not kept; each save holds the loops before it.
   assert spikes.kept == [5, 10, 15, 20, 25, 30, 35, 40]
   assert saves[1] == [5, 10, 15, 20] and saves[-1] == spikes.kept
-  assert [r.getMessage() for r in caplog.records] == [
-      "train loss spiked at step 23; restored ckpt-20 (step 20) and skipped"
-      " the data up to global example 100 (recovery 1 of"
-      " train.nan_recovery_tries=1)"]
+  said = [r.getMessage() for r in caplog.records]
+  assert len(said) == 1 and re.fullmatch(catalogue.line(
+      "spike-rolled-back", how="at step 23", checkpoint="ckpt-20", step=20,
+      example=100, tries=1), said[0]), said
 
 
 @pytest.mark.parametrize("tries,message", [
     # None left: the roll-back's replay spiked again.
-    (1, "train loss spiked at step 23 after 1 recoveries"
-        " (train.nan_recovery_tries); ckpt-20 is kept; lower"
-        " --config.optimizer.learning_rate or check the data, or raise"
-        " --config.train.spike_factor"),
+    (1, catalogue.line("spike-after-recoveries", how="at step 23", tries=1,
+                       checkpoint="ckpt-20")),
     # None given: the line names them.
-    (0, "train loss spiked at step 23; ckpt-20 is kept; lower"
-        " --config.optimizer.learning_rate or check the data, or raise"
-        " --config.train.spike_factor, or set"
-        " --config.train.nan_recovery_tries=1 to roll back to it and skip"
-        " this loop's data"),
+    (0, catalogue.line("spike-without-tries", how="at step 23",
+                       checkpoint="ckpt-20")),
 ], ids=["none-left", "none-given"])
 def test_a_spike_without_tries_stops_naming_the_factor_and_tries(tries,
                                                                  message):
@@ -336,9 +333,8 @@ def test_a_spike_without_tries_stops_naming_the_factor_and_tries(tries,
   ctl, _, ckpt = make(steps_per_loop=5, trainer=trainer, save_actions=[save],
                       nan_recovery_tries=tries,
                       spikes=FakeSpikes(trainer, at=23, times=2))
-  with pytest.raises(FloatingPointError) as e:
+  with pytest.raises(FloatingPointError, match=message):
     ctl.train()
-  assert str(e.value) == message
   assert ckpt.restored == [20] * tries and sorted(ckpt.saved) == [10, 20]
 
 

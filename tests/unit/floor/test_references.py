@@ -10,6 +10,7 @@ import pytest
 
 from looper import config as lc
 from looper import references
+from tests.fixtures import catalogue
 from tests.fixtures import tiny
 from tests.fixtures.paths import ROOT
 
@@ -84,12 +85,9 @@ def test_json_describes_any_other_object_a_config_holds():
 
 
 def test_resolve_rejects_an_unloadable_marker():
-  with pytest.raises(lc.ConfigError) as e:
+  with pytest.raises(lc.ConfigError, match=catalogue.line(
+      "unloadable-callable", object="function m:f.<locals>.<lambda>")):
     references.resolve("<unloadable: function m:f.<locals>.<lambda>>", "loss")
-  assert str(e.value) == (
-      "config.loss='<unloadable: function m:f.<locals>.<lambda>>' was saved"
-      " from an object that cannot be loaded back; set config.loss in"
-      " get_config() to a module-level function or a 'module:name' string")
 
 
 # --- A config file named by path is executed once per process --------------

@@ -14,6 +14,7 @@ from looper import config as lc
 from looper import network
 from looper.options import distribute
 from looper.options import slurm
+from tests.fixtures import catalogue
 from tests.fixtures.configs import SESSION_CPUS
 from tests.fixtures.processes import LOST_WORKER_1
 
@@ -45,7 +46,8 @@ def test_auto_choice(monkeypatch, fields, gpus, tf_config, want):
 
 def test_bad_tf_config_is_one_line(monkeypatch):
   monkeypatch.setenv("TF_CONFIG", "{not json")
-  with pytest.raises(lc.ConfigError, match=r"^TF_CONFIG='\{not json' is not"):
+  with pytest.raises(lc.ConfigError, match=catalogue.line(
+      "tf-config-not-json", value="'{not json'")):
     distribute.choose(dist(), num_gpus=0)
 
 
@@ -53,7 +55,8 @@ def test_multi_worker_needs_tf_config(monkeypatch):
   monkeypatch.delenv("TF_CONFIG", raising=False)
   c = lc.default_config()
   c.distribution.strategy = "multi_worker"
-  with pytest.raises(lc.ConfigError, match="needs TF_CONFIG"):
+  with pytest.raises(lc.ConfigError,
+                     match=catalogue.line("multi-worker-without-tf-config")):
     distribute.strategy_for(c.distribution)
 
 
@@ -76,8 +79,8 @@ def test_tpu_path_resolves_connects_initializes(monkeypatch):
 def test_cpu_devices_cannot_change_after_start():
   tf.constant(1)  # TensorFlow has started (the session's 2 CPU devices)
   distribute.split_cpu(SESSION_CPUS)  # the same count again: fine
-  with pytest.raises(lc.ConfigError,
-                     match=f"already started with {SESSION_CPUS} CPU"):
+  with pytest.raises(lc.ConfigError, match=catalogue.line(
+      "cpu-devices-after-start", asked=3, have=SESSION_CPUS)):
     distribute.split_cpu(3)
 
 
@@ -136,6 +139,9 @@ def test_the_cluster_is_tf_configs_training_jobs(monkeypatch, tf_config,
 ])
 def test_tpu_batch_per_core(batch, cores, warning):
   assert distribute.tpu_batch_warning(batch, cores) == warning
+  if warning:
+    assert re.fullmatch(catalogue.line("tpu-batch-per-core", batch=batch,
+                                       cores=cores), warning)
 
 
 def test_tpu_cores_come_from_the_strategy_or_the_dry_run_field():
@@ -185,12 +191,10 @@ def test_a_worker_that_lost_the_chief_names_it():
       " /tensorflow.CoordinationService/Heartbeat\nThe error could be from a"
       " previous operation. Restart your program to reset.\n\t [[{{node"
       " while/CollectiveReduceV2}}]] [Op:__inference__train_loop_961]"))
-  assert errors.cluster_error(
-      e, 8, leader="/job:worker/replica:0/task:0") == (
-          "lost the chief /job:worker/replica:0/task:0 (no answer to"
-          " heartbeats within distribution.worker_timeout_secs=8: its host is"
-          " unreachable or gone); this worker stopped too. Restart all workers"
-          " with the same command to resume from the last checkpoint")
+  assert re.fullmatch(catalogue.line(
+      "lost-the-chief", task="/job:worker/replica:0/task:0", secs=8),
+                      errors.cluster_error(
+                          e, 8, leader="/job:worker/replica:0/task:0"))
   assert errors.cluster_error(e, 8, leader=None) is None  # not multi-worker
 
 
@@ -211,10 +215,9 @@ def test_a_worker_refused_by_a_killed_one_names_it():
       " Connection refused\", grpc_status:14}\n\t [[{{node"
       " while/CollectiveReduceV2}}]] [Op:__inference__train_loop_961]"))
   line = errors.cluster_error(e, 8, leader="/job:worker/replica:0/task:0")
-  assert line == (
-      "lost worker /job:worker/replica:0/task:1 (Connection refused); this"
-      " worker stopped too. Restart all workers with the same command to"
-      " resume from the last checkpoint")
+  assert re.fullmatch(catalogue.line(
+      "lost-worker", task="/job:worker/replica:0/task:1",
+      why="Connection refused"), line)
   assert re.fullmatch(LOST_WORKER_1, "looper: " + line)
 
 
@@ -281,14 +284,6 @@ def test_multi_worker_is_built_with_the_all_reduce(monkeypatch):
 # --- Who may reach a worker's server (distribution.network, looper.network):
 # the machine's addresses and the names given here, none read from the host.
 
-REACH_FIX = {
-    "loopback": "pass --config.distribution.network=private if only the"
-                " run's machines share that network, or run it in a network"
-                " namespace",
-    "private": "pass --config.distribution.network=public behind a firewall"
-               " that admits only the run's machines, or run it on a private"
-               " network"}
-
 
 def _cluster_of(monkeypatch, machine, task, names):
   """TF_CONFIG naming `task` (and a peer), on a machine with the addresses
@@ -305,9 +300,9 @@ def _cluster_of(monkeypatch, machine, task, names):
     ("loopback", ["127.0.0.1", "::1"], "127.0.0.1:7", {"127.0.0.1":
                                                       ["127.0.0.1"]}, None),
     ("loopback", ["127.0.0.1", "192.168.1.20", "fe80::1"], "127.0.0.1:7",
-     {"127.0.0.1": ["127.0.0.1"]}, "this machine has other addresses"
-     " (192.168.1.20, fe80::1) and TensorFlow's server listens on all of them"
-     " without authentication"),
+     {"127.0.0.1": ["127.0.0.1"]},
+     catalogue.line("network-other-addresses",
+                    addresses="192.168.1.20, fe80::1")),
     # TF_CONFIG's or a Slurm step's machines (the default, private):
     ("private", ["127.0.0.1", "198.18.1.1", "fe80::1"], "198.18.1.1:7470",
      {"198.18.1.1": ["198.18.1.1"]}, None),  # tests/hosts.py's namespaces
@@ -317,14 +312,12 @@ def _cluster_of(monkeypatch, machine, task, names):
     ("private", ["127.0.0.1", "10.0.0.9", "2001:db8:1::9"], "n9:18720",
      {"n9": ["10.0.0.9"]}, None),  # a documentation range: not global
     ("private", ["127.0.0.1", "10.0.0.9", "2600:1f18::9"], "n9:18720",
-     {"n9": ["10.0.0.9"]}, "this machine has global addresses (2600:1f18::9)"
-     " and TensorFlow's server listens on all of them without"
-     " authentication"),
+     {"n9": ["10.0.0.9"]},
+     catalogue.line("network-global-addresses", addresses="2600:1f18::9")),
     # A cloud VM named at its public address (NAT: not on its interfaces):
     ("private", ["127.0.0.1", "10.128.0.2"], "vm-0:2222",
-     {"vm-0": ["34.1.2.3"]}, "the run names this server at vm-0:2222"
-     " (34.1.2.3: beyond private), where its peers reach it without"
-     " authentication"),
+     {"vm-0": ["34.1.2.3"]}, catalogue.line(
+         "network-named-beyond", where="vm-0:2222", address="34.1.2.3")),
 ])
 def test_a_worker_starts_its_server_only_within_its_declared_reach(
     monkeypatch, reach, machine, task, names, refused):
@@ -336,10 +329,8 @@ def test_a_worker_starts_its_server_only_within_its_declared_reach(
       distribute._multi_worker(dist(network=reach), [])  # pylint: disable=protected-access
       strategy.assert_called_once()
       return
-    with pytest.raises(lc.ConfigError) as e:
+    with pytest.raises(lc.ConfigError, match=refused):
       distribute._multi_worker(dist(network=reach), [])  # pylint: disable=protected-access
-  assert str(e.value) == (f"config.distribution.network={reach!r}, but"
-                          f" {refused}; {REACH_FIX[reach]}")
   strategy.assert_not_called()  # no server was started
 
 
@@ -351,12 +342,9 @@ def test_a_tf_config_without_this_task_is_one_line(monkeypatch, task, named):
   tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
                           **({"task": task} if task else {})})
   monkeypatch.setenv("TF_CONFIG", tf_config)
-  with pytest.raises(lc.ConfigError) as e:
+  with pytest.raises(lc.ConfigError, match=catalogue.line(
+      "tf-config-task-not-in-cluster", value=repr(tf_config), task=named)):
     distribute.check_reach("private")
-  assert str(e.value) == (
-      f"TF_CONFIG={tf_config!r}: its task ({named}) is not in its cluster;"
-      ' give it "task": {"type": "worker", "index": i}, i this worker\'s'
-      " place in the list")
 
 
 def test_a_public_worker_says_once_what_it_opens(monkeypatch, caplog):

@@ -34,6 +34,7 @@ from looper.train import trainer as trainer_lib
 from looper.workdir import hparams
 from looper.workdir import jsonl
 from looper.workdir import summaries
+from tests.fixtures import catalogue
 from tests.fixtures import needs
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
@@ -266,12 +267,14 @@ def test_looper_runs_names_what_holds_no_run(sweep, tmp_path, capsys):
                     str(tmp_path / "started"), str(root / "b")])
   out, err = capsys.readouterr()
   assert code == 1
-  assert err.splitlines() == [
-      f"looper runs: {tmp_path}/nope does not exist",
-      f"looper runs: {tmp_path}/empty holds no looper workdir (train/ or"
-      " eval/), here or one level down",
-      f"looper runs: {tmp_path}/started has no train loop or evaluation in"
-      " metrics.jsonl yet"]
+  said = err.splitlines()
+  assert len(said) == 3
+  assert re.fullmatch(catalogue.line(
+      "runs-missing-path", path=tmp_path / "nope"), said[0])
+  assert re.fullmatch(catalogue.line(
+      "runs-no-workdir", path=tmp_path / "empty"), said[1])
+  assert re.fullmatch(catalogue.line(
+      "runs-nothing-yet", path=tmp_path / "started"), said[2])
   assert list(rows(out)) == [str(root / "b")]
 
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 from looper import config as lc
 from looper.train import layers
 from looper.options import precision
+from tests.fixtures import catalogue
 from tests.fixtures import pieces
 from tests.fixtures import tiny
 from tests.fixtures.configs import configured
@@ -97,13 +98,10 @@ def _host_model(config):
 
 
 @pytest.mark.parametrize("where, message", [
-    ("jit_compile", "config.train.jit_compile=True: the train step does not"
-     " compile with XLA (op PyFunc is not supported); set"
-     " --config.train.jit_compile=False, or replace that op in the model"),
+    ("jit_compile", catalogue.line("xla-op-with-jit-compile")),
     # The whole step compiled, as on a TPU: not called a data error.
-    ("whole step", "the step does not compile with XLA for this accelerator"
-     " (op PyFunc is not supported); replace that op in the model (`looper"
-     " check --config=...` lists every such op, on any machine)")])
+    ("whole step", catalogue.line("xla-op-on-an-accelerator"))],
+    ids=["jit_compile", "whole step"])
 def test_an_op_xla_cannot_compile_is_one_line_naming_it(where, message,
                                                        compiled_step):
   fields = {"model_fn": _host_model,
@@ -111,9 +109,8 @@ def test_an_op_xla_cannot_compile_is_one_line_naming_it(where, message,
   trainer = _trainer(fields)
   if where == "whole step":
     trainer = compiled_step(trainer)
-  with pytest.raises(lc.ConfigError) as e:
+  with pytest.raises(lc.ConfigError, match=message):
     trainer.train(2)
-  assert str(e.value) == message
 
 
 # looper's command line, then what the run left set in its process: op

@@ -9,6 +9,7 @@ from looper.data import batch as batch_lib
 from looper.options import losses
 from looper.options import metrics
 from looper.train import evaluator as evaluator_lib
+from tests.fixtures import catalogue
 from tests.fixtures import pieces
 from tests.fixtures import tiny
 
@@ -37,15 +38,12 @@ def test_each_evaluation_takes_one_whole_pass_and_a_shrunk_split_is_named():
   moved = evaluator.evaluate()  # new weights, the same whole pass
   assert moved["examples"] == 1001 and moved["loss"] != first["loss"]
   real.assign(990)
-  with pytest.raises(errors.DataError) as e:
-    for _ in range(2):  # the pass under way may hold 1001: the next cannot
-      evaluator.evaluate()
   # 990 real + 23 padding = 15 whole batches of 64; the 16th is the next
   # pass's first.
-  assert str(e.value) == (
-      "config.data.eval_split='test' gave 1024 examples of the evaluation at"
-      " step 5, where 1001 were counted before it: make config.dataset_fn"
-      " return the same examples on every pass")
+  with pytest.raises(errors.DataError,
+                     match=catalogue.line("eval-split-changed-size")):
+    for _ in range(2):  # the pass under way may hold 1001: the next cannot
+      evaluator.evaluate()
   assert evaluator.evaluate()["examples"] == 990  # counted afresh
 
 

@@ -12,6 +12,7 @@ command resumes and ends bit-exactly as the uninterrupted run. Injected
 import errno
 import os
 import pathlib
+import re
 import subprocess
 
 import numpy as np
@@ -23,6 +24,7 @@ from looper import workdir
 from looper.workdir import checkpoint
 from looper.workdir import jsonl
 from looper.workdir import summaries
+from tests.fixtures import catalogue
 from tests.fixtures.capabilities import lacks
 from tests.fixtures.checkpoints import checkpoint_tensors
 from tests.fixtures.configs import run_here
@@ -128,41 +130,43 @@ def test_a_full_disk_ends_in_one_line_and_the_rerun_resumes_exactly(
 
 ENOSPC = ("no space left on device",
           "free space there or move --workdir to a larger disk")
-QUOTA = ("the disk quota is exceeded", "free space or raise the quota")
 READ_ONLY = ("the file system is read-only",
              "make it writable or choose another --workdir")
-DENIED = ("permission denied",
-          "let this user write there or choose another --workdir")
 
 
-@pytest.mark.parametrize("error,said,fix", [
+@pytest.mark.parametrize("error,want", [
     (tf.errors.ResourceExhaustedError(
         None, None, "/w/checkpoints/ckpt-2_temp/part-00000-of-00001.data-"
-        "00000-of-00001.tempstate1; No space left on device"), *ENOSPC),
-    (OSError(errno.ENOSPC, "No space left on device"), *ENOSPC),
-    (OSError(errno.EDQUOT, "Disk quota exceeded"), *QUOTA),
+        "00000-of-00001.tempstate1; No space left on device"),
+     lambda **v: catalogue.line("disk-full", **v)),
+    (OSError(errno.ENOSPC, "No space left on device"),
+     lambda **v: catalogue.line("disk-full", **v)),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"),
+     lambda **v: catalogue.line("disk-quota", **v)),
     (tf.errors.PermissionDeniedError(
         None, None, "/w/checkpoints/ckpt-2_temp; Read-only file system"),
-     *READ_ONLY),
-    (PermissionError(errno.EACCES, "Permission denied"), *DENIED),
+     lambda **v: catalogue.line("disk-read-only", **v)),
+    (PermissionError(errno.EACCES, "Permission denied"),
+     lambda **v: catalogue.line("disk-permission", **v)),
     (tf.errors.PermissionDeniedError(None, None, "403 Forbidden"),
-     "permission denied (403 Forbidden)", DENIED[1]),
+     lambda **v: catalogue.line("store-denied", **v,
+                                **{"store's words": "403 Forbidden"})),
     (tf.errors.ResourceExhaustedError(None, None, "429 quota exceeded"),
-     "out of space or quota (429 quota exceeded)", QUOTA[1]),
+     lambda **v: catalogue.line("store-quota", **v,
+                                **{"store's words": "429 quota exceeded"})),
 ], ids=["tf-enospc", "enospc", "quota", "read-only", "no-permission",
         "store-denied", "store-quota"])
 def test_a_refused_save_names_cause_size_and_kept_checkpoint(
-    tmp_path, monkeypatch, error, said, fix):
+    tmp_path, monkeypatch, error, want):
   ckpt, directory = _saved_once(tmp_path)
   _refuse_saves(monkeypatch, error)
   with pytest.raises(errors.DiskFull) as e:
     ckpt.save(2)
   kept = directory / "ckpt-1"
   size = sum(p.stat().st_size for p in files_of(kept))
-  assert str(e.value) == (
-      f"{directory}: {said} writing checkpoint ckpt-2, which needs about"
-      f" {size} bytes (the size of ckpt-1); {kept} is kept, and a rerun"
-      f" resumes from it; {fix}, then rerun the same command")
+  assert re.fullmatch(want(
+      checkpoints=directory, name="ckpt-2", size=f"{size} bytes",
+      previous="ckpt-1", kept=kept), str(e.value)), str(e.value)
   assert leftovers(tmp_path) == []
   assert sorted(p.name for p in directory.iterdir()) == [
       "checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
@@ -174,13 +178,10 @@ def test_a_refused_first_save_says_a_rerun_starts_over(tmp_path, monkeypatch):
                                  {"v": tf.Variable(1.0)}, keep=2, chief=True,
                                  task_id=0)
   _refuse_saves(monkeypatch, OSError(errno.ENOSPC, "No space left on device"))
-  with pytest.raises(errors.DiskFull) as e:
+  with pytest.raises(errors.DiskFull, match=catalogue.line(
+      "disk-full-before-a-checkpoint", checkpoints=tmp_path / "checkpoints",
+      name="ckpt-1")):
     ckpt.save(1)
-  assert str(e.value) == (
-      f"{tmp_path}/checkpoints: no space left on device writing checkpoint"
-      " ckpt-1; no checkpoint was written yet, so a rerun starts over; free"
-      " space there or move --workdir to a larger disk, then rerun the same"
-      " command")
   assert leftovers(tmp_path) == []
 
 

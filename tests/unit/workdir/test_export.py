@@ -16,6 +16,7 @@ from looper import config as lc
 from looper import run
 from looper import workdir as workdir_lib
 from looper.workdir import checkpoint
+from tests.fixtures import catalogue
 from tests.fixtures import checkpoints
 from tests.fixtures import pieces
 from tests.fixtures import processes
@@ -80,10 +81,10 @@ def test_mode_export_of_an_older_checkpoint(trained, tmp_path):
 
 
 def test_export_without_checkpoint_is_one_line(tmp_path):
-  with pytest.raises(checkpoint.CheckpointError,
-                     match="--mode=export found no checkpoint") as e:
+  with pytest.raises(checkpoint.CheckpointError, match=catalogue.line(
+      "no-checkpoint-to-read", mode="export",
+      checkpoints=tmp_path / "checkpoints")):
     run.run(tiny.get_config(), str(tmp_path), "export")
-  assert "\n" not in str(e.value)
   assert not (tmp_path / "export").exists()
 
 

@@ -8,6 +8,7 @@ tests/e2e/restarts/test_workdir_lease.py.
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from looper import workdir
 from looper.errors import WorkdirError
 from looper.workdir import checkpoint
 from looper.workdir import lease
+from tests.fixtures import catalogue
 
 
 def wd(path) -> workdir.Workdir:
@@ -63,12 +65,9 @@ def test_a_second_taker_is_refused_naming_the_holder(tmp_path):
       lease.Lease.take(wd(tmp_path / "w"), lease_secs=60)
     since = time.strftime("%Y-%m-%d %H:%M:%S",
                           time.localtime(held["since"]))
-    assert str(e.value) == (
-        f"--workdir={tmp_path}/w is held by another run (host"
-        f" {socket.gethostname()}, pid {held['pid']}, since {since}; renewed"
-        " 0 s ago): stop that run or choose another --workdir. A holder that"
-        " died frees it: on its host once its PID is gone, from another host"
-        " 60 s after its last renewal (checkpoint.lease_secs)")
+    assert re.fullmatch(catalogue.line(
+        "workdir-held", workdir=tmp_path / "w", host=socket.gethostname(),
+        pid=held["pid"], since=since, secs=0, lease=60), str(e.value))
     assert read(tmp_path / "w") == held  # the refused taker wrote nothing
   finally:
     first.release()
