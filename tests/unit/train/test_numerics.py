@@ -53,7 +53,8 @@ def _trainer(**fields):
 def test_jit_compile_matches_the_plain_step():
   plain = _trainer()
   xla = _trainer(train__jit_compile=True)
-  np.testing.assert_allclose(xla.train(15)[0], plain.train(15)[0], rtol=1e-5)
+  np.testing.assert_allclose(xla.train(15)[0]["loss"],
+                             plain.train(15)[0]["loss"], rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["mixed_bfloat16", "mixed_float16"])
@@ -61,7 +62,7 @@ def test_mixed_precision_trains_and_keeps_float32_weights(name):
   t = _trainer(train__precision=name)
   assert t.model.layers[0].compute_dtype == name.split("_")[1]
   assert {v.dtype for v in t.model.weights} == {"float32"}
-  losses = np.concatenate([t.train(20)[0] for _ in range(3)])
+  losses = np.concatenate([t.train(20)[0]["loss"] for _ in range(3)])
   assert np.isfinite(losses).all() and losses[-10:].mean() < losses[:10].mean()
   # The global policy is untouched: the next model is float32 again.
   assert keras.mixed_precision.global_policy().name == "float32"
@@ -134,7 +135,8 @@ def test_gradient_accumulation_equals_one_larger_batch(embed):
   big = _trainer(train__batch_size=64, model__embed=embed)
   small = _trainer(train__batch_size=16, train__grad_accum_steps=4,
                    model__embed=embed)
-  np.testing.assert_allclose(small.train(12)[0], big.train(12)[0], rtol=1e-5)
+  np.testing.assert_allclose(small.train(12)[0]["loss"],
+                             big.train(12)[0]["loss"], rtol=1e-5)
   for a, b in zip(small.model.weights, big.model.weights):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
   assert small.global_step == big.global_step == 12

@@ -129,8 +129,8 @@ def test_an_overridden_train_step_is_called_under_accumulation():
     return pieces.trainer(c, cls=cls)
 
   default, whole = trainer(trainer_lib.Trainer), trainer(WholeBatchTrainer)
-  want, _ = default.train(6)
-  got, _ = whole.train(6)
+  want = default.train(6)[0]["loss"]
+  got = whole.train(6)[0]["loss"]
   # Called once per update, with both micro-batches (32 rows): one step
   # over the larger batch is the update accumulation makes.
   assert int(whole.calls.numpy()) == 6 and set(whole.rows) == {32}
@@ -219,18 +219,18 @@ def test_autograph_converts_the_users_code_only(conversions):
   c = tiny.get_config()
   strategy = tf.distribute.get_strategy()
   base = pieces.trainer(c, strategy)
-  want, _ = base.train(3)
+  want = base.train(3)[0]["loss"]
   want_eval = evaluator_lib.Evaluator(base).evaluate()
   assert not conversions  # looper's loops, seams and helpers: plain
   subclass = pieces.trainer(c, strategy, cls=DeeperTrainer)
-  got, _ = subclass.train(3)
+  got = subclass.train(3)[0]["loss"]
   np.testing.assert_array_equal(got, want)
   assert evaluator_lib.Evaluator(subclass).evaluate() == want_eval
   assert sorted(set(conversions)) == [
       "BranchingTrainer.compute_loss", "BranchingTrainer.eval_step",
       "DeeperTrainer.train_step", "_unflip"]
   conversions.clear()
-  got, _ = pieces.trainer(c, strategy, cls=MixedTrainer).train(3)
+  got = pieces.trainer(c, strategy, cls=MixedTrainer).train(3)[0]["loss"]
   np.testing.assert_array_equal(got, want)
   assert sorted(set(conversions)) == ["BranchingMixin.compute_loss"]
   for loss, names in ((branching_loss, ["_unflip", "branching_loss"]),
@@ -242,6 +242,6 @@ def test_autograph_converts_the_users_code_only(conversions):
                                                 "_unflip", "branching_loss"])):
     conversions.clear()
     c.loss = loss
-    got, _ = pieces.trainer(c, strategy).train(3)
+    got = pieces.trainer(c, strategy).train(3)[0]["loss"]
     np.testing.assert_array_equal(got, want)
     assert sorted(set(conversions)) == names
