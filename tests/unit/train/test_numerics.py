@@ -114,12 +114,19 @@ def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
   def weights():
     return [[r.numpy() for r in strategy.experimental_local_results(v.value)]
             for v in t.model.trainable_variables]
-  t.train(2)
+  _, updated = t.train(2)
   before, scale_before = weights(), float(t.optimizer.dynamic_scale.numpy())
-  t.train(1)  # the update with an inf on replica 1 only
+  _, skipped = t.train(1)  # the update with an inf on replica 1 only
   after = weights()
-  t.train(3)
+  _, resumed = t.train(3)
   end = weights()
+  # The health figures take the gradient's norm inside loss scaling's
+  # branch (health.Health.observe) and count the updates made: none in
+  # the skipped step's loop.
+  assert skipped["grad_norm"] == skipped["grad_norm_max"] == 0.0
+  assert skipped["update_ratio"] == 0.0
+  for logs in (updated, resumed):
+    assert 0 < logs["grad_norm"] <= logs["grad_norm_max"] < 100, logs
   # Skipped on every replica: no weight moved, the replicas still equal.
   assert all(np.array_equal(a, b) for v, w in zip(before, after)
              for a, b in zip(v, w))

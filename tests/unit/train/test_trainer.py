@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from looper import errors
 from looper import run
 from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
@@ -245,3 +246,31 @@ def test_autograph_converts_the_users_code_only(conversions):
     got = pieces.trainer(c, strategy).train(3)[0]["loss"]
     np.testing.assert_array_equal(got, want)
     assert sorted(set(conversions)) == names
+
+
+class NoLossTrainer(trainer_lib.Trainer):
+  """Returns per-step values without the loss."""
+
+  def train_step(self, batch):
+    return {"d_loss": super().train_step(batch)}
+
+
+class VectorTrainer(trainer_lib.Trainer):
+  """Returns a per-step value that is not a scalar."""
+
+  def train_step(self, batch):
+    return {"loss": super().train_step(batch), "labels": batch[1]}
+
+
+@pytest.mark.parametrize("cls, message", [
+    (NoLossTrainer, "config.trainer=NoLossTrainer: train_step returned"
+     " ['d_loss'] without 'loss'; return its share of the global mean loss"
+     " under 'loss' beside them"),
+    (VectorTrainer, "config.trainer=VectorTrainer: train_step returned"
+     " 'labels' of rank 1; each per-step value is a scalar under a name"
+     " (this replica's share: summed over the replicas)")])
+def test_a_train_step_s_values_are_refused_in_one_line(cls, message):
+  trainer = pieces.trainer(tiny.get_config(), cls=cls)
+  with pytest.raises(errors.ConfigError) as e:
+    trainer.train(2)
+  assert str(e.value) == message
