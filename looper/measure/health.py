@@ -34,15 +34,16 @@ directions) and K (aligned) times a step's, so it also shows noise.
 No host wait and no collective per step, and no state of its own per
 step: each update's squared norm is taken where clipping takes it
 (`optimizers.after_sum`, after the optimizer's own all-reduce: every
-replica holds the global gradient), each replica squaring its 1/N of it
-(`optimizers.share_of_squares`), and goes out of the step as one more
+replica holds the global gradient), each replica squaring about 1/N of
+it (`optimizers.share_of_squares`), and goes out of the step as one more
 per-step value (SQUARES) beside the loss, in the loop's one buffer
 (looper.train.loop): summed over the replicas when the loop reads it, as
 the loss is. A step that made no update (loss scaling skipped it, or the
 step never called the optimizer) gives -1 per replica: not counted.
 `start` and `end` run once per loop (`strategy.run`, as the finiteness
-check): the start copies the weights (one unsaved copy of the trainable
-weights per device); the end takes the mean and max of the steps' norms
+check), on each worker's first replica (every replica holds the same
+weights): the start copies the weights (one unsaved copy of the
+trainable weights); the end takes the mean and max of the steps' norms
 and the weights' norms where the weights live.
 
 An update made inside a branch of the step (loss scaling's: Keras applies
@@ -126,17 +127,20 @@ class Health:
     return square
 
   def start(self) -> None:
-    """Before the loop's steps (cross-replica context): each replica copies
-    its weights."""
+    """Before the loop's steps (cross-replica context): this worker's
+    first replica copies its weights (every replica holds the same)."""
     def replica():
-      for start, weight in zip(self._start, self._weights):
-        start.assign(weight.value)
+      if _first(self._strategy):
+        for start, weight in zip(self._start, self._weights):
+          start.assign(weight.value)
     self._strategy.run(replica)
 
   def end(self, squares: tf.Tensor) -> dict[str, tf.Tensor]:
     """After the loop's steps (cross-replica context), given their SQUARES
     (summed over the replicas): the figures."""
     def replica():
+      if not _first(self._strategy):
+        return tf.zeros([3])
       now = [tf.convert_to_tensor(w.value) for w in self._weights]
       start = [s.read_value() for s in self._start]
       return tf.stack([_squares(now),
@@ -153,6 +157,16 @@ class Health:
             "weight_norm": tf.sqrt(now),
             "update_ratio": tf.math.divide_no_nan(tf.sqrt(moved),
                                                   tf.sqrt(start))}
+
+
+def _first(strategy: tf.distribute.Strategy) -> bool:
+  """Whether this replica does the per-loop work: this worker's first (its
+  result is the one read), or every one where the id is known only at run
+  time (a TPU's: the first's result is read all the same)."""
+  replica = tf.get_static_value(
+      tf.distribute.get_replica_context().replica_id_in_sync_group)
+  return replica is None or replica == 0 or replica % len(
+      strategy.extended.worker_devices) == 0
 
 
 def _squares(tensors) -> tf.Tensor:
