@@ -9,7 +9,6 @@ import tensorflow as tf
 
 from looper import errors
 from looper import run
-from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
 from tests.fixtures import pieces
 from tests.fixtures import tiny
@@ -221,12 +220,12 @@ def test_autograph_converts_the_users_code_only(conversions):
   strategy = tf.distribute.get_strategy()
   base = pieces.trainer(c, strategy)
   want = base.train(3)[0]["loss"]
-  want_eval = evaluator_lib.Evaluator(base).evaluate()
+  want_eval = pieces.evaluator(base).evaluate()
   assert not conversions  # looper's loops, seams and helpers: plain
   subclass = pieces.trainer(c, strategy, cls=DeeperTrainer)
   got = subclass.train(3)[0]["loss"]
   np.testing.assert_array_equal(got, want)
-  assert evaluator_lib.Evaluator(subclass).evaluate() == want_eval
+  assert pieces.evaluator(subclass).evaluate() == want_eval
   assert sorted(set(conversions)) == [
       "BranchingTrainer.compute_loss", "BranchingTrainer.eval_step",
       "DeeperTrainer.train_step", "_unflip"]
