@@ -51,8 +51,10 @@ only finite gradients, in a tf.cond) cannot hand its tensor out of it: its
 square passes through a per-replica scalar variable, read and reset by the
 step (two scalar ops a step, under loss scaling only).
 
-Cost (tests/bench/health.py; BUILD.md "Benchmarks"): per update one
-kernel per gradient over 1/N of its elements and ~4 scalar ops.
+Cost (tests/bench/health.py; BUILD.md "Benchmarks"): per update an
+L2Loss kernel per gradient a replica squares (about 1/N of them), an AddN
+and a Mul: the MLP of 669k weights ~45 us a step, 0.3-1.5% of its step
+(1 or 2 replicas); per loop a copy and three norms of the weights.
 """
 
 import threading
