@@ -1,26 +1,31 @@
-"""Training health per loop: the gradient's norm, the weights' and the update ratio.
+"""Training health per loop: the weights' norm, the update ratio, the gradient's norm.
 
-Synopsis (what the Trainer does under `train.health_metrics`)::
+Synopsis (what the Trainer does under `train.health_metrics` and
+`train.grad_norm`)::
 
     with strategy.scope():
-      health = Health(strategy, model.trainable_variables)
+      health = Health(strategy, model.trainable_variables, gradients=True)
     optimizers.after_sum(optimizer, observe=health.observe)  # each update
     loop = TrainLoop(health.around(step), ...)  # step: values by name
     health.start()             # in the train function, before its steps
-    logs.update(health.end(values[SQUARES]))   # after them: the figures
+    logs.update(health.end(values))   # after them: the figures
 
-A loop's figures (the train line, TensorBoard, metrics.jsonl), each of the
-global batch's update, so the same on any number of replicas or workers:
+A loop's figures (TensorBoard, metrics.jsonl, the trackers), each of the
+global batch's update, so the same on any number of replicas or workers.
+The weights' (train.health_metrics, on by default: per loop, ~0 cost):
+  weight_norm    ||w|| at the loop's end, w every trainable weight as one
+                 vector
+  update_ratio   ||w_end - w_start|| / ||w_start||: the loop's net update
+                 relative to the weights it started from
+The gradient's (train.grad_norm, off by default: per update, it reads
+every gradient once more, ~1.5% of a small MLP's step on 2 CPU cores,
+over the 1% a default may cost; BUILD.md "Benchmarks"):
   grad_norm      the mean over the loop's updates of ||g||: g the gradient
                  summed over replicas and micro-batches (of the global
                  batch's mean loss), before optimizer.clip_global_norm and
                  unscaled under loss scaling (an update loss scaling skips,
                  its gradient not finite, does not count; none: 0)
   grad_norm_max  the largest of them
-  weight_norm    ||w|| at the loop's end, w every trainable weight as one
-                 vector
-  update_ratio   ||w_end - w_start|| / ||w_start||: the loop's net update
-                 relative to the weights it started from
 
 What LLM trainers log: MaxText `learning/raw_grad_norm` (before clipping)
 and `learning/param_norm` each step; Composer's OptimizerMonitor
@@ -78,14 +83,18 @@ class Health:
   Args:
     strategy: the run's tf.distribute strategy.
     weights: the trainable weights (Keras variables: a model's).
+    gradients: the gradient's figures too (each update's norm).
+    weight_figures: the weights' figures (their norm, the update ratio).
   """
 
-  def __init__(self, strategy: tf.distribute.Strategy, weights):
+  def __init__(self, strategy: tf.distribute.Strategy, weights, *,
+               gradients: bool, weight_figures: bool = True):
     self._strategy, self._weights = strategy, list(weights)
+    self.gradients, self._weight_figures = gradients, weight_figures
     with strategy.scope():
       self._start = [tf.Variable(tf.zeros(w.shape, w.dtype),
                                  name="loop_start", **_PER_REPLICA)
-                     for w in self._weights]
+                     for w in self._weights] if weight_figures else []
       self._kept = tf.Variable(_NONE, name="grad_square", **_PER_REPLICA)
     # Per replica thread (MirroredStrategy traces each replica in a thread
     # of its own): the graph of the step being traced and its update's
@@ -95,7 +104,10 @@ class Health:
 
   def around(self, step_fn):
     """`step_fn` (a step returning its values by name) with the update's
-    share of ||g||^2 beside its values, as SQUARES."""
+    share of ||g||^2 beside its values, as SQUARES (`step_fn` itself
+    without the gradient's figures)."""
+    if not self.gradients:
+      return step_fn
     def step(batch):
       traced = self._traced
       traced.graph, traced.square = tf.compat.v1.get_default_graph(), None
@@ -131,15 +143,34 @@ class Health:
   def start(self) -> None:
     """Before the loop's steps (cross-replica context): this worker's
     first replica copies its weights (every replica holds the same)."""
+    if not self._weight_figures:
+      return
     def replica():
       if _first(self._strategy):
         for start, weight in zip(self._start, self._weights):
           start.assign(weight.value)
     self._strategy.run(replica)
 
-  def end(self, squares: tf.Tensor) -> dict[str, tf.Tensor]:
-    """After the loop's steps (cross-replica context), given their SQUARES
-    (summed over the replicas): the figures."""
+  def end(self, values: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """After the loop's steps (cross-replica context), given the steps'
+    `values` (SQUARES among them with the gradient's figures; summed over
+    the replicas): the figures."""
+    figures = {}
+    if self.gradients:
+      squares = values[SQUARES]
+      made = squares >= 0.0  # the steps that made an update
+      norms = tf.where(made, tf.sqrt(tf.maximum(squares, 0.0)), 0.0)
+      figures["grad_norm"] = tf.math.divide_no_nan(
+          tf.reduce_sum(norms), tf.reduce_sum(tf.cast(made, tf.float32)))
+      # 0 with no update (the max of none is -inf)
+      figures["grad_norm_max"] = tf.maximum(tf.reduce_max(norms), 0.0)
+    if self._weight_figures:
+      figures.update(self._weight_norms())
+    return figures
+
+  def _weight_norms(self) -> dict[str, tf.Tensor]:
+    """The weights' norm now and the loop's update ratio, from this
+    worker's first replica."""
     def replica():
       if not _first(self._strategy):
         return tf.zeros([3])
@@ -150,13 +181,7 @@ class Health:
                        _squares(start)])
     now, moved, start = tf.unstack(self._strategy.experimental_local_results(
         self._strategy.run(replica))[0])
-    made = squares >= 0.0  # the steps that made an update
-    norms = tf.where(made, tf.sqrt(tf.maximum(squares, 0.0)), 0.0)
-    return {"grad_norm": tf.math.divide_no_nan(
-                tf.reduce_sum(norms), tf.reduce_sum(tf.cast(made, tf.float32))),
-            # 0 with no update (the max of none is -inf)
-            "grad_norm_max": tf.maximum(tf.reduce_max(norms), 0.0),
-            "weight_norm": tf.sqrt(now),
+    return {"weight_norm": tf.sqrt(now),
             "update_ratio": tf.math.divide_no_nan(tf.sqrt(moved),
                                                   tf.sqrt(start))}
 

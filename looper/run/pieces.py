@@ -82,7 +82,7 @@ def trainer(config: ml_collections.ConfigDict,
           class_weights=config.data.class_weights,
           clip_norm=opt.clip_global_norm,
           shard=config.distribution.shard_optimizer, ema_decay=opt.ema_decay,
-          health=t.health_metrics),
+          health=t.health_metrics, grad_norm=t.grad_norm),
       timed=not t.deterministic, settable_rate=bool(config.callbacks))
 
 

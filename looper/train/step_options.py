@@ -9,7 +9,8 @@ Synopsis (what looper.run.pieces.trainer builds from the config)::
                           clip_norm=1.0,           # optimizer.clip_global_norm
                           shard=True,              # distribution.shard_optimizer
                           ema_decay=0.999,         # optimizer.ema_decay
-                          health=True)             # train.health_metrics
+                          health=True,             # train.health_metrics
+                          grad_norm=False)         # train.grad_norm
     trainer = Trainer(config, strategy, data, batch, options=options, ...)
 
     with strategy.scope():                         # what the Trainer does
@@ -18,7 +19,7 @@ Synopsis (what looper.run.pieces.trainer builds from the config)::
       optimizer = options.wrap(build_optimizer())  # loss scaling, if float16
       health = options.watch(strategy, model.trainable_variables)  # or None
       optimizers.after_sum(optimizer, clip_norm=options.clip_norm,
-                           observe=health and health.observe)
+                           observe=health.observe if options.grad_norm else None)
       update = options.updater(optimizer, model.trainable_variables,
                                strategy)           # its slots built: now
       ema = options.average(update)                # None without ema_decay
@@ -57,7 +58,8 @@ class StepOptions:
   clip_norm: float = 0.0  # the summed gradient's global norm at most (0: off)
   shard: bool = False  # the optimizer's slots 1/N per replica (ZeRO 1)
   ema_decay: float = 0.0  # the weight average's decay (0: none)
-  health: bool = False  # gradient and weight norms per loop
+  health: bool = False  # the weights' norm and update ratio per loop
+  grad_norm: bool = False  # each update's gradient norm, per loop
 
   def policy(self):
     """A context to build the model in: its layers keep the dtype policy."""
@@ -80,4 +82,7 @@ class StepOptions:
 
   def watch(self, strategy: tf.distribute.Strategy, weights):
     """The health figures of the updates to `weights`, or None."""
-    return health_lib.Health(strategy, weights) if self.health else None
+    if not (self.health or self.grad_norm):
+      return None
+    return health_lib.Health(strategy, weights, gradients=self.grad_norm,
+                             weight_figures=self.health)

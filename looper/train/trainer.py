@@ -118,11 +118,11 @@ class Trainer:
       self.learning_rate_scale = tf.Variable(
           1.0, trainable=False, name="learning_rate_scale")
       self.optimizer = options.wrap(self.build_optimizer())
-      # Gradient and weight norms per loop (measure/health), or None.
+      # Weight and gradient norms per loop (measure/health), or None.
       self.health = options.watch(strategy, self.model.trainable_variables)
       optimizers.after_sum(  # the summed gradient's norm: clipped by, logged
           self.optimizer, clip_norm=options.clip_norm,
-          observe=self.health.observe if self.health else None)
+          observe=self.health.observe if options.grad_norm else None)
       # The slots built now, in scope (1/N per replica if sharded).
       self.update = options.updater(
           self.optimizer, self.model.trainable_variables, strategy)
@@ -354,7 +354,7 @@ class Trainer:
     consumed (the checkpoint's position), the train metrics, the health's."""
     self.input.advance(ran * self.batch.accum_steps)
     return {**self.train_metrics.results(),
-            **(self.health.end(values[health.SQUARES]) if self.health else {})}
+            **(self.health.end(values) if self.health else {})}
 
   # --- State ------------------------------------------------------------------
 

@@ -1,9 +1,14 @@
-"""What the health figures cost (train.health_metrics): steps/s on vs off.
+"""What the health figures cost (train.health_metrics, train.grad_norm): steps/s on vs off.
 
 Synopsis::
 
     python -m tests.bench.health                 # MLP and CNN, 1 and 2 replicas
+    python -m tests.bench.health --figures=all   # the gradient's norm too
     python -m tests.bench.health --models=mlp --replicas=1 --rounds=40
+
+`--figures=default` times the figures a run has by default (the weights'
+norm and the update ratio, per loop) against none; `--figures=all` adds
+the gradient's norm (train.grad_norm, per update).
 
 The throughput benchmark's models, data and K=50 steps per call
 (tests/bench/throughput.py: the 784-512-512-10 MLP, the MNIST CNN at width
@@ -36,7 +41,7 @@ from tests.bench import throughput
 
 
 def measure(model: str, replicas: int, rounds: int, calls: int,
-            off_first: bool) -> dict:
+            off_first: bool, figures: str) -> dict:
   """The on/off ratio of one configuration, in this (fresh) process."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -50,6 +55,7 @@ def measure(model: str, replicas: int, rounds: int, calls: int,
   for on in ((False, True) if off_first else (True, False)):
     c = config.copy_and_resolve_references()
     c.train.health_metrics = on
+    c.train.grad_norm = on and figures == "all"
     trainers[on] = pieces.trainer(c, strategy)
     trainers[on].train(throughput.K)
   speeds = {True: [], False: []}
@@ -75,13 +81,15 @@ def main():
                       help="K-step calls of each Trainer per round")
   parser.add_argument("--batch", type=int, default=256,
                       help="the global batch")
+  parser.add_argument("--figures", choices=("default", "all"),
+                      default="default")
   parser.add_argument("--one", help=argparse.SUPPRESS)  # child processes
   args = parser.parse_args()
   throughput.BATCH = args.batch
   if args.one:
     model, replicas, order = args.one.split(",")
     print(json.dumps(measure(model, int(replicas), args.rounds, args.calls,
-                             off_first=order == "off")))
+                             off_first=order == "off", figures=args.figures)))
     return
   print(bench.machine())
   for model in args.models.split(","):
@@ -89,12 +97,14 @@ def main():
       runs = [bench.child("tests.bench.health",
                           f"--one={model},{replicas},{order}",
                           f"--rounds={args.rounds}", f"--calls={args.calls}",
-                          f"--batch={args.batch}")
+                          f"--batch={args.batch}",
+                          f"--figures={args.figures}")
               for order in ("off", "on")]
       if None in runs:
         continue
       mean = {k: (runs[0][k] * runs[1][k]) ** 0.5 for k in ("ratio", "best")}
-      print(f"{model}, {replicas} replica(s), batch {args.batch}: on/off"
+      print(f"{model}, {replicas} replica(s), batch {args.batch},"
+            f" {args.figures} figures: on/off"
             f" {mean['ratio']:.3f} (built off first {runs[0]['ratio']:.3f},"
             f" on first {runs[1]['ratio']:.3f}), best rounds'"
             f" {mean['best']:.3f}; steps/s off"

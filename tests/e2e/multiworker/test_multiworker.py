@@ -45,7 +45,8 @@ ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.batch_size=48",
         "--config.optimizer.name=adam", "--config.optimizer.learning_rate=0.01",
         "--config.optimizer.ema_decay=0.9",
         # Per-step values beside the loss (the same on every topology).
-        "--config.trainer=tests.fixtures.tiny:StepValues")
+        "--config.trainer=tests.fixtures.tiny:StepValues",
+        "--config.train.grad_norm=True")
 
 
 def launched(workers, *args, **env_vars):

@@ -29,7 +29,8 @@ NUMERICS = ("--config=tests/fixtures/tiny.py", "--config.model.dropout=0.3",
             "--config.train.grad_accum_steps=2",
             "--config.optimizer.ema_decay=0.9", "--config.train.steps=20",
             "--config.eval.every_steps=10",
-            "--config.trainer=tests.fixtures.tiny:StepValues")
+            "--config.trainer=tests.fixtures.tiny:StepValues",
+            "--config.train.grad_norm=True")
 # No clip: each replica squares 1/N of the summed gradient for the health
 # figures (optimizers.share_of_squares), which the clip's norm cannot.
 PLAIN = ("--config=tests/fixtures/tiny.py", "--config.train.steps=20",

@@ -90,6 +90,7 @@ def reference_run(tmp_path_factory):
   c.optimizer.momentum = MOMENTUM
   c.optimizer.learning_rate = LR
   c.train.steps, c.train.steps_per_loop = 40, 10
+  c.train.grad_norm = True
   result = run.run(c, str(workdir))
   return workdir, result
 

@@ -108,6 +108,7 @@ def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
   strategy = distribute.mirrored(distribute.split_cpu(SESSION_CPUS))
   c = tiny.get_config()
   c.train.precision = "mixed_float16"
+  c.train.grad_norm = True
   t = pieces.trainer(c, strategy, InfOnReplicaOne)
 
   def weights():

@@ -35,6 +35,7 @@ def test_loops_end_exactly_on_eval_checkpoint_and_last_step(tmp_path):
   c.trainer = RecordingTrainer
   c.train.steps, c.train.steps_per_loop = 40, 7
   c.eval.every_steps, c.checkpoint.every_steps = 20, 15
+  c.train.grad_norm = True
   RecordingTrainer.loop_ends.clear()
   run.run(c, str(tmp_path))
   steps = [s for s, _ in RecordingTrainer.loop_ends]
