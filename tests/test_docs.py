@@ -300,6 +300,8 @@ def test_trainer_subclasses_train_and_resume(name, tmp_path, caplog):
     reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints"))
     keys = reader.get_variable_to_shape_map()
     assert any(k.startswith("g_optimizer/") for k in keys), sorted(keys)[:9]
+    # Noise drawn anew each step, counted on across the resume.
+    assert reader.get_tensor("draws/.ATTRIBUTES/VARIABLE_VALUE") == 20
     # Its two losses, per-step values: each step's once in TensorBoard
     # across the resume (their sum the loss), each loop's mean in
     # metrics.jsonl and the result.
