@@ -58,7 +58,7 @@ def _config(model: str, width: int):
 def measure(replicas: int, model: str, width: int, rounds: int) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
-  from looper.options import sharding  # pylint: disable=g-import-not-at-top
+  from looper.options import optimizer_state  # pylint: disable=g-import-not-at-top
   from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
   from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
   strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
@@ -78,7 +78,7 @@ def measure(replicas: int, model: str, width: int, rounds: int) -> dict:
   return dict(ms=[float(np.median(times[s])) for s in (False, True)],
               ratio=float(np.median(ratios)),
               params=trainers[False].model.count_params(),
-              bytes=[sharding.per_device(strategy, trainers[s].update)
+              bytes=[optimizer_state.per_device(strategy, trainers[s].update)
                      for s in (False, True)])
 
 
@@ -86,7 +86,7 @@ def state(replicas: int, shard: bool, width: int) -> dict:
   """In this process: the optimizer state of two steps (--memory)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from looper.options import distribute  # pylint: disable=g-import-not-at-top
-  from looper.options import sharding  # pylint: disable=g-import-not-at-top
+  from looper.options import optimizer_state  # pylint: disable=g-import-not-at-top
   from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
   from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
   strategy = tf.distribute.MirroredStrategy(distribute.split_cpu(replicas))
@@ -96,7 +96,7 @@ def state(replicas: int, shard: bool, width: int) -> dict:
   trainer = pieces.trainer(config, strategy)
   trainer.train(2)
   return dict(params=trainer.model.count_params(),
-              bytes=sharding.per_device(strategy, trainer.update))
+              bytes=optimizer_state.per_device(strategy, trainer.update))
 
 
 def memory(replicas: list[str], width: int) -> None:

@@ -114,7 +114,7 @@ def benchmarks_page() -> str:
     module = (command.split()[2:3] or [""])[0]
     assert module in benchmarks, f"{path}: no '# command: python -m' line"
     ran.add(module)
-    out += [f"## {benchmarks[module][0].rstrip('.')}\n",
+    out += [f"## {module}\n", _wrap(benchmarks[module][0]) + "\n",
             f"Kept in `docs/results/{path.name}`:\n",
             "```text", text.rstrip("\n"), "```", ""]
   out += ["## Not re-run with a results file\n",
