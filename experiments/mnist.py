@@ -86,7 +86,8 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   changed by a PRESETS entry (`--config=experiments/mnist.py:bundled`)."""
   if preset not in PRESETS:
     raise lc.ConfigError(
-        f"--config=experiments/mnist.py:{preset}: no such preset; use one of"
+        # The loader names the file and line before this.
+        f"no such preset {preset!r}; use one of"
         f" {', '.join(repr(p) for p in PRESETS)} (after the ':')")
   # Eval: 10,000 test images are exactly 25 batches of 400 (no padded last
   # batch), and 400 splits over 8 TPU cores. The cosine decay to 0 at

@@ -275,5 +275,4 @@ def test_an_unknown_preset_is_one_line():
   with pytest.raises(lc.ConfigError) as e:
     mnist.get_config("bundle")
   assert str(e.value) == (
-      "--config=experiments/mnist.py:bundle: no such preset; use one of '',"
-      " 'bundled' (after the ':')")
+      "no such preset 'bundle'; use one of '', 'bundled' (after the ':')")
