@@ -86,6 +86,7 @@ TESTED_IN = {
     "looper.workdir.contents": "unit/run/test_faults.py",
     "looper.workdir.formats": "unit/run/test_tensorboard.py",
     "looper.workdir.hparams": "unit/run/test_tensorboard.py",
+    "looper.workdir.holders": "unit/workdir/test_lease.py",
     "looper.workdir.jsonl": "unit/run/test_tensorboard.py",
     "looper.workdir.summaries": "unit/run/test_tensorboard.py",
     "looper.trackers.wandb_files": "unit/trackers/test_wandb.py",
