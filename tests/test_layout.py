@@ -27,11 +27,14 @@ GROUPS = (
     ("looper.train",),
     ("looper.control",),
     ("looper.run", "looper.modes", "looper.console"),
+    # A sweep's parent imports no TensorFlow (test_sweep.py checks it): it
+    # uses workdir.holders and the config's errors, and starts runs.
+    ("looper.sweep",),
     ("looper.main", "looper.cli"),
 )
 # Each group's folder of unit tests (tests/unit/NAME), in GROUPS' order.
 GROUP_FOLDERS = ("floor", "options", "config", "data", "workdir", "trackers",
-                 "measure", "train", "control", "run", "cli")
+                 "measure", "train", "control", "run", "sweep", "cli")
 
 
 def _module(path: pathlib.Path) -> str:
@@ -104,6 +107,13 @@ TESTED_IN = {
     "looper.cli.describe": "e2e/commands/test_console.py",
     "looper.cli.runs": "unit/run/test_tensorboard.py",
     "looper.cli.shards": "unit/data/test_sources.py",
+    "looper.sweep": "e2e/sweep/test_sweep.py",
+    "looper.sweep.claims": "e2e/sweep/test_sweep.py",
+    "looper.sweep.report": "e2e/sweep/test_sweep.py",
+    "looper.sweep.spec": "e2e/sweep/test_sweep.py",
+    "looper.sweep.trials": "e2e/sweep/test_sweep.py",
+    "looper.sweep.worker": "e2e/sweep/test_sweep.py",
+    "looper.cli.sweep": "e2e/sweep/test_sweep.py",
 }
 
 
