@@ -11,7 +11,11 @@ Synopsis::
     | /tmp/sweep/a | 1000 | 0.9741   | 0.08623 | 0.9741 @1000  | 81%     | 0:01:02             |
     | /tmp/sweep/b | 1000 | 0.9613   | 0.1302  | 0.9655 @800   | 64%     | 0:01:05             |
 
-One row per workdir (a directory holding `train/` or `eval/`), from its
+A sweep's folder (`looper sweep --workdir=DIR`) is one row per trial,
+best first by the sweep's objective: number, state, objective, sampled
+values, step and wall time (from each trial's trial.json: looper.sweep.report).
+
+Otherwise one row per workdir (a directory holding `train/` or `eval/`), from its
 `metrics.jsonl` (see `looper.workdir.jsonl`; no event file is read): the last
 step, the last value of every eval metric (each eval set's as
 `<set>/<metric>`), the best evaluation by `best.Best.of`
@@ -103,6 +107,36 @@ def summarize(workdir: str) -> dict[str, str] | None:
   return row
 
 
+def trial_rows(path: str) -> list[dict[str, str]] | None:
+  """The rows of a sweep's trials (`looper sweep --workdir=path`), best
+  first by its objective; None if `path` holds no sweep."""
+  folder = os.path.join(path, "trials")
+  if not tf.io.gfile.isdir(folder):
+    return None
+  found = []
+  for name in tf.io.gfile.listdir(folder):
+    record = files.read_json(os.path.join(folder, name.rstrip("/"),
+                                          "trial.json"))
+    if record:
+      found.append((record, os.path.join(folder, name.rstrip("/"))))
+  if not found:
+    return None
+  sign = -1 if found[0][0]["direction"] == "maximize" else 1
+  found.sort(key=lambda f: (f[0]["value"] is None,
+                            sign * (f[0]["value"] or 0), f[0]["number"]))
+  rows = []
+  for record, trial in found:
+    run = summarize(trial) or {}
+    row = {"trial": str(record["number"]), "state": record["state"],
+           record["objective"]: ("-" if record["value"] is None else
+                                 formats.number(record["value"]))}
+    row.update({k: formats.number(v) if isinstance(v, float) else str(v)
+                for k, v in record["params"].items()})
+    row.update({k: run[k] for k in ("step", WALL) if k in run})
+    rows.append(row)
+  return rows
+
+
 def table(rows: list[dict[str, str]]) -> str:
   """A markdown table, padded so it also reads as plain text."""
   columns = []
@@ -126,6 +160,9 @@ def _collect(path: str, seen: set[str]) -> tuple[list[dict[str, str]],
   if not tf.io.gfile.isdir(path):
     return [], [f"{path} is not a directory" if tf.io.gfile.exists(path)
                 else f"{path} does not exist"]
+  trials = trial_rows(path)
+  if trials is not None:
+    return trials, []
   found = workdirs(path)
   if not found:
     return [], [f"{path} holds no looper workdir (train/ or eval/), here or"

@@ -31,19 +31,12 @@ def _write_json(path: str, record: dict) -> None:
 
 
 def write_trial(folder: str, trial: optuna.trial.FrozenTrial,
-                objective: str) -> None:
+                spec: dict) -> None:
   _write_json(os.path.join(folder, "trial.json"), {
       "number": trial.number, "state": trial.state.name.lower(),
-      "params": trial.params, "objective": objective, "value": trial.value,
+      "params": trial.params, "objective": spec["objective"],
+      "direction": spec["direction"], "value": trial.value,
       "error": trial.user_attrs.get("error")})
-
-
-def read_trial(folder: str) -> dict | None:
-  try:
-    with open(os.path.join(folder, "trial.json")) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
 
 
 def write_best(study: optuna.Study, sweep_dir: str, objective: str,

@@ -190,7 +190,7 @@ class Worker:
 
   def _record(self, run: _Run) -> None:
     frozen = self.study._storage.get_trial(run.trial._trial_id)  # pylint: disable=protected-access
-    report.write_trial(run.folder, frozen, self.spec["objective"])
+    report.write_trial(run.folder, frozen, self.spec)
 
   def _watch(self, run: _Run) -> None:
     if run.proc is None:
