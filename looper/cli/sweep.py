@@ -123,9 +123,11 @@ def sweep(overrides: list[str]) -> int:
     worker.say(f"best: trial {best['number']}, {spec['objective']}="
                f"{best['value']:.4g}; {o.sweep_dir}/best.json; reproduce:"
                f" {best['command']}")
-  report.plots(study, o.sweep_dir)
-  worker.say(f"looper runs {o.sweep_dir}; plots in {o.sweep_dir}/plots;"
-             f" optuna-dashboard {study_lib.storage_url(FLAGS.storage, o.sweep_dir)}")
+  drawn = report.plots(study, o.sweep_dir)
+  plots = (f"plots in {o.sweep_dir}/plots" if drawn is not None else
+           "no plots: pip install matplotlib (the sweep extra)")
+  worker.say(f"looper runs {o.sweep_dir}; {plots}; optuna-dashboard"
+             f" {study_lib.storage_url(FLAGS.storage, o.sweep_dir)}")
   return code
 
 

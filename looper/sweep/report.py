@@ -58,9 +58,13 @@ def write_best(study: optuna.Study, sweep_dir: str, objective: str,
   return record
 
 
-def plots(study: optuna.Study, sweep_dir: str) -> list[str]:
-  """Writes DIR/plots/<name>.png for each of PLOTS Optuna can draw."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+def plots(study: optuna.Study, sweep_dir: str) -> list[str] | None:
+  """Writes DIR/plots/<name>.png for each of PLOTS Optuna can draw; None
+  without matplotlib (the `sweep` extra installs it)."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
   from optuna.visualization import matplotlib as vis  # pylint: disable=g-import-not-at-top

@@ -33,7 +33,8 @@ def read(config: str, overrides: list[str], starter, folder: str) -> dict:
   """The checked sweep of experiment `config` (module doc), read by a
   child started through `starter` (looper.sweep.trials.Starter) with its
   output in `folder`; ConfigError with the child's one line if it fails."""
-  out, err = (os.path.join(folder, f"spec.{name}") for name in ("out", "err"))
+  out, err = (os.path.join(folder, f"spec-{os.getpid()}.{name}")
+              for name in ("out", "err"))  # one per worker of the folder
   try:
     proc = starter.start(
         [sys.executable, "-m", "looper.sweep.spec", f"--config={config}",
