@@ -171,3 +171,34 @@ def test_killed_trials_and_parents_resume_as_the_twin(twin, tmp_path):
   # Goodput shows the attempts of the killed trials.
   assert len(list((_trial(workdir, 0) / "goodput").iterdir())) >= 2
   assert len(list((_trial(workdir, 1) / "goodput").iterdir())) >= 2
+
+
+def _error(capsys) -> str:
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1, lines
+  return lines[0]
+
+
+def test_bad_input_is_one_line_before_a_second_trial(tmp_path, capsys):
+  assert sweeps.run_sweep(tmp_path / "a", "--trials=0") == 1
+  assert _error(capsys) == "looper sweep: --trials=0: give at least 1"
+  assert sweeps.run_sweep(tmp_path / "b", "--trials=2",
+                          "--config.model.width=8") == 1
+  assert _error(capsys) == (
+      "looper sweep: --config.model.width=8: that field is swept"
+      " (get_sweep's space); drop the override, or the field from the space")
+  assert sweeps.run_sweep(tmp_path / "c", "--trials=2",
+                          config=f"{sweeps.CONFIG}:badkey") == 1
+  assert _error(capsys) == (
+      "looper sweep: get_sweep: space key 'optimizer.learnig_rate' is no"
+      " config field; did you mean 'optimizer.learning_rate'?")
+  # A metric no run writes: the first evaluation says so; with 2 slots,
+  # no second trial started meanwhile.
+  assert sweeps.run_sweep(tmp_path / "d", "--trials=4", "--parallel=2",
+                          config=f"{sweeps.CONFIG}:typo") == 1
+  said = [l for l in capsys.readouterr().out.splitlines() if "typo" in l]
+  assert said[0].split(" ", 1)[1] == (
+      "looper sweep: objective 'eval/typo' is not in trial 0's evaluations"
+      " (they hold loss, examples, accuracy); name one of those in"
+      " get_sweep(), as eval/<metric> or <set>/<metric>")
+  assert sorted(os.listdir(tmp_path / "d" / "trials")) == ["0"]
