@@ -107,13 +107,12 @@ TESTED_IN = {
     "looper.cli.describe": "e2e/commands/test_console.py",
     "looper.cli.runs": "unit/run/test_tensorboard.py",
     "looper.cli.shards": "unit/data/test_sources.py",
-    "looper.sweep": "e2e/sweep/test_sweep.py",
     "looper.sweep.claims": "e2e/sweep/test_sweep.py",
     "looper.sweep.report": "e2e/sweep/test_sweep.py",
     "looper.sweep.spec": "e2e/sweep/test_sweep.py",
     "looper.sweep.trials": "e2e/sweep/test_sweep.py",
     "looper.sweep.worker": "e2e/sweep/test_sweep.py",
-    "looper.cli.sweep": "e2e/sweep/test_sweep.py",
+    "looper.cli.sweep_spec": "e2e/sweep/test_sweep.py",
 }
 
 
@@ -223,6 +222,13 @@ NOT_RUN_FILES = {
                                  " FLOP/s (peak_flops.cache_path(): in"
                                  " ~/.cache/looper by default), shared by"
                                  " runs",
+    # A sweep's own files, beside its trials' runs (a POSIX folder: the
+    # parent imports no TensorFlow, so no gfile).
+    "looper.cli.sweep": "the sweep's folder and its trials/",
+    "looper.sweep.claims": "trials/<n>/claim.json and DIR/sweep.lock",
+    "looper.sweep.report": "trials/<n>/trial.json, best.json, plots/",
+    "looper.sweep.spec": "the spec child's output, removed once read",
+    "looper.sweep.trials": "trials/<n>/trial.log, the trial's output",
 }
 # Calls that make, replace, move or remove a file, by their dotted name's end.
 CHANGES = ("gfile.makedirs", "gfile.mkdir", "gfile.rename", "gfile.copy",

@@ -26,7 +26,7 @@ def _argv(workdir, *args):
 
 
 def _env(**more):
-  return dict(os.environ, PYTHONPATH=PYTHONPATH, **more)
+  return dict(os.environ, **{"PYTHONPATH": PYTHONPATH, **more})
 
 
 def _lines(folder, name="metrics.jsonl"):
@@ -35,12 +35,20 @@ def _lines(folder, name="metrics.jsonl"):
 
 
 def test_fifty_trials_in_flat_memory_without_tensorflow(tmp_path):
+  # PYTHONPATH without the suite's startup folder: with matplotlib (the
+  # sweep extra's), for the plots.
   done = subprocess.run(_argv(tmp_path / "s", "--trials=50", "--parallel=2",
                               "--seed=0", "--pruner=none",
                               "--max_failures=50"),
-                        cwd=ROOT, env=_env(), capture_output=True, text=True,
-                        timeout=300, check=False)
+                        cwd=ROOT, env=_env(PYTHONPATH=str(ROOT)),
+                        capture_output=True, text=True, timeout=300,
+                        check=False)
   assert done.returncode == 0, done.stderr[-2000:]
+  plots = sorted((tmp_path / "s" / "plots").iterdir())
+  assert [p.name for p in plots] == [
+      "optimization_history.png", "parallel_coordinate.png",
+      "param_importances.png"]
+  assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
   study = optuna.load_study(study_name="s",
                             storage=f"sqlite:///{tmp_path}/s/study.db")
   trials = study.get_trials()
