@@ -12,8 +12,8 @@ Where each concern lives (BUILD.md "Layout" maps every module):
 
     looper/
       main.py      the absl app: flags -> a mode (`looper.cli` for the tools)
-      run.py       assembles a run from a config (`Run`) and runs a mode
-      config.py    the defaults and `validate` (fields declared once)
+      run/         assembles a run from a config (`Run`) and runs a mode
+      config.py    the blocks composed (each declared by its owner), `validate`
       console.py   the header and summary lines a run prints
       errors.py, references.py, compat.py, keras_compat.py, autograph.py,
       fields.py    the floor: one-line errors, 'module:name' references and

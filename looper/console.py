@@ -8,8 +8,9 @@ Synopsis::
     # looper.run.run, called from plain Python or a notebook too:
     with console.printing(verbose):
       ...
-    logging.info("%s", console.header(config, strategy, workdir, mode,
-                                      "fresh start", model, batch))
+    logging.info("%s", console.header(
+        strategy, workdir, mode, "fresh start", model, batch, config.train,
+        config.eval, config.checkpoint, config.distribution))
     logging.info("%s", console.summary(result, workdir, seconds, ...))
     # looper/main.py, before its one error line:
     console.expect_partial_restores(error)
@@ -31,7 +32,6 @@ of a `looper.run.run` call.
 import collections
 import contextlib
 import datetime
-import json
 import logging as std_logging
 import os
 import sys
@@ -178,51 +178,10 @@ def expect_partial_restores(error: BaseException) -> None:
       tb = tb.tb_next
 
 
-def _differences(config: dict, trained: dict, prefix: str = ""
-                 ) -> dict[str, str]:
-  """{field: 'field=value (config.json: value)'} of each field `config`
-  and `trained` (config.json) hold differently, by name."""
-  found = {}
-  for key in sorted(set(config) | set(trained)):
-    mine, theirs = config.get(key), trained.get(key)
-    if isinstance(mine, dict) and isinstance(theirs, dict):
-      found.update(_differences(mine, theirs, f"{prefix}{key}."))
-    elif mine != theirs:
-      found[prefix + key] = (f"{prefix}{key}={json.dumps(mine)} (config.json:"
-                             f" {json.dumps(theirs)})")
-  return found
-
-
-def _differs(config, trained: dict, argv: list[str]) -> str:
-  """Where `config` (the run's, epochs resolved) and `trained` differ, by
-  where each value came from: the command line `argv` (its
-  --config.FIELD flags), derived by the run (the steps of an epochs field
-  it sets: looper.control.epochs), or the experiment file (a config from
-  Python: the config given); '' if nowhere."""
-  from looper import config as lc  # pylint: disable=g-import-not-at-top
-  from looper import references  # pylint: disable=g-import-not-at-top
-  flags = {a[len("--config."):].split("=")[0] for a in argv
-           if a.startswith("--config.")}
-  derived = {steps for steps, epochs, _ in lc.IN_EPOCHS
-             if lc.value_at(config, epochs)}
-  rest = ("from the experiment file" if any(
-      a == "--config" or a.startswith("--config=") for a in argv)
-          else "in the config given")
-  groups = {"on the command line": [], rest: [], "derived": []}
-  for field, text in _differences(
-      json.loads(references.to_json(config)), trained).items():
-    given = field in flags or any(field.startswith(f + ".") for f in flags)
-    where = ("derived" if field in derived else
-             "on the command line" if given else rest)
-    groups[where].append(text)
-  return "; ".join(f"{where}: {', '.join(texts)}"
-                   for where, texts in groups.items() if texts)
-
-
-def header(config, strategy, workdir: str | None, mode: str,
-           start: str | None, model, batch, peak=None, epoch=None,
-           note: str | None = None, trained: dict | None = None,
-           state: int | None = None) -> str:
+def header(strategy, workdir: str | None, mode: str, start: str | None,
+           model, batch, train, evaluation, checkpoint, distribution, *,
+           peak=None, epoch=None, note: str | None = None,
+           state: int | None = None, differs: str = "") -> str:
   """The lines that open a run: what runs where (`start`: from where it
   starts, or what it reads), with which batch (`batch`, the run's
   `looper.data.batch.Batch`), how many epochs the steps are (of `epoch`, a
@@ -231,17 +190,14 @@ def header(config, strategy, workdir: str | None, mode: str,
   and a `note` on what the run cannot promise (looper.train.randomness);
   `state`: the optimizer state's bytes per device (Trainer's).
 
-  `trained`, a trained run's config.json, is what an evaluator or export
-  describes (what was trained) instead of `config`, the command line's;
-  where they differ, one line says in which fields and where each value
-  in use came from (`_differs`: the command line, the experiment file, or
-  derived).
+  What it prints of a config, from its blocks: `train`'s steps,
+  steps_per_loop, precision and jit_compile, `evaluation`'s and
+  `checkpoint`'s every_steps and `distribution`'s shard_optimizer: the
+  run's, or what an evaluator or export describes, what was trained (its
+  config.json: looper.modes.described); `differs`, where that config.json
+  and the command line's config differ and where each value in use came
+  from (looper.config.differences).
   """
-  differs = ""
-  if trained is not None:
-    import ml_collections  # pylint: disable=g-import-not-at-top
-    differs = _differs(config, trained, sys.argv)
-    config = ml_collections.ConfigDict(trained)
   replicas = strategy.num_replicas_in_sync
   name = type(strategy).__name__.replace("Strategy", "")
   name = "default" if name.startswith("_Default") else name
@@ -265,15 +221,15 @@ def header(config, strategy, workdir: str | None, mode: str,
       f" per replica x {replicas}" + (f", {accum} micro-batches per update"
                                       if accum > 1 else "") +
       f"; eval {batch.eval_batch_size}",
-      f"  steps      {config.train.steps}{_in_epochs(config, epoch)},"
-      f" {config.train.steps_per_loop} per loop; eval every"
-      f" {config.eval.every_steps or 'end'}, checkpoint every"
-      f" {config.checkpoint.every_steps or 'end'}",
-      f"  precision  {config.train.precision}"
-      f"{', XLA per step' if config.train.jit_compile else ''}",
+      f"  steps      {train.steps}{_in_epochs(train.steps, epoch)},"
+      f" {train.steps_per_loop} per loop; eval every"
+      f" {evaluation.every_steps or 'end'}, checkpoint every"
+      f" {checkpoint.every_steps or 'end'}",
+      f"  precision  {train.precision}"
+      f"{', XLA per step' if train.jit_compile else ''}",
   ]
   from looper.options import precision  # pylint: disable=g-import-not-at-top
-  slower = precision.slower_here(config.train.precision,
+  slower = precision.slower_here(train.precision,
                                  accelerated=bool({"GPU", "TPU"} & set(types)))
   if slower:
     lines[-1] += f" (slower here: {slower})"
@@ -282,7 +238,7 @@ def header(config, strategy, workdir: str | None, mode: str,
     size = "{} {}B".format(*formats.si(state))
     lines.append(f"  memory     optimizer state {size} per device" + (
         f" (sharded over {replicas} replicas)"
-        if config.distribution.shard_optimizer and replicas > 1 else ""))
+        if distribution.shard_optimizer and replicas > 1 else ""))
   if peak:
     lines.append(f"  MFU        of {formats.flops(peak.flops_per_sec)}:"
                  f" {peak.source}")
@@ -293,11 +249,11 @@ def header(config, strategy, workdir: str | None, mode: str,
   return "\n".join(lines)
 
 
-def _in_epochs(config, epoch) -> str:
+def _in_epochs(steps: int, epoch) -> str:
   """' = 1.003 epochs of 60,000' (the steps' epochs), or '' if unknown."""
   if epoch is None:
     return ""
-  n = epoch.of(config.train.steps)
+  n = epoch.of(steps)
   number = f"{n:.4g}" if n < 1000 else f"{n:,.0f}"
   return f" = {number} epoch{'s' * (number != '1')} of {epoch}"
 

@@ -1,4 +1,4 @@
-"""Declared config fields: a value with its kind and bounds, declared once.
+"""Declared config fields: a value with its kind and bounds, declared once; the checks of a block.
 
 Synopsis (in a get_config(); `looper.config` re-exports these)::
 
@@ -8,15 +8,25 @@ Synopsis (in a get_config(); `looper.config` re-exports these)::
     for path, field in fields.declared(c):  # what config.validate checks
       field.allows(field.get()), field.must
 
+    # A block's owner checks it (optimizers.check, distribute.check, ...):
+    fields.check_declared(block, "optimizer")   # each declared field
+    fields.check(block.learning_rate > 0, "optimizer.learning_rate",
+                 block.learning_rate, "must be > 0")
+    fields.check_choice(block.name, "optimizer.name", OPTIMIZERS)
+
 A `Field` is an ml_collections FieldReference that keeps its bounds, so
 `--config.x.y=v` is typed by it and `looper.config.validate` names the
-bound a bad value breaks ("must be a whole number >= 1").
+bound a bad value breaks ("must be a whole number >= 1"). Every check
+raises ConfigError in one line naming the field, the value and the fix.
 """
 
+import difflib
 from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
+
+from looper.errors import ConfigError
 
 
 def whole_number(value: Any) -> bool:
@@ -97,3 +107,30 @@ def object_field(default):
   # A field that holds a callable, a class or a 'module:name' string. Without
   # field_type=object ml_collections would fix its type at the first value.
   return config_dict.FieldReference(default, field_type=object)
+
+
+def check(ok: bool, field: str, value: Any, fix: str) -> None:
+  """Raises ConfigError 'config.FIELD=VALUE: FIX' unless `ok`."""
+  if not ok:
+    raise ConfigError(f"config.{field}={value!r}: {fix}")
+
+
+def check_choice(value: Any, field: str, choices, also: str = "") -> None:
+  """`value` must be one of `choices` (a table's keys); else one line with
+  the nearest name (and `also`, another way to set the field)."""
+  choices = list(choices)
+  if value not in choices:
+    close = difflib.get_close_matches(str(value), choices, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(
+        f"config.{field}={value!r} is not one of {', '.join(choices)};"
+        f" {hint}set --config.{field}{also}")
+
+
+def check_declared(c: ml_collections.ConfigDict, prefix: str = "") -> None:
+  """Each declared field of `c` (a block at `prefix`: 'optimizer') holds a
+  value its declaration allows."""
+  for path, field in declared(c, f"{prefix}." if prefix else ""):
+    value = field.get()
+    check(field.allows(value), path, value,
+          f"must be {field.must}; set --config.{path}")

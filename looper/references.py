@@ -5,6 +5,7 @@ Synopsis::
     from looper import references
     model_fn = references.resolve(config.model_fn, "model_fn")  # fn or 'mod:fn'
     references.resolve("experiments/mnist.py:model_fn", "model_fn")  # by path
+    read = references.bound(config, "dataset_fn")  # read(split): of config
     text = references.to_json(config)     # callables written as 'module:name'
 
 A config field may hold a callable, a class or a string naming one
@@ -81,6 +82,13 @@ def resolve(value: Any, field: str) -> Any:
 
 # Files loaded by `_import`, by real path.
 _FILES: dict[str, types.ModuleType] = {}
+
+
+def bound(c: ml_collections.ConfigDict, field: str) -> Any:
+  """The callable `c[field]` names (`resolve`), given `c` as its first
+  argument: an experiment's hook that takes the whole config
+  (`dataset_fn(config, split)`), for a piece that gets its own block."""
+  return functools.partial(resolve(c[field], field), c)
 
 
 def _import(module: str):

@@ -20,33 +20,33 @@ from looper import console
 from looper import references
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
-from looper.data import splits
 from looper.options import distribute
 from looper.options import optimizer_state
-from looper.control import epochs
+from looper.run import pieces
 from looper.workdir import summaries
 
 
 def describe(config) -> str:
   """The description of `config` as text (see module doc)."""
   config_lib.validate(config)
-  strategy = distribute.strategy_for(config)
-  batch = batch_lib.of(config, strategy.num_replicas_in_sync)
-  data = input_lib.Input(config, strategy, batch)
+  strategy = distribute.strategy_for(config.distribution)
+  batch = batch_lib.of(config.train, config.eval,
+                       strategy.num_replicas_in_sync)
+  data = input_lib.Input(config.data, strategy, batch, seed=config.seed,
+                         dataset_fn=references.bound(config, "dataset_fn"))
   # Its splits are counted anyway: the header says what the steps are in
   # epochs in element mode too.
-  config, epoch = epochs.resolve(config, data, count=True)
-  trainer = references.resolve(config.trainer, "trainer")(
-      config, strategy, data, batch,
-      steps_per_loop=config.train.steps_per_loop)
-  lines = [console.header(config, strategy, None, "describe", None,
-                          trainer.model, batch, epoch=epoch,
-                          note=trainer.random.note(),
-                          state=optimizer_state.per_device(strategy, trainer.update,
-                                                    trainer.ema)),
-           "", "data"]
-  for split in (config.data.train_split, *splits.eval_sets(config).values()):
-    field = splits.split_field(config, split)
+  config, epoch = config_lib.resolve_epochs(config, data, count=True)
+  trainer = pieces.trainer(config, strategy, data, batch,
+                           steps_per_loop=config.train.steps_per_loop)
+  lines = [console.header(
+      strategy, None, "describe", None, trainer.model, batch, config.train,
+      config.eval, config.checkpoint, config.distribution, epoch=epoch,
+      note=trainer.random.note(),
+      state=optimizer_state.per_device(strategy, trainer.update,
+                                       trainer.ema)), "", "data"]
+  for split in (config.data.train_split, *data.eval_sets.values()):
+    field = data.field(split)
     source = data.source(split)
     size = data.size(split)  # element mode: counted by one pass
     inputs, labels, weights = batch_lib.parts(

@@ -50,8 +50,8 @@ from looper.data import checks
 from looper.data import input as input_lib
 from looper.data import splits
 from looper.options import distribute
-from looper.control import epochs
 from looper.options import precision
+from looper.run import pieces
 
 # Distinct train batch shapes above which a TPU run spends its time
 # compiling (rule 3).
@@ -74,17 +74,20 @@ def check(config, *, cores: int = 8, batches: int = 20,
   # config asks for; the steps are compiled below one at a time
   # (train.jit_compile only affects the train loop, which is not run).
   strategy = tf.distribute.get_strategy()
-  batch = batch_lib.of(config, strategy.num_replicas_in_sync)
+  batch = batch_lib.of(config.train, config.eval,
+                       strategy.num_replicas_in_sync)
   problems = _batch_problems(batch, cores) + _precision_problems(config)
   if problems:  # the per-core batch is needed by everything below
     return problems
   per_core = dataclasses.replace(batch, replicas=cores)  # splits: checked
   trainer_cls = references.resolve(config.trainer, "trainer")
-  data = input_lib.Input(config, strategy, batch)
+  data = input_lib.Input(config.data, strategy, batch, seed=config.seed,
+                         dataset_fn=references.bound(config, "dataset_fn"))
   # The optimizer's schedule needs the steps train.epochs come to.
-  config, _ = epochs.resolve(config, data, known=False)
-  trainer = trainer_cls(config, strategy, data, batch,
-                        steps_per_loop=config.train.steps_per_loop)
+  config, _ = config_lib.resolve_epochs(config, data, known=False)
+  trainer = pieces.trainer(config, strategy, data, batch,
+                           steps_per_loop=config.train.steps_per_loop,
+                           cls=trainer_cls)
   if notes is not None and trainer.random.note():
     notes.append(trainer.random.note())
   read = [config.data.train_split, *splits.eval_sets(config).values()]
@@ -304,7 +307,7 @@ def report(problems: list[str], config, cores: int, notes=()) -> str:
   if problems:
     text = "\n".join(f"looper check: {p}" for p in problems)
   else:
-    batch = batch_lib.of(config, cores)
+    batch = batch_lib.of(config.train, config.eval, cores)
     text = (f"ready: the train and eval steps compile with XLA on static"
             f" shapes, the input is pure tf.data, batch"
             f" {batch.micro_batch_size} = {batch.per_replica} per core on"

@@ -37,14 +37,14 @@ time each action before it took after that loop (`spent`), whether
 training ends or stops there, `end_training(reason)` (an early stop),
 `writer`, the run's writers (looper.workdir.writers: TensorBoard's train/,
 metrics.jsonl, the experiment trackers) to write scalars, images,
-histograms and texts through, and `trainer`, the run's Trainer (its model,
-optimizer, strategy).
+histograms and texts through, and `model`, the run's Keras model.
 What the function returns, if not None, is the mode's result under the
 action's `name` (the last value: the evaluation's logs, the export's path).
 New behaviour (export, a profiler window, an early stop) is a new action:
 the Controller's loop does not change. A user's join the run's through
 `config.actions` (`of_config`): after the evaluation, before the save, so
-that what they write is covered by the checkpoint that follows.
+that what they write is covered by the checkpoint that follows. That
+top-level field is declared here (`config()`).
 """
 
 import dataclasses
@@ -53,7 +53,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+import ml_collections
+
 from looper import errors
+from looper import fields
 from looper import references
 
 
@@ -89,7 +92,7 @@ class Moment:
   # The run's writers (a looper.workdir.writers.Writer; no-ops but on the
   # chief); None outside a run.
   writer: Any = None
-  trainer: Any = None  # the run's looper.Trainer; None outside a run
+  model: Any = None  # the run's Keras model; None outside a run
   chief: bool = True  # this process is the one that writes files
 
   @property
@@ -196,3 +199,12 @@ def of_config(config) -> list[Action]:
         f"config.actions={value!r}: give a list of looper.Action, or a"
         " factory f(config) returning one ('module:name' or a function)")
   return list(value)
+
+
+def config() -> ml_collections.ConfigDict:
+  """The top-level field `actions`: its default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # The user's looper.Actions beside looper's (README "Hooks of your own"):
+  # a list, or a factory f(config) returning one (or its 'module:name').
+  c.actions = fields.object_field(())
+  return c

@@ -6,7 +6,12 @@ Synopsis (what `looper.run.Run._build_callbacks` and `_build_actions` do)::
                    keras.callbacks.CSVLogger("/tmp/run/epochs.csv")]
     # or c.callbacks = "my_module:callbacks": callbacks(config) -> a list
 
-    calls = callbacks.build(config, config.callbacks, trainer, chief=True)
+    calls = callbacks.build(config, config.callbacks, model=trainer.model,
+                            optimizer=trainer.optimizer,
+                            rate_scale=trainer.learning_rate_scale,
+                            metrics=trainer.train_metrics, chief=True,
+                            every_steps=500, total_steps=2000,
+                            eval_batch_size=256, monitor="")
     checkpointer = Checkpointer(..., {**trainer.checkpoint_items(),
                                       **calls.checkpoint_items()})
     groups = calls.actions(eval_logs=evaluation.evaluate,
@@ -33,7 +38,7 @@ period (eval.every_steps; the whole run if 0), in the mode `train` too::
                                          # before the step's checkpoint
     on_train_end(logs)                   # after the last save (a stop too)
 
-`model` is the Trainer's model seen through `ModelView`: `model.optimizer`
+`model` is the run's model seen through `ModelView`: `model.optimizer`
 is the run's optimizer (its rate settable: `OptimizerView`) and
 `model.stop_training` ends training at that step on every worker (as
 `now.end_training`: evaluated, saved, and a rerun stays ended), neither
@@ -51,7 +56,8 @@ state; an epoch the checkpoint fell inside does not begin again. With
 several eval sets, on_epoch_end has each as '<set>/<metric>' and the
 monitor set (eval.monitor_set) as 'val_<metric>' (`val_logs`), which
 on_test_end has. A callback that raises ends the run in one line naming it and its method;
-the last checkpoint is kept.
+the last checkpoint is kept. The top-level field `callbacks` is declared
+here (`config()`).
 """
 
 import dataclasses
@@ -59,8 +65,10 @@ import math
 from typing import Callable
 
 import keras
+import ml_collections
 
 from looper import errors
+from looper import fields
 from looper import references
 from looper.data import splits
 from looper.control import actions as actions_lib
@@ -84,9 +92,11 @@ REFUSED = {
 }
 
 
-def build(config, value, trainer, *, chief: bool) -> "Callbacks":
+def build(config, value, **rest) -> "Callbacks":  # pylint: disable=redefined-outer-name
   """config.callbacks (`value`: a list, or a factory `f(config) -> list`
-  or its 'module:name') checked, one line each (none: no actions).
+  or its 'module:name') checked, one line each (none: no actions); the
+  config is read by nothing but that factory. The rest (`rest`): as
+  `Callbacks` takes them.
 
   Raises:
     ConfigError: the factory raised, an entry is no keras.callbacks.Callback,
@@ -119,18 +129,15 @@ def build(config, value, trainer, *, chief: bool) -> "Callbacks":
         raise errors.ConfigError(
             f"config.callbacks[{i}]={type(callback).__name__}: "
             f"{REFUSED[cls.__name__]}; remove it from config.callbacks")
-  return Callbacks(list(value), trainer, chief=chief,
-                   every_steps=config.eval.every_steps,
-                   total_steps=config.train.steps,
-                   eval_batch_size=config.eval.batch_size,
-                   monitor=splits.monitor_set(config))
+  return Callbacks(list(value), **rest)
 
 
 class OptimizerView:
   """The run's optimizer as callbacks see it (`model.optimizer`): all of
   it, its `learning_rate` settable although looper's rate is a schedule.
 
-  Setting the rate sets the Trainer's `learning_rate_scale`, the factor on
+  Setting the rate sets the learning-rate scale (the Trainer's
+  `learning_rate_scale`), the factor on
   the schedule (looper.options.optimizers.Scaled): with the default
   constant schedule the rate is the one set, as under fit; under a
   decaying one, the decay goes on from it. A Trainer whose optimizer has a
@@ -169,7 +176,7 @@ class OptimizerView:
 
 
 class ModelView:
-  """The Trainer's model as callbacks see it: every attribute the model's,
+  """The run's model as callbacks see it: every attribute the model's,
   but `optimizer` (an OptimizerView) and `stop_training`, kept here so
   neither is tracked by the model (its checkpoint and export)."""
 
@@ -217,8 +224,12 @@ class Callbacks:
 
   Args:
     callbacks: keras.callbacks.Callback objects (checked by `build`).
-    trainer: the run's Trainer: its model, optimizer, learning-rate scale
-      and metrics.
+    model, optimizer: the run's (`model` and `model.optimizer` to them).
+    rate_scale: the factor on the schedule `model.optimizer.learning_rate`
+      sets (`OptimizerView`; the Trainer's `learning_rate_scale`), saved
+      with their state.
+    metrics: the train metrics (looper.options.metrics.Metrics): the
+      logs' names, the directions of a monitor's 'auto' mode.
     chief: whether this process writes files (others skip CSVLogger and
       callbacks with `chief_only = True`).
     every_steps: eval.every_steps: an epoch's steps (0: the whole run).
@@ -228,9 +239,9 @@ class Callbacks:
     monitor: the eval set seen as fit's validation data (`val_logs`).
   """
 
-  def __init__(self, callbacks: list, trainer, *, chief: bool,
-               every_steps: int, total_steps: int, eval_batch_size: int,
-               monitor: str = ""):
+  def __init__(self, callbacks: list, *, model, optimizer, rate_scale,
+               metrics, chief: bool, every_steps: int, total_steps: int,
+               eval_batch_size: int, monitor: str = ""):
     self._all = callbacks
     self._active = [c for c in callbacks if chief or not (
         isinstance(c, keras.callbacks.CSVLogger) or
@@ -238,15 +249,13 @@ class Callbacks:
     self._chief = chief
     self._every = every_steps
     self._eval_batch, self._monitor = eval_batch_size, monitor
-    self.model = ModelView(trainer.model, OptimizerView(
-        trainer.optimizer, trainer.learning_rate_scale))
+    self.model = ModelView(model, OptimizerView(optimizer, rate_scale))
     self._params = {"verbose": 0, "epochs": math.ceil(
         total_steps / every_steps) if every_steps else 1,
                     "steps": every_steps or total_steps}
     self._state = callback_state.State(
-        callbacks, trainer.learning_rate_scale,
-        trainer.train_metrics.names) if callbacks else None
-    self._metrics = trainer.train_metrics
+        callbacks, rate_scale, metrics.names) if callbacks else None
+    self._metrics = metrics
     self._eval_logs = self._latest = None  # given by `actions`
     self._begun = False  # on_train_begin was called
     self._val = None  # (step, eval logs as val_*) of the last evaluation
@@ -380,3 +389,11 @@ def val_logs(logs: dict, monitor: str = "") -> dict:
   every = logs if monitor else {}
   return {k: v for k, v in {**every, **val}.items()
           if k.rsplit("/", 1)[-1] not in ("examples", "val_examples")}
+
+
+def config() -> ml_collections.ConfigDict:
+  """The top-level field `callbacks`: its default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # Keras callbacks as fit() calls them: a list, or a factory as for actions.
+  c.callbacks = fields.object_field(())
+  return c

@@ -84,6 +84,7 @@ class Controller:
       (`PeakSurface`: looper.measure.peak_flops.Peak); None: no mfu.
     writer: the run's writers, given to actions as `Moment.writer`
       (looper.workdir.summaries.Summaries.writer).
+    model: the run's Keras model, given to actions as `Moment.model`.
     chief: whether this process is the chief (`Moment.chief`: an action
       not for all workers runs there only).
     clock: times each loop (steps_per_sec), injectable for tests.
@@ -98,7 +99,7 @@ class Controller:
                nan_recovery_tries: int = 0,
                spikes: SpikeSurface | None = None,
                peak: PeakSurface | None = None, writer=None,
-               chief: bool = True,
+               model=None, chief: bool = True,
                clock: Callable[[], float] = time.perf_counter):
     self.trainer = trainer
     self.checkpointer = checkpointer
@@ -111,7 +112,7 @@ class Controller:
     self._nan_tries = nan_recovery_tries
     self._spikes = spikes
     self._peak = peak
-    self._writer, self._chief = writer, chief
+    self._writer, self._model, self._chief = writer, model, chief
     self._above_peak = False  # said once that a loop beat the peak
     self._clock = clock
 
@@ -190,7 +191,7 @@ class Controller:
       return result
     stop = self.trainer.stop
     now = actions_lib.Moment(step, self.total_steps, agree=stop.agree,
-                             writer=self._writer, trainer=self.trainer,
+                             writer=self._writer, model=self._model,
                              chief=self._chief)
     self._start(now, actions)
     tries = 0

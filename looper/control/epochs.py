@@ -1,18 +1,20 @@
 """Epochs as steps: train.epochs, eval.every_epochs, checkpoint.every_epochs.
 
-Synopsis (what `looper.run.run` does before it builds the Trainer)::
+Synopsis (what `looper.run.run` does before it builds the Trainer, through
+looper.config.resolve_epochs, which sets the steps fields of a copy)::
 
-    data = input_lib.Input(config, strategy, batch)
-    config, epoch = epochs.resolve(config, data)
-    config.train.steps         # the optimizer updates train.epochs came to
+    steps, epoch = epochs.resolve({"train.steps": 2.5}, data,
+                                  split="train", bucket=0)
+    steps                      # {'train.steps': 1172}: what 2.5 epochs are
     epoch.of(500)              # 500 steps are this many epochs
-    console.header(config, ..., epoch=epoch)   # "469 = 1.001 epochs of ..."
+    console.header(..., epoch=epoch)   # "469 = 1.001 epochs of ..."
 
 A Keras user counts epochs; looper counts steps, optimizer updates of
 train.batch_size x train.grad_accum_steps examples. Each length a config
 gives in epochs has a twin in steps (config.IN_EPOCHS), and a config sets
-one of the two. `resolve` turns the epochs into steps once, before the
-Trainer is built, so everything after it reads one number: the
+one of the two. `resolve` turns the epochs into steps once (given the
+train split and data.bucket, not the config), before the Trainer is
+built, so everything after it reads one number: the
 Controller, the learning-rate schedule, the header, describe, TensorBoard's
 HParams and config.json (which keeps the epochs asked for beside the
 steps they came to).
@@ -36,14 +38,10 @@ epoch of a large dataset is hours. every_epochs=K evaluates (or saves)
 every ceil(K x E) steps, a fixed period like every_steps.
 """
 
-import copy
 import dataclasses
 import fractions
 import math
 
-import ml_collections
-
-from looper import config as config_lib
 from looper.data import buckets
 from looper.data import input as input_lib
 
@@ -71,15 +69,15 @@ class Epoch:
             + (" (counted by one pass)" if self.counted else ""))
 
 
-def measure(config: ml_collections.ConfigDict, data: input_lib.Input
-            ) -> Epoch:
-  """The train split's epoch, of `data`'s batch (its numbers: data.batch);
+def measure(data: input_lib.Input, *, split: str, bucket: int = 0) -> Epoch:
+  """The epoch of the train split `split`, of `data`'s batch (its numbers:
+  data.batch), in length buckets of `bucket` (data.bucket) if set;
   counted by one pass if its size is unknown."""
-  split, batch = config.data.train_split, data.batch
-  if config.data.bucket:
+  batch = data.batch
+  if bucket:
     examples, batches = buckets.epoch_batches(
         data.examples(split), batch_size=batch.micro_batch_size,
-        bucket=config.data.bucket, split=split)
+        bucket=bucket, split=split)
     return Epoch(examples, fractions.Fraction(batches, batch.accum_steps),
                  counted=True, batches=batches)
   counted = data.source(split).size is None
@@ -88,37 +86,20 @@ def measure(config: ml_collections.ConfigDict, data: input_lib.Input
       examples, batch.global_batch_size), counted=counted)
 
 
-def resolve(config: ml_collections.ConfigDict, data: input_lib.Input, *,
-            known: bool = True, count: bool = False
-            ) -> tuple[ml_collections.ConfigDict, Epoch | None]:
-  """(`config` with its epochs as steps, the train split's Epoch or None).
+def resolve(asked: dict[str, float], data: input_lib.Input, *, split: str,
+            bucket: int = 0, known: bool = True, count: bool = False
+            ) -> tuple[dict[str, int], Epoch | None]:
+  """({steps field: its steps}, the train split's Epoch or None).
 
-  A config that sets an epochs field is copied (the caller's stays as
-  asked, so it validates again) and the copy's steps twins are set; else
-  it is returned as it is. The Epoch is measured whenever an epochs field
-  needs it; else if `known` and the size is known without a pass, or if
-  `count` (describe, which counts its splits anyway). `known=False`: a
-  run that may never read the train split (eval) does not read it for
-  the header.
-
-  Raises:
-    ConfigError: the resolved train.steps is below what profile.start_step
-      or optimizer.warmup_steps need (config.check_steps).
+  `asked`: {steps field: the epochs its twin asks for} ('train.steps':
+  2.5), each made ceil(epochs x E) steps. The Epoch (of `split`, bucketed
+  by `bucket`: `measure`) is measured whenever `asked` needs it; else if
+  `known` and the size is known without a pass, or if `count` (describe,
+  which counts its splits anyway). `known=False`: a run that may never
+  read the train split (eval) does not read it for the header.
   """
-  asked = [(steps, epochs) for steps, epochs, _ in config_lib.IN_EPOCHS
-           if config_lib.value_at(config, epochs)]
-  split = config.data.train_split
   if not (asked or count or
           (known and data.source(split).size is not None)):
-    return config, None
-  epoch = measure(config, data)
-  if not asked:
-    return config, epoch
-  # Objects a config holds for the run (Keras callbacks) stay the caller's.
-  callbacks = config.get("callbacks")
-  resolved = copy.deepcopy(config, {id(callbacks): callbacks})
-  resolved.update_from_flattened_dict({
-      steps: epoch.steps(config_lib.value_at(config, epochs))
-      for steps, epochs in asked})
-  config_lib.check_steps(resolved)
-  return resolved, epoch
+    return {}, None
+  epoch = measure(data, split=split, bucket=bucket)
+  return {steps: epoch.steps(n) for steps, n in asked.items()}, epoch

@@ -26,14 +26,17 @@ window traces the rest of it.
 TensorFlow writes the trace itself (`tf.profiler.experimental`), as the
 trace stops; a disk that refuses it ends the run in the one line of every
 refused write (looper.workdir.files). Only the TensorBoard plugin that
-shows it is an optional extra.
+shows it is an optional extra. The `profile` block is declared here
+(`config()`).
 """
 
 from typing import Callable
 
 from absl import logging
+import ml_collections
 import tensorflow as tf
 
+from looper import fields
 from looper import workdir as workdir_lib
 from looper.control import actions
 from looper.workdir import files
@@ -106,3 +109,13 @@ class Window(actions.Action):
                    " Profile tab shows it (pip install"
                    " tensorboard-plugin-profile)", now.step,
                    self._workdir.profile)
+
+
+def config() -> ml_collections.ConfigDict:
+  """The `profile` block: each field's default (its doc above it);
+  profile.start_step against train.steps spans blocks
+  (looper.config.check_steps)."""
+  c = ml_collections.ConfigDict()
+  c.start_step = fields.whole(0, low=0)
+  c.num_steps = fields.whole(5)
+  return c

@@ -3,19 +3,20 @@
 Synopsis (what `looper.run.Run._build_actions` assembles)::
 
     report = [standard_actions.train_summaries(out),
-              standard_actions.loop_end_hook(trainer)]
+              standard_actions.loop_end_hook(trainer.on_loop_end)]
     evaluate = [standard_actions.evaluations(eval_action, every_steps=1000)]
     save = [standard_actions.checkpoints(ckpt, every_steps=1000,
                                          every_secs=600),
-            standard_actions.export_at_end(trainer, evaluator, workdir,
-                                           on_tpu=False)]
+            standard_actions.export_at_end(trainer.model, trainer.serve,
+                                           evaluator, workdir, on_tpu=False),
+            standard_actions.accounting(ledger, out)]
     controller.add_actions(report=report, evaluate=evaluate, save=save)
-    controller.add_actions(save=[standard_actions.accounting(ledger, out)])
 
 Each runs on every worker (`all_workers`: the writers are no-ops but on
 the chief; a save and an evaluation are collectives). Each factory takes
-its collaborators as arguments (the Summaries writer,
-the Trainer, a `looper.control.eval_action.EvalAction`, the Checkpointer, a
+what it uses as arguments (the Summaries writer, the Trainer's host hook,
+the model and its serving function, a
+`looper.control.eval_action.EvalAction`, the Checkpointer, a
 `looper.measure.goodput.Ledger`) and returns one `looper.control.actions.Action`
 (the profiler window is one already: looper.control.profiler.Window). The
 groups run in that order after each loop: report (every loop), evaluate
@@ -23,6 +24,8 @@ groups run in that order after each loop: report (every loop), evaluate
 profiler window, the export at the end, the trackers' deliveries, and last
 the goodput accounting, which times the others).
 """
+
+from typing import Callable
 
 from looper import workdir as workdir_lib
 from looper.control import actions
@@ -43,10 +46,11 @@ def train_summaries(out: summaries.Summaries) -> actions.Action:
       all_workers=True, name="train_summaries")
 
 
-def loop_end_hook(trainer) -> actions.Action:
-  """`Trainer.on_loop_end(step, logs)`, the host-side hook, each loop."""
+def loop_end_hook(hook: Callable[[int, dict], None]) -> actions.Action:
+  """`hook(step, logs)` each loop: `Trainer.on_loop_end`, the host-side
+  hook."""
   return actions.Action(
-      lambda now: trainer.on_loop_end(now.step, now.loop.logs),
+      lambda now: hook(now.step, now.loop.logs),
       every_loop=True, all_workers=True, name="on_loop_end")
 
 
@@ -74,12 +78,16 @@ def checkpoints(ckpt, *, every_steps: int, every_secs: float
                         name="checkpoint")
 
 
-def export_at_end(trainer, evaluator, wd: workdir_lib.Workdir, *,
-                  on_tpu: bool) -> actions.Action:
-  """The SavedModel of the last step (`export.at_end`); its path is the
-  mode's result["export"]."""
+def export_at_end(model, serve: Callable, evaluator,
+                  wd: workdir_lib.Workdir, *, on_tpu: bool) -> actions.Action:
+  """The SavedModel of `model` at the last step (`export.at_end`), serving
+  `serve`; `evaluator` (a looper.train.evaluator.Evaluator) gives the
+  example's spec and the weights eval sees. Its path is the mode's
+  result["export"]."""
   return actions.Action(
-      lambda now: export.export(trainer, evaluator, wd, on_tpu=on_tpu),
+      lambda now: export.export(
+          model, serve, wd, step=now.step, spec=evaluator.example_spec(),
+          weights=evaluator.averaged_weights, on_tpu=on_tpu),
       at_end=True, all_workers=True, name="export")
 
 

@@ -2,17 +2,19 @@
 
 Synopsis::
 
-    batch = batch_lib.of(config, replicas=strategy.num_replicas_in_sync)
+    batch = batch_lib.of(config.train, config.eval,
+                         replicas=strategy.num_replicas_in_sync)
     batch.global_batch_size  # 256: one optimizer update's examples
     batch.micro_batch_size   # 128: what one next() yields over all replicas
     batch.per_replica        # 64: one replica's part of a micro-batch
     batch.accum_steps        # 2: micro-batches per update
     batch.eval_batch_size, batch.eval_per_replica   # 512, 256
+    batch.eval_steps         # None: an eval pass takes its whole split
     inputs, label, weight = parts(example)   # of an example or a batch
 
 The numbers are computed once, from the config's train and eval blocks
 and the replica count (`of`: the one reader of train.batch_size besides
-config.validate), and passed to whoever needs them: the Input batches
+the train block's check), and passed to whoever needs them: the Input batches
 by `micro_batch_size`, the loop takes `accum_steps` batches per step, the
 loss is averaged over `global_batch_size` (the name TensorFlow's
 `compute_average_loss` gives it), the Controller counts examples per
@@ -32,6 +34,7 @@ class Batch:
   replicas: int  # replicas in sync (TPU cores for `looper check`)
   accum_steps: int = 1  # train.grad_accum_steps: micro-batches per update
   eval_batch_size: int | None = None  # eval.batch_size; None: not checked
+  eval_steps: int | None = None  # eval.steps: an eval pass' batches at most
 
   def __post_init__(self):
     _check_divisible(self.micro_batch_size, self.replicas, "train.batch_size")
@@ -53,12 +56,13 @@ class Batch:
     return self.eval_batch_size // self.replicas
 
 
-def of(config, replicas: int) -> Batch:
-  """The Batch of `config` (train.batch_size, train.grad_accum_steps,
-  eval.batch_size) on `replicas` replicas."""
-  return Batch(micro_batch_size=config.train.batch_size, replicas=replicas,
-               accum_steps=config.train.grad_accum_steps,
-               eval_batch_size=config.eval.batch_size)
+def of(train, evaluation, replicas: int) -> Batch:
+  """The Batch of the `train` block (batch_size, grad_accum_steps) and the
+  `eval` block (`evaluation`: batch_size, steps) on `replicas` replicas."""
+  return Batch(micro_batch_size=train.batch_size, replicas=replicas,
+               accum_steps=train.grad_accum_steps,
+               eval_batch_size=evaluation.batch_size,
+               eval_steps=evaluation.steps)
 
 
 def parts(example) -> tuple:

@@ -2,13 +2,18 @@
 
 Synopsis::
 
-    batch = batch_lib.of(config, strategy.num_replicas_in_sync)
-    input = Input(config, strategy, batch)  # data.*: batches of `batch`
+    batch = batch_lib.of(config.train, config.eval,
+                         strategy.num_replicas_in_sync)
+    input = Input(config.data, strategy, batch, seed=config.seed,
+                  dataset_fn=references.bound(config, "dataset_fn"))
+                                         # data.*: batches of `batch`
     input.examples("test")               # one checked pass of (inputs, label)
     input.size("train")                  # examples in one pass (counted once)
     input.check_slice("test[:50%]")      # holds that slice of 'test', or
                                          # one line naming its field
     input.short_split("train")           # a warning: a batch repeats examples
+    input.eval_sets                      # {set name: split} (data.eval_splits)
+    input.field("test[:50%]")            # 'data.eval_split': what names it
     input.faster()                       # what to try if training waits
     batches = input.train_iterator()     # per-replica train batches, from
                                          # the data position on; kept
@@ -23,20 +28,24 @@ of `sources` resumes from it). This is the only object that calls
 `config.dataset_fn`; the Trainer, the Evaluator and the checks before a run
 (`dry_run`, `describe`, `tpu_check`, `export`) read the data through it.
 It knows no model or optimizer; its batch sizes are the run's `Batch`
-(looper.data.batch), given to it: it reads config.data, config.seed and
-eval.steps, and passes the whole config to `dataset_fn` only.
+(looper.data.batch), given to it: it reads its block, `data` (declared
+here: `config()`, checked here: `check`), and is given the seed and the
+experiment's dataset_fn with its config bound (the one hook that takes
+the whole config: `dataset_fn(config, split)`).
 
 With config.data.service set, the train stream comes from a tf.data
 service (`service`): a new job each time it opens, at most once per pass,
 a resume starting a new pass; the position still counts, eval stays here.
 """
 
+from typing import Callable
+
 from absl import logging
 import ml_collections
 import tensorflow as tf
 
 from looper import compat
-from looper import references
+from looper import fields
 from looper.data import batch as batch_lib
 from looper.data import checks
 from looper.data import elements
@@ -46,21 +55,85 @@ from looper.data import splits
 from looper.errors import ConfigError
 
 
-class Input:
-  """The data a run reads (see module doc)."""
+def config() -> ml_collections.ConfigDict:
+  """The `data` block: each field's default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  c.dir = ""  # where the experiment's dataset_fn reads its files
+  c.train_split = "train"
+  c.eval_split = "test"
+  # Eval sets {name: split}, each exact, logged '<name>/<metric>' (see
+  # looper.data.splits); replaces eval_split (leave it 'test' or '').
+  c.eval_splits = fields.object_field(None)
+  c.shuffle_buffer = fields.whole(10_000, low=0)  # 0: keep the dataset's order
+  # Read each split from shards_dir/<split>, written by `python -m
+  # looper.cli.shards write`, instead of calling dataset_fn (file mode).
+  c.shards_dir = ""
+  # File mode: the files are dealt into this many fixed groups; a global
+  # batch takes train.batch_size / virtual_shards examples from each, so it
+  # is the same on any topology whose replica count divides this.
+  c.virtual_shards = fields.whole(64)
+  c.cache = fields.boolean(False)  # file mode: keep parsed examples in memory
+  # Element mode, examples whose inputs vary in length (a dimension of
+  # unknown size): a global batch takes examples of one length bucket and
+  # is padded to it, a multiple of this many; at most max length / bucket
+  # shapes (XLA programs). 0: every example has one static shape.
+  c.bucket = fields.whole(0, low=0)
+  # Train-time weight of each class id, multiplied into the examples' own
+  # sample weights: a sequence by class id, or a dict {id: weight} (others
+  # 1). Empty: off. Eval is not rebalanced (as in Keras).
+  c.class_weights = fields.object_field(())
+  # Train from the tf.data service with this dispatcher (looper.data.service).
+  c.service = ""  # HOST:PORT; '': the train input runs here
+  c.service_timeout_secs = fields.seconds(60, positive=True)  # wait at start
+  return c
 
-  def __init__(self, config: ml_collections.ConfigDict,
-               strategy: tf.distribute.Strategy, batch: batch_lib.Batch):
-    self.config = config
+
+def check(data: ml_collections.ConfigDict) -> None:
+  """The `data` block's own rules (the eval sets against eval.monitor_set
+  and the loss's outputs span blocks: looper.config); ConfigError on the
+  first."""
+  fields.check_declared(data, "data")
+  weights = data.class_weights
+  values = list(weights.values()) if isinstance(weights, dict) else weights
+  fields.check(isinstance(weights, (dict, tuple, list)) and
+               all(fields.number(v) and 0 <= v < float("inf")
+                   for v in values) and
+               (not isinstance(weights, dict) or
+                all(str(k).isdigit() for k in weights)),
+               "data.class_weights", weights,
+               "give a weight >= 0 per class id: a sequence (1.0, 5.0) or a"
+               " dict {1: 5.0}")
+  splits.parse_split(data.train_split, "data.train_split")
+
+
+class Input:
+  """The data a run reads (see module doc).
+
+  Args:
+    data: the `data` block.
+    strategy: the run's strategy.
+    batch: the run's batch sizes (train batches of micro_batch_size, eval
+      of eval_batch_size, eval_steps at most per pass).
+    dataset_fn: fn(split) -> the split's examples: the experiment's
+      dataset_fn with its config bound (`references.bound(config,
+      "dataset_fn")`), as the Run gives it.
+    seed: the run's seed (config.seed): the train order's.
+  """
+
+  def __init__(self, data: ml_collections.ConfigDict,
+               strategy: tf.distribute.Strategy, batch: batch_lib.Batch, *,
+               dataset_fn: Callable[[str], tf.data.Dataset], seed: int = 0):
+    self._data = data
     self.strategy = strategy
-    self.batch = batch  # train batches of micro_batch_size, eval of eval_
-    self._dataset_fn = references.resolve(config.dataset_fn, "dataset_fn")
+    self.batch = batch
+    self._dataset_fn = dataset_fn
+    self._seed = seed
     self._sources = {}  # split -> its input source, made once
     self._sizes = {}  # split -> its examples, counted once if need be
     self._iterator = None  # opened by train_iterator() at the position
     self._openings = 0  # train streams opened: tf.data service jobs named
-    if config.data.service:
-      service.check_config(config)
+    if data.service:
+      service.check_config(data)
     with strategy.scope():
       self.position = tf.Variable(
           0, name="position", dtype=tf.int64, trainable=False,
@@ -70,11 +143,20 @@ class Input:
     """`split`'s input source (see `sources`): what dataset_fn returned."""
     if split not in self._sources:
       self._sources[split] = sources.make(
-          split, splits.split_field(self.config, split), self.config.data,
-          lambda: self._dataset_fn(self.config, split))
-      if self.config.data.service and split == self.config.data.train_split:
-        service.check_source(self._sources[split], self.config)
+          split, self.field(split), self._data,
+          lambda: self._dataset_fn(split))
+      if self._data.service and split == self._data.train_split:
+        service.check_source(self._sources[split], self._data)
     return self._sources[split]
+
+  @property
+  def eval_sets(self) -> dict[str, str]:
+    """{set name: split} (looper.data.splits): the eval sets it reads."""
+    return splits.sets_of(self._data)
+
+  def field(self, split: str) -> str:
+    """The config field naming `split` ('data.train_split'), for errors."""
+    return splits.field_of(self._data, split)
 
   def size(self, split: str, *, recount: bool = False) -> int:
     """Examples in one pass over `split`: its source's, or counted by one
@@ -82,7 +164,7 @@ class Input:
     `recount` (a pass held other examples than counted)."""
     if recount or split not in self._sizes:
       self._sizes[split] = self.source(split).size or checks.num_examples(
-          self.examples(split), split, splits.split_field(self.config, split))
+          self.examples(split), split, self.field(split))
     return self._sizes[split]
 
   def check_slice(self, split: str, *, count: bool = True) -> None:
@@ -99,13 +181,12 @@ class Input:
     if ((start, stop) == (None, None) or self.source(split).mode == "file" or
         not (count or self._known_size(split))):
       return
-    field = splits.split_field(self.config, split)
+    field = self.field(split)
     whole = self._known_size(name)
     if whole is None and not count:
       return  # the whole split too would take a pass
     whole = whole or self.size(name)
-    if name not in (self.config.data.train_split,
-                    *splits.eval_sets(self.config).values()):
+    if name not in (self._data.train_split, *self.eval_sets.values()):
       self._sources.pop(name, None)  # only its size was needed
     want = len(range(whole)[splits.split_slice(split, whole, field)[1]])
     got = self._known_size(split) or self.size(split)
@@ -127,7 +208,7 @@ class Input:
     batch = ("train.batch_size" if self.batch.accum_steps == 1 else
              f"train.batch_size={self.batch.micro_batch_size} x"
              f" train.grad_accum_steps={self.batch.accum_steps}")
-    return (f"config.{splits.split_field(self.config, split)}={split!r} holds"
+    return (f"config.{self.field(split)}={split!r} holds"
             f" {size} examples, fewer than one update's {update} ({batch}):"
             " every update repeats examples; lower --config.train.batch_size"
             " or widen the split")
@@ -141,19 +222,19 @@ class Input:
   def faster(self) -> str:
     """What to try when training waits for its batches, in the train
     input's mode (sources.FASTER)."""
-    if self.config.data.service:
+    if self._data.service:
       return sources.FASTER["service"]
-    return sources.FASTER[self.source(self.config.data.train_split).mode]
+    return sources.FASTER[self.source(self._data.train_split).mode]
 
   def examples(self, split: str) -> tf.data.Dataset:
     """One pass over `split` as (inputs, label) examples, checked."""
     return checks.checked(self.source(split).examples(), split,
-                          variable=bool(self.config.data.bucket))
+                          variable=bool(self._data.bucket))
 
   @property
   def element_spec(self):
     """The train examples' (inputs, label[, weight]) spec."""
-    return self.examples(self.config.data.train_split).element_spec
+    return self.examples(self._data.train_split).element_spec
 
   # --- Train ------------------------------------------------------------------
 
@@ -168,28 +249,28 @@ class Input:
   def train_data(self) -> tf.distribute.DistributedDataset:
     """Distributed train batches (each a micro-batch: batch.micro_batch_size
     over all replicas), from the position on."""
-    c = self.config
-    source = self.source(c.data.train_split)
+    data = self._data
+    source = self.source(data.train_split)
     source.check(self.batch.replicas, self.batch.micro_batch_size,
                  "train.batch_size")
     position = self.data_position
-    if c.data.service:
+    if data.service:
       return self._from_service(source, position)
     return self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(source.train(
-            ctx, batch_size=self.batch.micro_batch_size, seed=c.seed,
-            shuffle_buffer=c.data.shuffle_buffer, position=position)))
+            ctx, batch_size=self.batch.micro_batch_size, seed=self._seed,
+            shuffle_buffer=data.shuffle_buffer, position=position)))
 
   def _from_service(self, source, position: int):
     """The train batches from the tf.data service (see `service`): a new
     job each time the stream opens; eval stays here."""
-    c = self.config
-    address = service.address(c)
-    service.wait_ready(address, c.data.service_timeout_secs)
+    address = service.address(self._data)
+    service.wait_ready(address, self._data.service_timeout_secs)
     job = service.job_name(self.strategy, self._openings)
     self._openings += 1
     logging.info("%s", service.CONTRACT.format(address=address, job=job))
-    remote = service.Remote(source, c, job=job, position=position)
+    remote = service.Remote(source, self._data, seed=self._seed, job=job,
+                            position=position)
     return self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(remote.train(
             ctx, batch_size=self.batch.micro_batch_size)))
@@ -223,7 +304,7 @@ class Input:
     source = self.source(split)
     count, steps = elements.eval_plan(
         self.size(split, recount=recount), self.batch.eval_batch_size,
-        self.config.eval.steps)
+        self.batch.eval_steps)
     return count, steps, self.strategy.distribute_datasets_from_function(
         lambda ctx: self._endless(source.eval(
             ctx, batch_size=self.batch.eval_batch_size, count=count,

@@ -7,10 +7,11 @@ Synopsis::
     looper data_service --role=worker --dispatcher=localhost:5050 --port=5051
     looper train --config=... --workdir=... --config.data.service=localhost:5050
 
-    service.check_config(config)         # the address; data.bucket refused
-    service.check_source(source, config) # array mode, Python ops, zip refused
+    service.check_config(config.data)    # the address; data.bucket refused
+    service.check_source(source, config.data)  # array mode, Python ops, zip
     service.wait_ready(address, 60)      # a dispatcher with a worker, or raises
-    remote = service.Remote(source, config, job="looper-...", position=0)
+    remote = service.Remote(source, config.data, seed=0, job="looper-...",
+                            position=0)
     strategy.distribute_datasets_from_function(
         lambda ctx: remote.train(ctx, batch_size=128))
 
@@ -64,40 +65,42 @@ CONTRACT = (
     " a resume starts a new pass")
 
 
-def address(config: ml_collections.ConfigDict) -> str:
-  """config.data.service as HOST:PORT ('' when the input is local)."""
-  found = _ADDRESS.fullmatch(config.data.service)
+def address(data: ml_collections.ConfigDict) -> str:
+  """data.service (of the `data` block) as HOST:PORT ('' when the input is
+  local)."""
+  found = _ADDRESS.fullmatch(data.service)
   return f"{found.group(2)}:{found.group(3)}" if found else ""
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
-  """config.data.service is HOST:PORT, and no field asks for what it cannot.
+def check_config(data: ml_collections.ConfigDict) -> None:
+  """data.service (of the `data` block) is HOST:PORT, and no field asks for
+  what it cannot.
 
   Raises:
     ConfigError: a malformed address; data.bucket set.
   """
-  value, found = config.data.service, _ADDRESS.fullmatch(config.data.service)
+  value, found = data.service, _ADDRESS.fullmatch(data.service)
   if not found or not 0 < int(found.group(3)) < 65536:
     raise ConfigError(
         f"config.data.service={value!r} is not HOST:PORT; give the address"
         " `looper data_service --role=dispatcher` printed, e.g."
         " --config.data.service=localhost:5050")
-  if config.data.bucket:
+  if data.bucket:
     raise ConfigError(
-        f"config.data.bucket={config.data.bucket} pads each global batch to"
+        f"config.data.bucket={data.bucket} pads each global batch to"
         f" its length bucket, which the tf.data service's workers cannot"
         f" (config.data.service={value!r}); set --config.data.bucket=0 or"
         " --config.data.service=''")
 
 
-def check_source(source, config: ml_collections.ConfigDict) -> None:
+def check_source(source, data: ml_collections.ConfigDict) -> None:
   """The train split's source can run on the service's workers.
 
   Raises:
     ConfigError: array mode, or a pipeline running Python or zipping
       datasets; the line names the split, the cause and the fix.
   """
-  split, where = source.split, f"config.data.service={config.data.service!r}"
+  split, where = source.split, f"config.data.service={data.service!r}"
   shards_fix = ("write the split as shards (python -m looper.cli.shards write"
                 " --config=... --out=DIR) and set --config.data.shards_dir=DIR")
   if isinstance(source, arrays.Arrays):
@@ -173,17 +176,19 @@ class Remote:
 
   Args:
     source: the split's source (element or file mode, `check_source`d).
-    config: the run's config (data.*, seed).
+    data: the `data` block (service, shuffle_buffer).
+    seed: the run's seed (config.seed).
     job: the job's name (`job_name`); every pipeline of the run shares it.
     position: the data position the stream opens at: it seeds the passes,
       so each attempt shuffles anew.
     passes: how many passes the job makes (None: endless).
   """
 
-  def __init__(self, source, config: ml_collections.ConfigDict, *, job: str,
-               position: int, passes: int | None = None):
-    self.source, self.config, self.job = source, config, job
-    self.address = address(config)
+  def __init__(self, source, data: ml_collections.ConfigDict, *, seed: int,
+               job: str, position: int, passes: int | None = None):
+    self.source, self.job = source, job
+    self.address = address(data)
+    self.shuffle_buffer, self.seed = data.shuffle_buffer, seed
     self.position = position
     self.passes = _ENDLESS if passes is None else passes
 
@@ -205,10 +210,10 @@ class Remote:
 
   def examples(self) -> tf.data.Dataset:
     """What the workers run: `passes` shuffled passes over the examples."""
-    buffer = self.config.data.shuffle_buffer
+    buffer = self.shuffle_buffer
     if self.source.size:
       buffer = min(buffer, self.source.size)
-    seed = self.config.seed * 1_000_003 + self.position
+    seed = self.seed * 1_000_003 + self.position
     if isinstance(self.source, shards.Files):  # one stream over all passes
       return _shuffled(self._files(seed), buffer, seed)
     # The dispatcher splits the source; each worker shuffles its pieces.
@@ -219,7 +224,7 @@ class Remote:
     """File mode: the dispatcher hands out (pass, file) indices, each pass's
     files in an order seeded by (seed, pass); workers read them."""
     paths, files = tf.constant(self.source.paths), len(self.source.paths)
-    shuffled = bool(self.config.data.shuffle_buffer)
+    shuffled = bool(self.shuffle_buffer)
 
     def path(i):
       index = i % files

@@ -6,6 +6,7 @@ Synopsis::
     name, rows = splits.split_slice("train[:90%]", 60_000)  # 'train', slice
     field = splits.split_field(config, split)          # 'data.train_split'
     splits.eval_sets(config)        # {'test': 'test[50%:]', 'val': 'test[:50%]'}
+    splits.sets_of(config.data), splits.field_of(config.data, split)  # alike
     splits.metric_name("val", "accuracy")              # 'val/accuracy'
     splits.monitor_set(config)      # 'val': the set Keras callbacks see
     splits.set_logs(eval_logs, "val")                  # {'accuracy': ...}
@@ -43,9 +44,14 @@ _UNSET_EVAL_SPLIT = ("", "test")
 def split_field(config, split: str) -> str:
   """The config field that names `split`: the train split's, else the eval
   set's (a split used for both is the train split)."""
-  if split == config["data"]["train_split"]:
+  return field_of(config["data"], split)
+
+
+def field_of(data: Mapping, split: str) -> str:
+  """`split_field` of the `data` block alone."""
+  if split == data["train_split"]:
     return "data.train_split"
-  for name, value in eval_sets(config).items():
+  for name, value in sets_of(data).items():
     if name and value == split:
       return f"data.eval_splits[{name!r}]"
   return "data.eval_split"
@@ -54,7 +60,11 @@ def split_field(config, split: str) -> str:
 def eval_sets(config: Mapping) -> dict[str, str]:
   """{set name: split} of `config` (a ConfigDict, or config.json's dict):
   data.eval_splits by name, else {'': data.eval_split} (see module doc)."""
-  data = config.get("data") or {}
+  return sets_of(config.get("data") or {})
+
+
+def sets_of(data: Mapping) -> dict[str, str]:
+  """`eval_sets` of the `data` block alone."""
   if data.get("eval_splits"):
     return dict(sorted(data["eval_splits"].items()))
   return {"": data.get("eval_split", "test")}
@@ -81,11 +91,11 @@ def monitor_set(config: Mapping) -> str:
   return chosen or ("val" if "val" in sets else sets[0])
 
 
-def check_eval_sets(config, outputs=()) -> None:
-  """data.eval_split, data.eval_splits and eval.monitor_set; `outputs`: the
-  model's output names (config.loss' keys), whose train metrics log as
-  '<output>/<metric>'. Raises ConfigError in one line."""
-  data, chosen = config.data, config.eval.monitor_set
+def check_eval_sets(data, chosen: str, outputs=()) -> None:
+  """data.eval_split and data.eval_splits (of the `data` block `data`), and
+  `chosen`, eval.monitor_set; `outputs`: the model's output names
+  (config.loss' keys), whose train metrics log as '<output>/<metric>'.
+  Raises ConfigError in one line."""
   sets = data.eval_splits
   if sets is None or (hasattr(sets, "items") and not sets):
     parse_split(data.eval_split, "data.eval_split")

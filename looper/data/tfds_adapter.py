@@ -32,9 +32,9 @@ Scale or otherwise preprocess in the model (keras.layers.Rescaling(1 /
 import ml_collections
 import tensorflow as tf
 
-from looper import config as lc
 from looper import autograph
 from looper import errors
+from looper import fields
 from looper.data import splits
 
 INSTALL = 'pip install "looper[tfds]"'
@@ -54,7 +54,7 @@ def add_fields(c: ml_collections.ConfigDict, *, name: str = "",
   """
   c.data.tfds_name = name
   c.data.tfds_keys = tuple(keys)
-  c.data.tfds_download = lc.boolean(download)
+  c.data.tfds_download = fields.boolean(download)
 
 
 def dataset_fn(config: ml_collections.ConfigDict,

@@ -2,13 +2,16 @@
 
 Synopsis::
 
-    dry_run.check_inputs(trainer, input, config.data.train_split)  # or ConfigError
+    dry_run.check_inputs(trainer, input, ["train", "test"], loss=config.loss,
+                         metrics=config.metrics, data=config.data)
+    # or ConfigError, one line
 
 A mismatch between `dataset_fn`, `model_fn` and the loss would otherwise
 surface as a multi-page trace from inside the first train loop (or, for
 float or out-of-range class ids, as silently wrong training). `run` calls
-this for every split a mode reads, before anything is written to the
-workdir, so a bad experiment leaves a workdir as it was.
+this with every split a mode reads (looper.modes.Mode.reads), before
+anything is written to the workdir, so a bad experiment leaves a workdir
+as it was.
 """
 
 import keras
@@ -18,13 +21,20 @@ from looper import errors
 from looper import keras_compat
 from looper.data import batch as batch_lib
 from looper.data import checks
-from looper.data import splits
 from looper.options import keras_objects
 from looper.options import losses
 
 
-def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disable=redefined-builtin
-                 forward: int = 8) -> None:
+def check_inputs(trainer, input, splits, *, loss, metrics, data,  # pylint: disable=redefined-builtin
+                 probe: int = 256, forward: int = 8) -> None:
+  """Checks each of `splits` as `check_split` does."""
+  for split in splits:
+    check_split(trainer, input, split, loss=loss, metrics=metrics, data=data,
+                probe=probe, forward=forward)
+
+
+def check_split(trainer, input, split: str, *, loss, metrics, data,  # pylint: disable=redefined-builtin
+                probe: int = 256, forward: int = 8) -> None:
   """Checks a split named with a slice holds that slice (`Input.check_slice`)
   and the first `probe` examples' labels and weights, and runs
   `trainer`'s model and loss eagerly on the first `forward` of them.
@@ -38,21 +48,24 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
     trainer: a built `looper.train.trainer.Trainer` (its `model`, `compute_loss`).
     input: the run's `looper.data.input.Input`.
     split: a split its config names (train or eval).
+    loss: config.loss.
+    metrics: config.metrics.
+    data: the `data` block (train_split; class_weights, checked on it).
     probe: how many examples' labels and weights to check.
     forward: how many of them to run through the model and the loss.
 
   Raises:
     ConfigError: one line naming what does not fit and the fix.
   """
-  config = input.config
-  field = splits.split_field(config, split)
-  if split == config.data.train_split:
+  field = input.field(split)
+  train = split == data.train_split
+  if train:
     input.source(split).check(input.batch.replicas,
                               input.batch.micro_batch_size, "train.batch_size")
   examples = checks.check_nonempty(input.examples(split), split, field)
   # A slice's count ('test[:50%]'), where counting takes no pass over the
   # train data; an eval split is counted for the evaluation anyway.
-  input.check_slice(split, count=split != config.data.train_split)
+  input.check_slice(split, count=not train)
   # padded_batch: examples of variable length (data.bucket) fit too.
   inputs, labels, weights = batch_lib.parts(
       next(iter(examples.padded_batch(probe))))
@@ -71,23 +84,22 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
         f"config.model_fn: the model rejects the examples of split"
         f" {split!r} (inputs {shapes}): {errors.first_line(e)}; make the"
         " model's Input match what config.dataset_fn yields") from None
-  _check_outputs(config, logits, labels, split)
-  by_output = (config.loss if isinstance(config.loss, dict)
-               else {None: config.loss})
-  for output, loss in by_output.items():
-    if loss == "sparse_categorical_crossentropy" or isinstance(
-        loss, keras.losses.SparseCategoricalCrossentropy):
+  _check_outputs(loss, metrics, logits, labels, split)
+  by_output = loss if isinstance(loss, dict) else {None: loss}
+  for output, value in by_output.items():
+    if value == "sparse_categorical_crossentropy" or isinstance(
+        value, keras.losses.SparseCategoricalCrossentropy):
       checks.check_class_labels(_pick(labels, output),
                                 _pick(logits, output), split,
-                                keras_objects.ignore_class(loss))
-  if not isinstance(config.loss, dict):
-    _check_logits_or_probabilities(trainer.model, config)
-  loss = losses.display_name(config.loss)
+                                keras_objects.ignore_class(value))
+  if not isinstance(loss, dict):
+    _check_logits_or_probabilities(trainer.model, loss, metrics)
+  name = losses.display_name(loss)
   try:
     values = trainer.compute_loss(few_labels, logits)
   except mismatch as e:
     raise errors.ConfigError(
-        f"config.loss={loss} fails on logits of shape"
+        f"config.loss={name} fails on logits of shape"
         f" {_shape(logits)} and labels of shape"
         f" {_shape(few_labels)} ({_dtype(few_labels)}):"
         f" {errors.first_line(e)}; make the labels of split {split!r} fit"
@@ -95,8 +107,8 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
   batch = len(tf.nest.flatten(inputs)[0])
   for output in by_output:
     per_example = _pick(values, output)
-    name = loss if output is None else losses.display_name(
-        config.loss[output])
+    if output is not None:
+      name = losses.display_name(loss[output])
     if per_example.shape.rank < 1 or per_example.shape[0] != batch:
       raise errors.ConfigError(
           f"config.loss={name} returns shape {per_example.shape.as_list()}"
@@ -107,10 +119,10 @@ def check_inputs(trainer, input, split: str, probe: int = 256,  # pylint: disabl
       _check_weights(losses.output_weights(weights, values)[output]
                      if output else weights, per_example, split)
   if weights is not None:
-    keras_objects.check_ignore_unweighted(config.loss, "sample weights")
-  if config.data.class_weights and split == config.data.train_split:
-    ignored = keras_objects.ignore_class(config.loss)
-    _check_class_weights(config.data.class_weights, labels if ignored is None
+    keras_objects.check_ignore_unweighted(loss, "sample weights")
+  if data.class_weights and train:
+    ignored = keras_objects.ignore_class(loss)
+    _check_class_weights(data.class_weights, labels if ignored is None
                          else tf.boolean_mask(labels, labels != ignored),
                          split)
   _check_metrics(trainer, few_labels, logits, split)
@@ -144,23 +156,23 @@ def _dtype(structure):
   return tf.nest.map_structure(lambda t: t.dtype.name, structure)
 
 
-def _check_outputs(config, logits, labels, split: str) -> None:
+def _check_outputs(loss, metrics, logits, labels, split: str) -> None:
   """A dict of outputs needs config.loss (and config.metrics) by output
   name, and labels under the same names; one output, one loss."""
-  if isinstance(logits, dict) != isinstance(config.loss, dict):
+  if isinstance(logits, dict) != isinstance(loss, dict):
     if isinstance(logits, dict):
       raise errors.ConfigError(
-          f"config.loss={losses.display_name(config.loss)}: the model"
+          f"config.loss={losses.display_name(loss)}: the model"
           f" returns a dict of outputs {sorted(logits)}; give a dict of"
           f" losses by output, e.g. config.loss = {{{next(iter(logits))!r}:"
           " 'sparse_categorical_crossentropy', ...}")
     raise errors.ConfigError(
-        f"config.loss is a dict by output {sorted(config.loss)}, but the"
+        f"config.loss is a dict by output {sorted(loss)}, but the"
         " model returns one tensor; return a dict of outputs from"
         " config.model_fn, or give one loss")
   if not isinstance(logits, dict):
     return
-  for field, names in (("loss", config.loss), ("metrics", config.metrics)):
+  for field, names in (("loss", loss), ("metrics", metrics)):
     unknown = sorted(set(names) - set(logits)) if isinstance(
         names, dict) else []
     if unknown:
@@ -168,14 +180,14 @@ def _check_outputs(config, logits, labels, split: str) -> None:
           f"config.{field} names output {unknown[0]!r}, which the model does"
           f" not return (its outputs: {', '.join(sorted(logits))}); name"
           " outputs the model returns")
-  missing = sorted(set(config.loss) - set(
+  missing = sorted(set(loss) - set(
       labels if isinstance(labels, dict) else ()))
   if missing:
     raise errors.ConfigError(
         f"config.dataset_fn yields labels for split {split!r} without"
         f" {missing[0]!r}; a model with a dict of outputs needs a dict of"
         f" labels with a key for each output config.loss names"
-        f" ({', '.join(sorted(config.loss))})")
+        f" ({', '.join(sorted(loss))})")
 
 
 def _check_weights(weights, values, split: str) -> None:
@@ -215,7 +227,7 @@ def _check_class_weights(class_weights, labels, split: str) -> None:
         f" (a dict leaves the others at 1)")
 
 
-def _check_logits_or_probabilities(model, config) -> None:
+def _check_logits_or_probabilities(model, loss, metrics) -> None:
   """A loss or metric reading logits behind a final softmax or sigmoid
   trains (or reports) silently wrong (Keras warns of it too); so does a
   Keras object reading probabilities (from_logits=False) behind a linear
@@ -227,9 +239,8 @@ def _check_logits_or_probabilities(model, config) -> None:
   squash = next((s for s in ("softmax", "sigmoid") if s in kind), None) or (
       getattr(getattr(last, "activation", None), "__name__", None))
   squashed = squash in ("softmax", "sigmoid")
-  metrics = [m for m in config.metrics if keras_objects.is_metric(m)]
-  for field, value in [("loss", config.loss)] + [("metrics", m)
-                                                   for m in metrics]:
+  objects = [m for m in metrics if keras_objects.is_metric(m)]
+  for field, value in [("loss", loss)] + [("metrics", m) for m in objects]:
     reads = keras_objects.from_logits(value)
     if value in losses.FROM_LOGITS:
       reads = True

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    machine = peak_flops.of_run(config, strategy)  # once per run (looper.run)
+    machine = peak_flops.of_run(config.train, strategy)  # once per run
     machine.flops_per_sec           # all the run's devices
     machine.source                  # what it is, for the header
     machine.beaten(seen)            # a loop ran faster: raise it
@@ -333,15 +333,16 @@ class Peak:
             f" here on: {self.probe.describe()}")
 
 
-def of_run(config, strategy, path: str | None = None, *,
+def of_run(train, strategy, path: str | None = None, *,
            measure: Callable[[str], float] = measure) -> Peak | None:
-  """The run's peak (module doc), probes in `path` (cache_path()); None on
-  a TPU of unknown kind without train.peak_flops."""
-  dtype = compute_dtype(config.train.precision)
+  """The run's peak (module doc), of the `train` block's precision and
+  peak_flops, probes in `path` (cache_path()); None on a TPU of unknown
+  kind without train.peak_flops."""
+  dtype = compute_dtype(train.precision)
   device, kind, count = _devices(strategy)
-  if config.train.peak_flops:
-    return Peak(config.train.peak_flops,
-                f"train.peak_flops={config.train.peak_flops:.4g}", count)
+  if train.peak_flops:
+    return Peak(train.peak_flops, f"train.peak_flops={train.peak_flops:.4g}",
+                count)
   # A CPU is never looked up: "Xeon E5-2690 v4" is no TPU v4.
   listed = datasheet(kind, dtype) if device != "CPU" else None
   if listed:

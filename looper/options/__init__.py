@@ -6,7 +6,7 @@ Synopsis::
     optimizer = optimizers.build(config.optimizer, total_steps, batch_size)
     with precision.policy(config.train.precision):
       model = model_fn(config)
-    strategy = distribute.strategy_for(config)
+    strategy = distribute.strategy_for(config.distribution)
 
 | module | owns |
 |---|---|
@@ -20,7 +20,8 @@ Synopsis::
 | `keras_objects` | a user's Keras loss and metric objects as looper runs them |
 | `best` | `checkpoint.best_metric`/`best_mode`: which evaluation is a run's best |
 
-These rank below the config (which checks names against their tables)
-and above the floor; they know nothing of the data, the workdir or the
-loop (tests/test_layout.py).
+`distribute`, `optimizers`, `losses` and `metrics` declare their config
+blocks (`config()`) and check them against their tables (`check`);
+looper.config composes them. These rank above the floor; they know
+nothing of the data, the workdir or the loop (tests/test_layout.py).
 """

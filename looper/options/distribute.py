@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    strategy = distribute.strategy_for(config)   # call before any TF op
+    strategy = distribute.strategy_for(config.distribution)  # before any TF op
     with strategy.scope(): ...
     if strategy.extended.should_checkpoint: write_files()  # the chief
 
@@ -27,8 +27,9 @@ taken whole at start, so several looper processes can share a GPU. A
 process with one CPU gets a second inter-op thread (`two_op_threads`).
 
 tf.distribute is the only engine: this module only chooses and builds.
-STRATEGIES (name -> builder) is the list `config.validate` checks
-`distribution.strategy` against, with 'auto'; ALL_REDUCES the names of
+The `distribution` block is declared (`config()`) and checked (`check`)
+here: STRATEGIES (name -> builder) is the list `distribution.strategy`
+is checked against, with 'auto'; ALL_REDUCES the names of
 `distribution.all_reduce`.
 """
 
@@ -39,6 +40,7 @@ import ml_collections
 import tensorflow as tf
 
 from looper import compat
+from looper import fields
 from looper import network
 from looper.errors import ConfigError
 from looper.options import slurm
@@ -207,6 +209,45 @@ STRATEGIES = {
 }
 
 
+def config() -> ml_collections.ConfigDict:
+  """The `distribution` block: each field's default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # auto, or one of distribute.STRATEGIES; auto picks from the fields below
+  c.strategy = "auto"
+  c.num_cpu_devices = fields.whole(1)  # >1: split the CPU, mirror over it
+  # ZeRO stage 1: 1/N of the optimizer's slots per replica (options/sharding)
+  c.shard_optimizer = fields.boolean(False)
+  c.tpu = ""  # TPU name or grpc:// address ('local' on a VM)
+  # Off a TPU: dry-run its start-up checks for this many cores (0: on a TPU)
+  c.tpu_cores = fields.whole(0, low=0)
+  # multi_worker: how long a worker waits for the others to come up, and
+  # how long one may stay unreachable later (missed heartbeats: a cut link,
+  # a lost VM), before the others fail with one line naming it.
+  c.worker_timeout_secs = fields.seconds(300, positive=True)
+  # multi_worker: how the workers sum gradients (distribute.ALL_REDUCES):
+  # auto (NCCL between GPUs, else ring) | nccl | ring. Workers sharing a GPU
+  # need ring: NCCL refuses them (`looper launch` sets it when they share).
+  c.all_reduce = "auto"
+  # multi_worker: who may reach this worker's server, which listens on every
+  # address of the machine: network.REACHES (loopback | private | public),
+  # checked before it starts. private fits TF_CONFIG's and Slurm's machines;
+  # `looper launch` makes it loopback (its workers: 127.0.0.1) unless given.
+  c.network = "private"
+  return c
+
+
+def check(dist: ml_collections.ConfigDict) -> None:
+  """The `distribution` block's own rules; ConfigError on the first."""
+  fields.check_declared(dist, "distribution")
+  fields.check_choice(dist.strategy, "distribution.strategy",
+                      ("auto", *STRATEGIES))
+  fields.check_choice(dist.all_reduce, "distribution.all_reduce", ALL_REDUCES)
+  fields.check_choice(dist.network, "distribution.network", network.REACHES)
+  fields.check(dist.strategy != "tpu" or bool(dist.tpu), "distribution.tpu",
+               dist.tpu, "strategy 'tpu' needs the TPU name or address (use"
+               " 'local' on a TPU VM)")
+
+
 def grow_gpu_memory(gpus: list) -> None:
   """Lets each GPU's memory grow as needed instead of being taken at start.
 
@@ -251,9 +292,9 @@ def two_op_threads() -> None:
       pass
 
 
-def strategy_for(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
-  """Builds the strategy `config.distribution` asks for (see module doc)."""
-  dist = config.distribution
+def strategy_for(dist: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+  """Builds the strategy the `distribution` block `dist` asks for (see
+  module doc)."""
   # Under srun: this task's TF_CONFIG and GPUs, before TensorFlow sees them.
   sharing = slurm.join_step(dist.strategy)
   gpus = tf.config.list_physical_devices("GPU")

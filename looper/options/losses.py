@@ -34,17 +34,21 @@ so the update is the same on any number of replicas. The average
 Both sums run over the whole update: every replica and every
 micro-batch of train.grad_accum_steps. Keras loss objects run
 as Keras computes them, their reduction mapped onto the normalization
-(looper.options.keras_objects). A name is checked by `config.validate`
-against these tables, before TensorFlow builds anything.
+(looper.options.keras_objects). The top-level fields `loss`,
+`loss_weights` and `loss_normalization` are declared here (`config()`)
+and checked here (`check`: a name against these tables), before
+TensorFlow builds anything.
 """
 
 import math
 from typing import Any
 
 import keras
+import ml_collections
 import tensorflow as tf
 
 from looper import autograph
+from looper import fields
 from looper.errors import ConfigError
 from looper.options import keras_objects
 
@@ -68,6 +72,48 @@ NORMALIZATIONS = {
     "weights": lambda count, weight_sum: (
         count if weight_sum is None else weight_sum),
 }
+
+def config() -> ml_collections.ConfigDict:
+  """The top-level fields of the loss: each default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # Per-example (or per-token) loss on the model's logits: a name
+  # (losses.LOSSES) or fn(labels, logits); for a model returning a dict
+  # of outputs, a dict of them by output (labels: a dict, same keys).
+  c.loss = fields.object_field("sparse_categorical_crossentropy")
+  # Outputs: {output: factor} in the sum of their losses (missing: 1).
+  c.loss_weights = fields.object_field(None)
+  # How the global batch's weighted losses are averaged (losses.NORMALIZATIONS):
+  # batch_size (Keras': by the number of loss values) | weights (by the sum
+  # of the weights: masked per-token losses average over the real tokens).
+  c.loss_normalization = "batch_size"
+  return c
+
+
+def check(loss, loss_weights, normalization: str, *,
+          class_weighted: bool = False) -> None:
+  """config.loss (names from LOSSES, or functions; a dict by output),
+  loss_weights and loss_normalization; `class_weighted`: whether
+  data.class_weights is set (keras_objects.check_loss). ConfigError on the
+  first bad one."""
+  outputs = isinstance(loss, dict)
+  for output, value in (loss.items() if outputs else [(None, loss)]):
+    name = "loss" if output is None else f"loss['{output}']"
+    fields.check(callable(value) or isinstance(value, str), name, value,
+                 "give a loss name or a fn(labels, logits) -> per-example"
+                 " loss (or a dict of them by output name)")
+    if isinstance(value, str):
+      fields.check_choice(value, name, LOSSES,
+                          ", or assign a fn(labels, logits) in get_config()")
+  if loss_weights is not None:
+    fields.check(
+        outputs and isinstance(loss_weights, dict) and
+        set(loss_weights) <= set(loss) and
+        all(fields.number(v) and v >= 0 for v in loss_weights.values()),
+        "loss_weights", loss_weights, "give {output: factor >= 0} for outputs"
+        " config.loss names (a dict by output), or None")
+  fields.check_choice(normalization, "loss_normalization", NORMALIZATIONS)
+  keras_objects.check_loss(loss, normalization, class_weighted=class_weighted)
+
 
 def lookup(value: Any, table: dict, field: str):
   """`value` itself if it is callable, else its entry in `table` (the error

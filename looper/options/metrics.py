@@ -14,14 +14,18 @@ Synopsis::
 Metrics are names (METRICS), zero-argument factories of Keras metrics, or
 Keras metric objects (rebuilt fresh per use from their class and
 `get_config()`: looper.options.keras_objects), updated with (labels,
-logits, sample_weight) on the model's float32 logits. A name is checked by
-`config.validate` against METRICS, before TensorFlow builds anything.
+logits, sample_weight) on the model's float32 logits. The top-level field
+`metrics` is declared here (`config()`) and checked here (`check`: a name
+against METRICS), before TensorFlow builds anything.
 """
 
 from typing import Any
 
 import keras
+import ml_collections
 
+from looper import fields
+from looper import keras_compat
 from looper.errors import ConfigError
 from looper.options import keras_objects
 from looper.options import losses
@@ -43,6 +47,43 @@ RESERVED_METRIC_NAMES = ("loss", "examples", "learning_rate", "steps_per_sec",
                          "mfu", "tokens", "flops", "input_wait_fraction",
                          "grad_norm", "grad_norm_max", "weight_norm",
                          "update_ratio")
+
+
+def config() -> ml_collections.ConfigDict:
+  """The top-level field `metrics`: its default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # Metrics on logits, by name (metrics.METRICS) or zero-arg factories;
+  # for outputs, a dict of such tuples by output (logged 'output/name').
+  c.metrics = fields.object_field(("accuracy",))
+  return c
+
+
+def check(spec, *, outputs: bool = False) -> None:
+  """config.metrics (`spec`): a tuple of names (METRICS) or factories, a
+  dict of them by output if `outputs` (config.loss is a dict by output).
+  ConfigError on the first bad one."""
+  fields.check(isinstance(spec, dict) == outputs or not spec, "metrics",
+               spec, "give a dict of metric tuples by output when config.loss"
+               " is a dict by output, else a tuple" if outputs else
+               "give a tuple of metric names, e.g. ('accuracy',): config.loss"
+               " is not a dict by output")
+  for output, entries in (spec.items() if isinstance(spec, dict)
+                          else [(None, spec)]):
+    name = "metrics" if output is None else f"metrics['{output}']"
+    fields.check(isinstance(entries, (tuple, list)), name, entries,
+                 "give a tuple of metric names, e.g. ('accuracy',)")
+    for metric in entries:
+      fields.check(callable(metric) or isinstance(metric, str), name, entries,
+                   "give metric names, Keras metric objects or zero-argument"
+                   " factories of them")
+      if isinstance(metric, str):
+        fields.check_choice(metric, name, METRICS,
+                            ", or add a metric factory in get_config()")
+  # Built once here, their variables never made: what they log under,
+  # and that each object rebuilds from its config (looper makes fresh
+  # copies), fail now, not in the first trace.
+  with keras_compat.keras_variables_deferred():
+    Metrics(spec)
 
 
 class Metrics:

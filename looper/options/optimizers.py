@@ -17,8 +17,10 @@ sets the rate, looper.control.callbacks). With `scale_lr_with_batch`
 the peak rate is `learning_rate * batch / reference_batch_size` (the linear
 scaling rule of large-batch and TPU training, meant with warmup).
 
-The names `optimizer.name` and `optimizer.schedule` accept are the keys of
-OPTIMIZERS and SCHEDULES (`config.validate` reads them).
+The `optimizer` block is declared here (`config()`: each field, its
+default and doc) and checked here (`check`: the names `optimizer.name`
+and `optimizer.schedule` accept are the keys of OPTIMIZERS and SCHEDULES);
+looper.config composes it.
 `after_sum` takes the global batch's gradient norm after the optimizer's
 all-reduce: `optimizer.clip_global_norm` clips by it, the health figures
 log it. `add` sums two gradients of a variable, sparse (an Embedding's) or
@@ -33,6 +35,7 @@ import ml_collections
 import tensorflow as tf
 
 from looper import compat
+from looper import fields
 
 # `optimizer.name` -> fn(learning rate or schedule, config.optimizer).
 OPTIMIZERS = {
@@ -53,6 +56,42 @@ SCHEDULES = {
         peak, steps, end_learning_rate=0.0),  # to 0 at train.steps
     "cosine": lambda peak, steps: schedules.CosineDecay(peak, steps),  # to 0
 }
+
+
+def config() -> ml_collections.ConfigDict:
+  """The `optimizer` block: each field's default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  c.name = "adam"  # sgd | adam | adamw
+  c.learning_rate = 1e-3
+  c.schedule = "constant"  # constant | cosine | linear (to 0)
+  # Linear warmup before the schedule: update k uses k/warmup_steps of it.
+  c.warmup_steps = fields.whole(0, low=0)
+  c.momentum = 0.9  # sgd only
+  c.weight_decay = 0.0  # adamw only
+  # Clip the global-batch gradient to this global norm (0: off); applied
+  # after the replicas' sum, unlike Keras' clipnorm.
+  c.clip_global_norm = fields.Field(0.0, float, "a norm")
+  # Keep an exponential moving average of the weights with this decay
+  # (e.g. 0.999; 0: off); eval and export use it. Checkpointed.
+  c.ema_decay = 0.0
+  # Linear scaling (Goyal et al.): the rate used is learning_rate *
+  # train.batch_size / reference_batch_size; pair it with warmup_steps.
+  c.scale_lr_with_batch = fields.boolean(False)
+  c.reference_batch_size = fields.whole(256)
+  return c
+
+
+def check(opt: ml_collections.ConfigDict) -> None:
+  """The `optimizer` block's own rules (warmup_steps against train.steps
+  spans blocks: looper.config.check_steps); ConfigError on the first."""
+  fields.check_declared(opt, "optimizer")
+  fields.check(opt.learning_rate > 0, "optimizer.learning_rate",
+               opt.learning_rate, "must be > 0")
+  fields.check_choice(opt.name, "optimizer.name", OPTIMIZERS)
+  fields.check(isinstance(opt.ema_decay, (int, float)) and
+               0 <= opt.ema_decay < 1, "optimizer.ema_decay", opt.ema_decay,
+               "must be in [0, 1), e.g. 0.999 (0: off)")
+  fields.check_choice(opt.schedule, "optimizer.schedule", SCHEDULES)
 
 
 def schedule(peak: float, warmup_steps: int, decay: str,

@@ -16,7 +16,8 @@ restart, never twice), `mlflow`, `wandb` (each tool's own; installed with
 `pip install 'looper[mlflow]'`, `'looper[wandb]'`), `wandb_files` (what
 W&B's own files hold: read on every restart). Each is configured by
 the tool's own environment variables; with none set its local store goes
-inside the workdir.
+inside the workdir. The top-level field `trackers` is declared here
+(`config()`) and checked by `parse` (the Run calls it).
 """
 
 import difflib
@@ -25,6 +26,7 @@ import importlib.util
 import json
 
 from absl import logging
+import ml_collections
 
 from looper import errors
 from looper import workdir as workdir_lib
@@ -32,6 +34,14 @@ from looper import workdir as workdir_lib
 # config.trackers' names -> (their module here, its class, the package).
 TRACKERS = {"mlflow": ("looper.trackers.mlflow", "MLflow", "mlflow"),
             "wandb": ("looper.trackers.wandb", "WandB", "wandb")}
+
+
+def config() -> ml_collections.ConfigDict:
+  """The top-level field `trackers`: its default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # Experiment trackers, each set up by its own environment variables:
+  c.trackers = ""  # '' | mlflow | wandb | mlflow,wandb (README)
+  return c
 
 
 def parse(value: str) -> list[str]:

@@ -1,21 +1,21 @@
 """The Trainer: model, optimizer and metrics in scope; the step seams.
 
-Synopsis (what looper.run.Run builds; tests/fixtures/pieces.py too)::
+Synopsis (what looper.run.Run builds, through looper.run.pieces)::
 
-    batch = batch_lib.of(config, strategy.num_replicas_in_sync)
-    data = Input(config, strategy, batch)      # looper.data.input
-    trainer = Trainer(config, strategy, data, batch, steps_per_loop=100)
+    trainer = pieces.trainer(config, strategy, data, batch,
+                             steps_per_loop=100)  # Trainer(config, ...,
+                                                  # options=StepOptions(...))
     losses, logs = trainer.train(steps=100)    # one tf.function call
-    eval_logs = Evaluator(trainer).evaluate()  # looper.train.evaluator
+    trainer = run.Run(config, workdir).trainer  # a notebook's: nothing written
 
-    trainer = run.Run(config, workdir).trainer  # a notebook's: as a run
-                                                # builds it, nothing written
-
-The data come from the `Input` the caller gives it; one `train` call runs
-`steps` steps inside one tf.function (`looper.train.loop.TrainLoop`, built
-from `train_step`: no host sync per step), and returns each step's global
-mean loss. Restoring a checkpoint and rolling back are the run's
-(looper.run, the Controller); the Trainer names what a checkpoint holds.
+One `train` call runs `steps` steps inside one tf.function
+(`looper.train.loop.TrainLoop`, built from `train_step`: no host sync per
+step) on the `Input` the caller gives, and returns each step's global mean
+loss. The Trainer reads its own blocks of the config (model_fn, loss,
+loss_weights, loss_normalization, metrics, optimizer); how its step is
+made around the math (precision, XLA, clipping, sharding, the weight
+average: `StepOptions`) and its stop request come from the run, which also
+restores checkpoints, rolls back and evaluates (looper.run.pieces.evaluator).
 
 One replica's step (`train_step`) is three seams::
 
@@ -44,22 +44,33 @@ from looper import errors
 from looper import references
 from looper.data import batch as batch_lib
 from looper.data import input as input_lib
-from looper.errors import ConfigError
-from looper.options import keras_objects
 from looper.options import losses
 from looper.options import metrics
 from looper.options import optimizers
 from looper.options import precision
-from looper.options import sharding
 from looper.measure import flops
 from looper.measure import health
 from looper.train import loop
 from looper.train import randomness
 from looper.train import stopping
+from looper.train import weighting as weighting_lib
+from looper.train.step_options import StepOptions
 
 
 class Trainer:
-  """Builds the training state in `strategy.scope()` and runs the loops."""
+  """Builds the training state in `strategy.scope()` and runs the loops.
+
+  Args (looper.run.pieces.trainer gives each from its block):
+    config: the experiment's; the Trainer reads its own blocks, a subclass
+      and model_fn the rest.
+    strategy, input, batch: the run's strategy, data and batch numbers.
+    steps_per_loop: the longest train call; total_steps: the schedule's.
+    options: how the step is made (`StepOptions`; default: plain).
+    stop: the run's stop request (`stopping.StopFlag`; default: its own).
+    timed: the loop times its input wait (not under op determinism).
+    settable_rate: a Keras callback may set the rate: the schedule reads
+      `learning_rate_scale`.
+  """
 
   # The methods the traced loops run are `autograph.plain`: never
   # rewritten by AutoGraph (20-200 ms per function, most of the first
@@ -71,37 +82,31 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict,
                strategy: tf.distribute.Strategy,
                input: input_lib.Input,  # pylint: disable=redefined-builtin
-               batch: batch_lib.Batch, *, steps_per_loop: int):
-    if not config.train.steps:  # the schedule's length
-      raise ConfigError(
-          f"config.train.steps=0 reached the Trainer with train.epochs="
-          f"{config.train.epochs}; build it from the config"
-          " looper.control.epochs.resolve(config, input) returns (as looper.run"
-          " does), or set config.train.steps")
+               batch: batch_lib.Batch, *, steps_per_loop: int,
+               total_steps: int, options: StepOptions = StepOptions(),
+               stop: stopping.StopFlag | None = None, timed: bool = True,
+               settable_rate: bool = False):
     self.config = config
     self.strategy = strategy
     self.input = input  # the data (looper.data.input)
     # The batch's numbers (looper.data.batch): what an update averages
     # over, its micro-batches, a replica's rows of each.
     self.batch = batch
+    self.total_steps = total_steps
     self.model_fn = references.resolve(config.model_fn, "model_fn")
     self._loss_fn = losses.losses(config.loss)
-    # config.loss_normalization, or what a Keras loss object's reduction
-    # (and ignore_class: a 0 weight on those labels) says (keras_objects).
-    self.normalization = keras_objects.normalization(
-        config.loss, config.loss_normalization)
-    self._ignored = keras_objects.ignore_class(config.loss)
-    # data.class_weights as a table by class id (None: off).
-    self._class_weights = losses.class_weight_table(
-        config.data.class_weights)
+    # How an update's examples weigh in its loss (looper.train.weighting).
+    self.weighting = weighting_lib.Weighting(
+        config.loss, config.loss_normalization, config.loss_weights,
+        class_weights=options.class_weights, batch=batch)
+    self._dense_gradients = options.dense_gradients
+    self._settable_rate = settable_rate
     # Stops a running loop (`stopping`): request(), agree(), requested.
-    self.stop = stopping.StopFlag(strategy)
+    self.stop = stop or stopping.StopFlag(strategy)
     self.weights_finite = True  # after the last train loop
 
-    # Same seed, same initial weights: whatever the replica count.
-    keras.utils.set_random_seed(config.seed)
     with strategy.scope():
-      with precision.policy(config.train.precision):
+      with options.policy():
         self.model = self.build_model()
       # Keras' random layers: replica-invariant draws and their state in
       # the checkpoint, whatever build_model made (looper.train.randomness).
@@ -110,28 +115,22 @@ class Trainer:
       # (looper.control.callbacks checkpoints it with the callbacks' state).
       self.learning_rate_scale = tf.Variable(
           1.0, trainable=False, name="learning_rate_scale")
-      self.optimizer = precision.wrap(self.build_optimizer(),
-                                      config.train.precision)
+      self.optimizer = options.wrap(self.build_optimizer())
       # train.health_metrics: gradient and weight norms per loop (health).
       self.health = (health.Health(strategy, self.model.trainable_variables,
                                    steps_per_loop)
                      if config.train.health_metrics else None)
       optimizers.after_sum(  # the summed gradient's norm: clipped by, logged
-          self.optimizer, clip_norm=config.optimizer.clip_global_norm,
+          self.optimizer, clip_norm=options.clip_norm,
           observe=self.health.observe if self.health else None)
-      # Keras 3 creates slots lazily; under >1 replica that fails inside the
-      # loop ("must feed a value for placeholder"), so build them here (1/N
-      # per replica under distribution.shard_optimizer: options/sharding).
-      self.update = sharding.updater(
-          self.optimizer, self.model.trainable_variables, strategy,
-          shard=config.distribution.shard_optimizer)
-      # optimizer.ema_decay: eval and export use the average (ema; sharded).
-      self.ema = (self.update.average(config.optimizer.ema_decay)
-                  if config.optimizer.ema_decay else None)
+      # The slots built now, in scope (1/N per replica if sharded).
+      self.update = options.updater(
+          self.optimizer, self.model.trainable_variables, strategy)
+      self.ema = options.average(self.update)  # what eval and export use
       self.train_metrics = self.build_metrics()
       self.eval_metrics = self.build_metrics()
       self.eval_loss = losses.EvalLoss(
-          config.loss, self.normalization, config.loss_weights)
+          config.loss, self.weighting.normalization, config.loss_weights)
       counter = dict(dtype=tf.int64, trainable=False,
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
       self.step = tf.Variable(0, name="step", **counter)
@@ -144,14 +143,13 @@ class Trainer:
         batches_per_step=batch.accum_steps, on_start=self._loop_start,
         on_end=self._loop_end,
         sequences=lambda: flops.is_sequence(input.element_spec),
-        # The input wait is timed unless op determinism forbids timestamps.
-        timed=not config.train.deterministic)
+        timed=timed)
     # XLA compiles the per-replica forward and backward pass only: around
     # the whole loop it cannot (the iterator), around the update it fails
     # under Mirrored (variables on other devices), and it was slower here.
     self._compute_gradients = (
         tf.function(self.compute_gradients, jit_compile=True)
-        if config.train.jit_compile else self.compute_gradients)
+        if options.jit_compile else self.compute_gradients)
 
   # --- What a subclass overrides --------------------------------------------
 
@@ -169,9 +167,9 @@ class Trainer:
     # The scale only where a Keras callback may set the rate: a step without
     # it ran 0.6-2% faster (BUILD.md, "Keras callbacks").
     return optimizers.build(
-        self.config.optimizer, self.config.train.steps,
+        self.config.optimizer, self.total_steps,
         self.batch.global_batch_size,
-        scale=self.learning_rate_scale if self.config.callbacks else None)
+        scale=self.learning_rate_scale if self._settable_rate else None)
 
   def build_metrics(self) -> metrics.Metrics:
     """Fresh metric objects, keyed by their log names (config.metrics);
@@ -188,11 +186,8 @@ class Trainer:
   @autograph.plain
   def average_loss(self, values, weights=None, weight_total=None):
     """This replica's share of the global batch's loss from the losses
-    `compute_loss` returned (`self.normalization`, loss_weights)."""
-    return losses.average(
-        values, weights, weight_total, loss_weights=self.config.loss_weights,
-        normalization=self.normalization,
-        global_batch_size=self.batch.global_batch_size)
+    `compute_loss` returned (loss_normalization, loss_weights)."""
+    return self.weighting.average(values, weights, weight_total)
 
   @autograph.plain
   def train_step(self, batch) -> tf.Tensor:
@@ -222,31 +217,18 @@ class Trainer:
 
   @autograph.plain
   def micro_batches(self, batch) -> list:
-    """`batch` cut back into its micro-batches (`self.batch.accum_steps`,
-    each of `self.batch.per_replica` examples: static slices), as
+    """`batch` cut back into its micro-batches (train.grad_accum_steps) as
     (inputs, labels, weights): the examples' weights times
     data.class_weights and 0 on a loss object's ignore_class, None if
-    there are none."""
-    rows = self.batch.per_replica  # static slices
-    parts = []
-    for i in range(self.batch.accum_steps):
-      inputs, labels, weights = batch_lib.parts(tf.nest.map_structure(
-          lambda t, i=i: t[i * rows:(i + 1) * rows], batch))
-      parts.append((inputs, labels, losses.label_weighted(
-          weights, labels, self._class_weights, self._ignored)))
-    return parts
+    there are none (looper.train.weighting)."""
+    return self.weighting.micro_batches(batch)
 
   @autograph.plain
   def weight_total(self, weights: list):
     """The sum of an update's example weights over all its micro-batches
     and replicas (one scalar all-reduce per step), which
     loss_normalization='weights' divides by; None when not needed."""
-    if self.normalization != "weights" or weights[0] is None:
-      return None
-    local = tf.nest.map_structure(
-        lambda *w: tf.add_n([tf.reduce_sum(x) for x in w]), *weights)
-    return tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, local)
+    return self.weighting.total(weights)
 
   @autograph.plain
   def compute_gradients(self, inputs, labels, weights=None,
@@ -278,7 +260,7 @@ class Trainer:
     them over replicas (and clips the sum: optimizer.clip_global_norm).
     Looper's: dense gradients under data.bucket and the all-replica
     finiteness vote under loss scaling."""
-    if self.config.data.bucket:
+    if self._dense_gradients:
       # Sparse gradients (an Embedding's IndexedSlices, a row per token)
       # change size with the batch's length; several replicas all-gather
       # them inside the train loop, and TensorFlow aborts when
@@ -301,7 +283,8 @@ class Trainer:
     `self.eval_loss` (`evaluate`'s loss and example count) and the metrics."""
     *example, mask = batch
     inputs, labels, weights = batch_lib.parts(example)
-    weights = losses.label_weighted(weights, labels, ignored=self._ignored)
+    weights = losses.label_weighted(weights, labels,
+                                    ignored=self.weighting.ignored)
     logits = _float32(self.model(inputs, training=False))
     self.eval_loss.update(self.compute_loss(labels, logits), weights, mask)
     self.update_metrics(self.eval_metrics, labels, logits,

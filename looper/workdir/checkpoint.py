@@ -36,6 +36,9 @@ Under multi-worker every task must call `save` (it is a collective), but
 only the chief's copy is kept: the others write to a scratch directory
 (`Workdir.checkpoint_saves(task_id)`) that is removed once the write is
 complete.
+
+The `checkpoint` block is declared here (`config()`) and checked here
+(`check`); looper.config composes it.
 """
 
 import contextlib
@@ -43,15 +46,18 @@ import os
 from typing import Any, Callable
 
 from absl import logging
+import ml_collections
 import tensorflow as tf
 
 from looper import compat
+from looper import fields
 from looper import workdir as workdir_lib
 from looper.workdir import contents
 from looper.workdir import files
 from looper.errors import CheckpointError
 from looper.errors import CheckpointMissing
 from looper.errors import first_line
+from looper.options import best
 
 # Items a workdir written by an earlier looper lacks, and what restoring
 # without them means: the rest restores and the run goes on, said once.
@@ -65,6 +71,37 @@ ADDED_LATER = {
     "callbacks": "config.callbacks' state (looper.control.callbacks), so"
                  " their epochs, counts and learning-rate scale start over",
 }
+
+
+def config() -> ml_collections.ConfigDict:
+  """The `checkpoint` block: each field's default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  # Save every this many steps, or epochs; both 0: only at the end (and on
+  # a stop). Set one, the other 0 (IN_EPOCHS).
+  c.every_steps = fields.whole(0, low=0)
+  c.every_epochs = fields.epochs()
+  c.keep = fields.whole(3)
+  # Also save when this long has passed since the last save (0: off), so a
+  # preemptible job loses at most this much work whatever the step time.
+  c.every_secs = fields.seconds(0)
+  # Write checkpoints in a background thread (TensorFlow's async saving);
+  # not `async`, a Python keyword (`c.checkpoint.async` would not parse).
+  c.async_save = fields.boolean(False)
+  # Keep the checkpoint with the best value of this eval metric ('accuracy',
+  # a set's 'val/accuracy', 'loss' with best_mode='min') in checkpoints/best/.
+  c.best_metric = ""
+  c.best_mode = "max"  # max | min
+  # A training run holds workdir/lease.json while it writes (looper.workdir.lease):
+  # a second writer is refused. A holder on another host that has not
+  # renewed it (every lease_secs / 4) for this long is taken to be gone.
+  c.lease_secs = fields.seconds(60, positive=True)
+  return c
+
+
+def check(c: ml_collections.ConfigDict) -> None:
+  """The `checkpoint` block's own rules; ConfigError on the first."""
+  fields.check_declared(c, "checkpoint")
+  fields.check_choice(c.best_mode, "checkpoint.best_mode", best.BEST_MODES)
 
 
 def io_device(on_tpu: bool, directory: str) -> str | None:

@@ -10,16 +10,27 @@ A checkpoint's object graph names each variable by its place under the
 items the Trainer saved (`Trainer.checkpoint_items`): the Checkpointer asks
 which items a workdir written by an earlier looper lacks, a warm start
 matches another run's variables to this model's by place, and the tests
-read a model's weights back by the same names.
+read a model's weights back by the same names. The `init` block (which
+checkpoint a warm start reads) is declared here (`config()`).
 """
 
 from typing import Any
 
 from absl import logging
+import ml_collections
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from looper import fields
 from looper.errors import CheckpointError
+
+
+def config() -> ml_collections.ConfigDict:
+  """The `init` block: each field's default (its doc above it)."""
+  c = ml_collections.ConfigDict()
+  c.checkpoint = ""  # a checkpoint prefix or a checkpoints/ directory
+  c.optimizer = fields.boolean(False)  # also restore the optimizer slots
+  return c
 
 
 def variable_keys(path: str, prefix: str) -> dict[str, str]:

@@ -14,10 +14,11 @@ Synopsis::
     serve(inputs=tf.constant(token_ids))["logits"]
 
 Training feeds static shapes (every batch `train.batch_size`, XLA's rule);
-serving takes any batch. The export traces `Trainer.serve` once on an input
-signature made from one EXAMPLE's spec (the first eval set's) with a leading
-None, so the train batch size appears nowhere in the graph. The weights are
-the moving average when `optimizer.ema_decay` is set (as eval sees them).
+serving takes any batch. The export traces a serving function
+(`Trainer.serve`) once on an input signature made from one EXAMPLE's spec
+(the first eval set's) with a leading None, so the train batch size appears
+nowhere in the graph. The weights are the moving average when
+`optimizer.ema_decay` is set (as eval sees them).
 
 Layout: `workdir/export/<step>/` (`Workdir.export_version`), the versioned
 layout TF Serving watches. The SavedModel is written to a hidden folder
@@ -27,18 +28,22 @@ object (a copy, then a delete): there the files move one by one with
 `saved_model.pb`, which a loader opens first, last, so a reader that
 finds it finds the rest; a folder without it may be in mid-move. On a
 TPU a local workdir is written through the host
-(`experimental_io_device='/job:localhost'`).
+(`experimental_io_device='/job:localhost'`). The `export` block is
+declared here (`config()`).
 """
 
+import contextlib
 import logging as std_logging
 import os
+from typing import Callable
 
 from absl import logging
 import keras
+import ml_collections
 import tensorflow as tf
 
+from looper import fields
 from looper import workdir as workdir_lib
-from looper.data import splits
 from looper.workdir import checkpoint
 from looper.workdir import files
 
@@ -59,31 +64,32 @@ def input_signature(element_spec):
   return batched("inputs", element_spec)
 
 
-def export(trainer, evaluator, workdir: workdir_lib.Workdir, *,
+def export(model: keras.Model, serve: Callable, workdir: workdir_lib.Workdir,
+           *, step: int, spec, weights: Callable = contextlib.nullcontext,
            on_tpu: bool = False) -> str:
-  """Writes the trainer's model for serving; returns the SavedModel folder.
+  """Writes `model` for serving; returns the SavedModel folder.
 
   Args:
-    trainer: a built `looper.train.trainer.Trainer`; its `serve(inputs)` is the
-      signature's function (override it to add pre- or post-processing).
-    evaluator: its `looper.train.evaluator.Evaluator`: the weights eval sees
-      (`averaged_weights`), the eval split's spec from its Input.
+    model: the Keras model whose variables the export holds.
+    serve: the signature's function, `serve(inputs) -> dict of tensors`
+      (`Trainer.serve`: override it to add pre- or post-processing).
     workdir: the run's `looper.workdir.Workdir`; the export goes to its
       `export_version(step)`.
+    step: the step the weights are of.
+    spec: one example's inputs' spec (`input_signature`'s argument: the
+      first eval set's, `Evaluator.example_spec`).
+    weights: a context in which `model` holds the weights to export
+      (`Evaluator.averaged_weights`: the weight average, as eval sees it).
     on_tpu: the variables live on a TPU (read through the host if local).
   """
-  step = trainer.global_step
   final = workdir.export_version(step)
   partial = workdir.export_partial(step)
-  data = evaluator.input
-  split = next(iter(splits.eval_sets(data.config).values()))
-  spec = data.examples(split).element_spec[0]
   signature = input_signature(spec)
   archive = keras.export.ExportArchive()
-  archive.track(trainer.model)
+  archive.track(model)
   # A dict of inputs becomes named inputs of the signature (the specs'
   # names), so a client sends {"tokens": ..., "mask": ...}.
-  archive.add_endpoint(SIGNATURE, trainer.serve, input_signature=[signature])
+  archive.add_endpoint(SIGNATURE, serve, input_signature=[signature])
   options = tf.saved_model.SaveOptions(
       experimental_io_device=checkpoint.io_device(on_tpu, workdir.root))
   for path in (partial, final):
@@ -96,7 +102,7 @@ def export(trainer, evaluator, workdir: workdir_lib.Workdir, *,
   try:
     with files.on_full_disk(workdir.export, f"the export of step {step}",
                             workdir.checkpoints):
-      with evaluator.averaged_weights():
+      with weights():
         archive.write_out(partial, options=options, verbose=False)
       _move(partial, final)
   except Exception:  # a half-written export is never left behind
@@ -122,3 +128,10 @@ def _move(partial: str, final: str) -> None:
     files.makedirs(os.path.dirname(target))
     tf.io.gfile.rename(path, target)
   tf.io.gfile.rmtree(partial)
+
+
+def config() -> ml_collections.ConfigDict:
+  """The `export` block: each field's default."""
+  c = ml_collections.ConfigDict()
+  c.at_end = fields.boolean(False)
+  return c

@@ -85,7 +85,7 @@ def run_looper(seed: int, precision: str) -> dict:
   from looper import run  # pylint: disable=g-import-not-at-top
   from looper.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   reached = {"imported": time.time()}
-  evals = []
+  evals, trainers = [], []
 
   class UntilTarget(evaluator_lib.Evaluator):
     def evaluate(self):
@@ -93,12 +93,17 @@ def run_looper(seed: int, precision: str) -> dict:
       results = super().evaluate()
       evals.append(time.time() - start)
       if results["accuracy"] >= TARGET and "time" not in reached:
-        reached.update(time=time.time(), step=self.trainer.global_step,
+        trainer = trainers[0]
+        reached.update(time=time.time(), step=trainer.global_step,
                        accuracy=results["accuracy"], eval_secs=sum(evals))
-        self.trainer.stop.request()
+        trainer.stop.request(f"accuracy {TARGET} reached")
       return results
 
   class FirstLoop(trainer_lib.Trainer):
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      trainers.append(self)  # the run's: its step and stop request
+
     def on_loop_end(self, step, logs):
       reached.setdefault("first_loop", time.time())
 

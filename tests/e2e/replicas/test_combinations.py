@@ -55,12 +55,11 @@ def _config(row):
 
 def results(strategy) -> list:
   """Each row's 6 per-step losses and eval loss under `strategy`."""
-  from looper.train import evaluator as evaluator_lib  # pylint: disable=g-import-not-at-top
   from tests.fixtures import pieces  # pylint: disable=g-import-not-at-top
   out, kept = [], []
   for row in COMBINATIONS:
     trainer = pieces.trainer(_config(row), strategy)
-    evaluator = evaluator_lib.Evaluator(trainer)
+    evaluator = pieces.evaluator(trainer)
     losses = trainer.train(6)[0].tolist()
     out.append({"losses": losses, "eval": evaluator.evaluate()["loss"]})
     kept.append((trainer, evaluator))

@@ -74,7 +74,7 @@ def loop_facts(fields: dict) -> dict:
   from tests.fixtures.configs import configured  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-import-not-at-top
   config = configured(tiny.get_config(), fields)
-  trainer = pieces.trainer(config, distribute.strategy_for(config))
+  trainer = pieces.trainer(config, distribute.strategy_for(config.distribution))
   merge_calls = []
   merge_call = distribute_lib.ReplicaContext.merge_call
   def counted(context, *args, **kwargs):

@@ -106,6 +106,18 @@ def test_each_action_gets_the_loop_it_follows():
                    (11, 12, (1 / 11 + 1 / 12) / 2)]
 
 
+def test_an_action_gets_the_model_and_the_writer_not_the_trainer():
+  """What a user's action reaches: the run's model and writers, given to
+  the Controller (looper.run.runner), and no Trainer."""
+  model, writer, log = object(), object(), []
+  act = actions.Action(seen(log, "mine", "model", "writer"), every_steps=10)
+  ctl, _, _ = make(total=20, steps_per_loop=10, save_actions=[act],
+                   model=model, writer=writer)
+  ctl.train()
+  assert log == [("mine", 10, model, writer), ("mine", 20, model, writer)]
+  assert not hasattr(actions.Moment(0, 20), "trainer")
+
+
 @pytest.mark.parametrize("chief", [True, False])
 def test_a_user_action_runs_on_the_chief_and_every_worker_keeps_its_trigger(
     chief):

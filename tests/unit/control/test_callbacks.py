@@ -30,6 +30,10 @@ from tests.fixtures import tiny
 from tests.fixtures.configs import configured
 from tests.fixtures.events import curve, scalars
 
+# When a run's callbacks are called (their epochs), for `build`'s refusals.
+_TIMING = {"every_steps": 0, "total_steps": 1, "eval_batch_size": 8,
+           "monitor": ""}
+
 
 def read_csv(path) -> list[dict]:
   with open(path) as f:
@@ -259,7 +263,8 @@ def test_callbacks_looper_does_itself_are_refused_in_one_line(
   c = tiny.get_config()
   c.callbacks = [make(str(tmp_path / "theirs"))]
   with pytest.raises(errors.ConfigError) as e:
-    callbacks_lib.build(c, c.callbacks, trainer=None, chief=True)
+    callbacks_lib.build(c, c.callbacks, model=None, optimizer=None,
+                        rate_scale=None, metrics=None, chief=True, **_TIMING)
   assert str(e.value).startswith(line)
   assert str(e.value).endswith("; remove it from config.callbacks") or (
       "Callback; give Callback objects" in str(e.value))
@@ -270,7 +275,8 @@ def test_a_factory_that_raises_is_one_line():
     return [config.model.nothing]
 
   with pytest.raises(errors.ConfigError) as e:
-    callbacks_lib.build(tiny.get_config(), broken, trainer=None, chief=True)
+    callbacks_lib.build(tiny.get_config(), broken, model=None, optimizer=None,
+                        rate_scale=None, metrics=None, chief=True, **_TIMING)
   assert str(e.value) == (
       "config.callbacks: test_a_factory_that_raises_is_one_line.<locals>."
       "broken(config) raised AttributeError: \"'nothing'\"; fix it, or give"

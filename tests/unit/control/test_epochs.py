@@ -12,6 +12,7 @@ times).
 import fractions
 import json
 
+from absl import logging
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -19,7 +20,6 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from looper.cli import describe
-from looper.control import epochs
 from looper.workdir import jsonl
 from tests.fixtures import pieces
 from tests.fixtures import tiny
@@ -43,7 +43,7 @@ def _in_epochs(**fields):
 
 def _resolve(config, **kwargs):
   lc.validate(config)
-  return epochs.resolve(
+  return lc.resolve_epochs(
       config, pieces.input(config, tf.distribute.get_strategy()), **kwargs)
 
 
@@ -191,7 +191,7 @@ def one_replica(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("epochs1")
   with pytest.MonkeyPatch.context() as patch:
     logged = []
-    patch.setattr(run.logging, "info",
+    patch.setattr(logging, "info",
                   lambda fmt, *args: logged.append(fmt % args))
     result = run.run(_in_epochs(**RUN), str(workdir))
   assert result["step"] == 7

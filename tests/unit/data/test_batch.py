@@ -14,14 +14,14 @@ def test_the_numbers_of_an_accumulated_batch_on_four_replicas():
   c = lc.default_config()
   c.train.batch_size, c.train.grad_accum_steps = 96, 3
   c.eval.batch_size = 40
-  batch = batch_lib.of(c, replicas=4)
+  batch = batch_lib.of(c.train, c.eval, replicas=4)
   # By hand: 3 micro-batches of 96 per update, 24 of each on a replica.
   assert (batch.global_batch_size, batch.micro_batch_size, batch.per_replica,
           batch.accum_steps, batch.replicas) == (288, 96, 24, 3, 4)
   assert (batch.eval_batch_size, batch.eval_per_replica) == (40, 10)
   # Without accumulation an update is one micro-batch.
   c.train.grad_accum_steps = 1
-  assert batch_lib.of(c, replicas=4).global_batch_size == 96
+  assert batch_lib.of(c.train, c.eval, replicas=4).global_batch_size == 96
 
 
 @pytest.mark.parametrize("field,size,replicas,fit", [
@@ -36,7 +36,7 @@ def test_a_batch_that_does_not_split_is_one_line_naming_the_field(
   block, name = field.split(".")
   c[block][name] = size
   with pytest.raises(ConfigError) as e:
-    batch_lib.of(c, replicas=replicas)
+    batch_lib.of(c.train, c.eval, replicas=replicas)
   assert str(e.value) == (
       f"config.{field}={size} is not divisible by the {replicas} replicas;"
       f" set --config.{field}={fit}")

@@ -301,7 +301,7 @@ def test_windows_examples_spec_checks_and_one_stream_tensor():
 def test_windows_are_refused_by_the_data_service_as_arrays():
   config = configured(tiny.get_config(), {"data.service": "localhost:5050"})
   with pytest.raises(ConfigError) as e:
-    service.check_source(arrays.Arrays(_windowed(), "train"), config)
+    service.check_source(arrays.Arrays(_windowed(), "train"), config.data)
   assert str(e.value) == (
       "config.data.service='localhost:5050': split 'train' comes as numpy"
       " arrays, which would be copied into the graph every service worker"

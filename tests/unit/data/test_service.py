@@ -92,7 +92,8 @@ def _cluster(workers: int = 2, work_dir: str = ""):
 def _remote(config, passes=None, job="job"):
   source = pieces.input(config, tf.distribute.get_strategy()).source(
       config.data.train_split)
-  return service.Remote(source, config, job=job, position=0, passes=passes)
+  return service.Remote(source, config.data, seed=config.seed, job=job,
+                        position=0, passes=passes)
 
 
 def _counts(dataset) -> collections.Counter:

@@ -80,7 +80,7 @@ def test_train_pipeline_feeds_four_shapes(data):
   data_dir, num_tokens = data
   c = _config(data_dir)
   lc.validate(c)
-  trainer = pieces.trainer(c, distribute.strategy_for(c))
+  trainer = pieces.trainer(c, distribute.strategy_for(c.distribution))
   # How many batches an epoch has, from the reviews' lengths alone: each
   # bucket's whole batches (its last partial one waits for no one).
   counts = {length: int(np.sum(_bucket_length(num_tokens) == length))

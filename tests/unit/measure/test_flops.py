@@ -53,7 +53,7 @@ def _corpus(tmp_path):
 def _step_flops(config) -> float:
   """FLOPs of one step, as the train loop counted them (its logs' flops
   are the steps run times the count)."""
-  trainer = pieces.trainer(config, distribute.strategy_for(config))
+  trainer = pieces.trainer(config, distribute.strategy_for(config.distribution))
   _, logs = trainer.train(2)
   return logs["flops"] / 2
 

@@ -83,7 +83,7 @@ def test_a_loop_above_the_probed_peak_measures_again_once(tmp_path):
   c, default = tiny.get_config(), tf.distribute.get_strategy()
   path = str(tmp_path / "peak.json")
   probe = FakeProbe(87e9, 120e9)
-  machine = peak_flops.of_run(c, default, path, measure=probe)
+  machine = peak_flops.of_run(c.train, default, path, measure=probe)
   assert machine.flops_per_sec == 87e9
   assert re.fullmatch(r"the measured float32 matmul peak of this CPU's \d+"
                       r" cores: a probe \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\);"
@@ -102,11 +102,12 @@ def test_a_loop_above_the_probed_peak_measures_again_once(tmp_path):
   assert [(r["how"], r["flops_per_sec"]) for r in kept[machine.probe.key]
           ] == [("loop", 160e9), ("loop", 150e9), ("probe", 120e9)]
   # The next run: the cache's figure, nothing measured; bfloat16 apart.
-  assert peak_flops.of_run(c, default, path,
+  assert peak_flops.of_run(c.train, default, path,
                            measure=FakeProbe()).flops_per_sec == 160e9
   c.train.precision = "mixed_bfloat16"
   bf16 = FakeProbe(30e9)
-  assert peak_flops.of_run(c, default, path, measure=bf16).flops_per_sec == 30e9
+  assert peak_flops.of_run(c.train, default, path,
+                           measure=bf16).flops_per_sec == 30e9
   assert bf16.dtypes == ["bfloat16"]
 
 
@@ -114,7 +115,7 @@ def test_a_given_peak_becomes_the_loops_speed_and_nothing_is_cached(
     tmp_path):
   c = tiny.get_config()
   c.train.peak_flops = 2.5e11  # the config wins: nothing measured
-  given = peak_flops.of_run(c, tf.distribute.get_strategy(),
+  given = peak_flops.of_run(c.train, tf.distribute.get_strategy(),
                             str(tmp_path / "p"), measure=FakeProbe())
   assert given == peak_flops.Peak(2.5e11, "train.peak_flops=2.5e+11")
   two_hosts = peak_flops.Peak(1e11, "train.peak_flops=1e+11", devices=2)
@@ -135,8 +136,8 @@ def test_workers_sharing_a_machine_count_its_cores_once(tmp_path, cluster,
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(cluster), task_type="worker", task_id=0)
   strategy = types.SimpleNamespace(cluster_resolver=resolver)  # a CPU run's
-  peak = peak_flops.of_run(tiny.get_config(), strategy, str(tmp_path / "p"),
-                           measure=FakeProbe(100e9))
+  peak = peak_flops.of_run(tiny.get_config().train, strategy,
+                           str(tmp_path / "p"), measure=FakeProbe(100e9))
   assert (peak.devices, peak.flops_per_sec) == (machines, machines * 100e9)
   times = f" x {machines}" if machines > 1 else ""
   assert peak.source.startswith(

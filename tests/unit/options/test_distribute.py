@@ -54,7 +54,7 @@ def test_multi_worker_needs_tf_config(monkeypatch):
   c = lc.default_config()
   c.distribution.strategy = "multi_worker"
   with pytest.raises(lc.ConfigError, match="needs TF_CONFIG"):
-    distribute.strategy_for(c)
+    distribute.strategy_for(c.distribution)
 
 
 def test_tpu_path_resolves_connects_initializes(monkeypatch):
@@ -65,7 +65,7 @@ def test_tpu_path_resolves_connects_initializes(monkeypatch):
   with mock.patch.object(tf.config, "experimental_connect_to_cluster") as con, \
        mock.patch.object(tf.tpu.experimental, "initialize_tpu_system") as init, \
        mock.patch.object(tf.distribute, "TPUStrategy") as strategy:
-    assert distribute.strategy_for(c) is strategy.return_value
+    assert distribute.strategy_for(c.distribution) is strategy.return_value
   resolver = con.call_args.args[0]
   assert isinstance(resolver, tf.distribute.cluster_resolver.TPUClusterResolver)
   assert resolver.master() == "grpc://127.0.0.1:8470"
@@ -228,7 +228,7 @@ def test_every_gpu_grows_its_memory_before_the_strategy():
   with mock.patch.object(tf.config, "list_physical_devices",
                          lambda kind: FAKE_GPUS if kind == "GPU" else []), \
        mock.patch.object(tf.config.experimental, "set_memory_growth") as grow:
-    distribute.strategy_for(c)
+    distribute.strategy_for(c.distribution)
   assert grow.call_args_list == [mock.call(gpu, True) for gpu in FAKE_GPUS]
 
 
@@ -533,7 +533,7 @@ def test_tasks_sharing_gpus_all_reduce_over_ring(monkeypatch, nodes, caplog):
        mock.patch.object(tf.distribute,
                          "MultiWorkerMirroredStrategy") as strategy, \
        caplog.at_level("WARNING"):
-    distribute.strategy_for(c)
+    distribute.strategy_for(c.distribution)
   assert json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1
   options = strategy.call_args.kwargs["communication_options"]
   assert options.implementation == KIND.RING

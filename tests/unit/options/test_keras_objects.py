@@ -22,7 +22,6 @@ from looper.cli import describe
 from looper.errors import ConfigError
 from looper.measure import dry_run
 from looper.options import losses
-from looper.train import evaluator as evaluator_lib
 from tests.fixtures import forks
 from tests.fixtures import pieces
 from tests.fixtures import tiny
@@ -41,6 +40,12 @@ def _config(loss, **fields):
       **fields})
   c.loss = loss
   return c
+
+
+def _check_train(trainer, config):
+  """dry_run's check of the train split, as the Run calls it."""
+  dry_run.check_split(trainer, trainer.input, "train", loss=config.loss,
+                      metrics=config.metrics, data=config.data)
 
 
 def _first_batch():
@@ -79,7 +84,7 @@ def test_ignored_labels_count_nowhere_in_eval():
   loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                     ignore_class=3)
   trainer = pieces.trainer(_config(loss), tf.distribute.get_strategy())
-  logs = evaluator_lib.Evaluator(trainer).evaluate()
+  logs = pieces.evaluator(trainer).evaluate()
   x, y = tiny.make_data(tiny.get_config().model.num_examples, seed=1)
   logits = trainer.model(x).numpy()
   kept = y != 3
@@ -94,7 +99,7 @@ def test_metric_objects_are_fresh_copies_and_report_what_numpy_does():
   top2 = config.metrics[1]
   trainer = pieces.trainer(config, tf.distribute.get_strategy())
   trainer.train(20)
-  logs = evaluator_lib.Evaluator(trainer).evaluate()
+  logs = pieces.evaluator(trainer).evaluate()
   x, y = tiny.make_data(config.model.num_examples, seed=1)
   logits = trainer.model(x).numpy()
   in_top2 = (np.argsort(-logits, axis=1)[:, :2] == y[:, None]).any(axis=1)
@@ -189,7 +194,7 @@ def test_objects_that_do_not_fit_the_model_are_one_line_before_training(
     config[field] = value
   trainer = pieces.trainer(config, tf.distribute.get_strategy())
   with pytest.raises(ConfigError) as e:
-    dry_run.check_inputs(trainer, trainer.input, "train")
+    _check_train(trainer, config)
   # The last Dense's name counts the layers the process made before.
   last = trainer.model.layers[-1].name
   assert str(e.value).startswith(error.replace("'dense_1'", repr(last)))
@@ -223,11 +228,11 @@ def test_a_final_softmax_op_counts_as_a_softmax_layer():
   config.model_fn = _softmax_op_model
   config.loss = keras.losses.SparseCategoricalCrossentropy()  # probabilities
   trainer = pieces.trainer(config, tf.distribute.get_strategy())
-  dry_run.check_inputs(trainer, trainer.input, "train")  # fits
+  _check_train(trainer, config)  # fits
   config.loss = "sparse_categorical_crossentropy"  # logits
   trainer = pieces.trainer(config, tf.distribute.get_strategy())
   with pytest.raises(ConfigError) as e:
-    dry_run.check_inputs(trainer, trainer.input, "train")
+    _check_train(trainer, config)
   assert "applies softmax, but config.loss='sparse_categorical_crossentropy'" \
       " takes logits" in str(e.value)
 

@@ -17,7 +17,6 @@ import tensorflow as tf
 from looper import run
 from looper.data import shards
 from looper.options import distribute
-from looper.train import evaluator as evaluator_lib
 from tests.fixtures import pieces
 from tests.fixtures import weighted
 from tests.fixtures.checkpoints import restored_trainer
@@ -79,7 +78,7 @@ def results(strategy, n: int, cases) -> dict:
       if "data.eval_splits" in fields:
         x, _, _ = weighted.make_data(kind, c.model.num_examples, 1)
         out[f"{name}/{n}"].update(
-            eval=evaluator_lib.Evaluator(t).evaluate(),
+            eval=pieces.evaluator(t).evaluate(),
             outputs=t.model(x).numpy().tolist())
       kept.append(t)  # a Mirrored iterator freed while others run stalls
   return out
@@ -220,7 +219,7 @@ def test_eval_is_weighted_over_the_whole_split(tmp_path, kind, mode):
   else:
     c.data.mode = mode
   t = pieces.trainer(c, tf.distribute.get_strategy())
-  got = evaluator_lib.Evaluator(t).evaluate()
+  got = pieces.evaluator(t).evaluate()
   outputs = tf.nest.map_structure(lambda o: o.numpy(), t.model(x))
   want = numpy_eval(kind, outputs, y, w)
   assert got["examples"] == 1000
@@ -257,7 +256,7 @@ def test_each_eval_set_is_exact_with_several_outputs():
   c = configured(weighted.get_config("heads"), {"data.eval_splits": SETS,
                                                  "eval.batch_size": 64})
   t = pieces.trainer(c, tf.distribute.get_strategy())
-  evaluator = evaluator_lib.Evaluator(t)
+  evaluator = pieces.evaluator(t)
   assert evaluator.metric_names == [
       f"{s}/{n}" for s in ("test", "val") for n in (
           "loss", "class/loss", "value/loss", "class/accuracy",

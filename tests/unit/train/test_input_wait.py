@@ -58,7 +58,7 @@ def pinned_fraction() -> float:
   strategy looper builds (distribute.two_op_threads)."""
   os.sched_setaffinity(0, {0})
   config = _resident()
-  return _fraction(config, distribute.strategy_for(config))
+  return _fraction(config, distribute.strategy_for(config.distribution))
 
 
 @pytest.mark.slow  # a process of its own: TensorFlow's pools are per process

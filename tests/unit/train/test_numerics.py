@@ -14,7 +14,6 @@ import tensorflow as tf
 
 from looper import run
 from looper.options import distribute
-from looper.train import evaluator as evaluator_lib
 from looper.train import layers
 from looper.train import trainer as trainer_lib
 from looper.options import precision
@@ -153,14 +152,14 @@ def test_ema_follows_a_numpy_reference_and_is_what_eval_sees():
   for got, want in zip(t.ema.averages, average):
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7)
   trained = [v.numpy() for v in t.model.trainable_variables]
-  logs = evaluator_lib.Evaluator(t).evaluate()
+  logs = pieces.evaluator(t).evaluate()
   for v, want in zip(t.model.trainable_variables, trained):  # swapped back
     np.testing.assert_array_equal(v.numpy(), want)
   # The same evaluation with the averaged weights loaded by hand.
   plain = _trainer()
   for v, a in zip(plain.model.trainable_variables, average):
     v.assign(a)
-  assert logs["loss"] == pytest.approx(evaluator_lib.Evaluator(plain).evaluate()["loss"], rel=1e-6)
+  assert logs["loss"] == pytest.approx(pieces.evaluator(plain).evaluate()["loss"], rel=1e-6)
   assert "ema" in t.checkpoint_items()
 
 

@@ -8,7 +8,6 @@ import pytest
 import tensorflow as tf
 
 from looper import run
-from looper.train import evaluator as evaluator_lib
 from looper.train import trainer as trainer_lib
 from tests.fixtures import pieces
 from tests.fixtures import tiny
@@ -220,12 +219,12 @@ def test_autograph_converts_the_users_code_only(conversions):
   strategy = tf.distribute.get_strategy()
   base = pieces.trainer(c, strategy)
   want, _ = base.train(3)
-  want_eval = evaluator_lib.Evaluator(base).evaluate()
+  want_eval = pieces.evaluator(base).evaluate()
   assert not conversions  # looper's loops, seams and helpers: plain
   subclass = pieces.trainer(c, strategy, cls=DeeperTrainer)
   got, _ = subclass.train(3)
   np.testing.assert_array_equal(got, want)
-  assert evaluator_lib.Evaluator(subclass).evaluate() == want_eval
+  assert pieces.evaluator(subclass).evaluate() == want_eval
   assert sorted(set(conversions)) == [
       "BranchingTrainer.compute_loss", "BranchingTrainer.eval_step",
       "DeeperTrainer.train_step", "_unflip"]

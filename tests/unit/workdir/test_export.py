@@ -15,7 +15,6 @@ import tensorflow as tf
 from looper import config as lc
 from looper import run
 from looper import workdir as workdir_lib
-from looper.train import evaluator as evaluator_lib
 from looper.workdir import checkpoint
 from tests.fixtures import checkpoints
 from tests.fixtures import pieces
@@ -54,7 +53,7 @@ def test_export_serves_any_batch_from_tf_alone(trained, tmp_path):
 
   trainer = _restored_trainer(trained, trained / "checkpoints" / f"ckpt-{STEPS}")
   trained_logits = trainer.model(x, training=False).numpy()
-  with evaluator_lib.Evaluator(trainer).averaged_weights():
+  with pieces.evaluator(trainer).averaged_weights():
     averaged_logits = trainer.model(x, training=False).numpy()
   for n in (1, 7, 64):
     np.testing.assert_allclose(served[str(n)], averaged_logits[:n],
@@ -75,7 +74,7 @@ def test_mode_export_of_an_older_checkpoint(trained, tmp_path):
   x, _ = tiny.make_data(7, seed=6)
   served_10 = processes.serve_in_fresh_process(result["export"], x, tmp_path)
   trainer = _restored_trainer(trained, older)
-  with evaluator_lib.Evaluator(trainer).averaged_weights():
+  with pieces.evaluator(trainer).averaged_weights():
     np.testing.assert_allclose(served_10["7"], trainer.model(x).numpy(),
                                rtol=1e-5, atol=1e-6)
 
@@ -122,8 +121,10 @@ def test_tpu_export_of_a_local_workdir_goes_through_the_host(
   trainer = _restored_trainer(trained, trained / "checkpoints" / "ckpt-10")
   workdir = str(tmp_path) if workdir == "LOCAL" else workdir
   monkeypatch.setattr(tf.io.gfile, "exists", lambda path: False)
-  export.export(trainer, evaluator_lib.Evaluator(trainer),
-                workdir_lib.Workdir(workdir), on_tpu=True)
+  evaluator = pieces.evaluator(trainer)
+  export.export(trainer.model, trainer.serve, workdir_lib.Workdir(workdir),
+                step=trainer.global_step, spec=evaluator.example_spec(),
+                weights=evaluator.averaged_weights, on_tpu=True)
   assert seen["device"] == device
 
 
@@ -131,8 +132,12 @@ def test_export_in_process_serves_what_the_model_computes(tmp_path):
   from looper.workdir import export  # pylint: disable=g-import-not-at-top
   trainer = pieces.trainer(tiny.get_config(), tf.distribute.get_strategy())
   trainer.train(3)
-  path = export.export(trainer, evaluator_lib.Evaluator(trainer),
-                       workdir_lib.Workdir(str(tmp_path)))
+  evaluator = pieces.evaluator(trainer)
+  path = export.export(trainer.model, trainer.serve,
+                       workdir_lib.Workdir(str(tmp_path)),
+                       step=trainer.global_step,
+                       spec=evaluator.example_spec(),
+                       weights=evaluator.averaged_weights)
   assert path == str(tmp_path / "export" / "3")
   assert not list((tmp_path / "export").glob(".partial-*"))
   serve = tf.saved_model.load(path).signatures["serving_default"]

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from looper import errors
 from looper import modes
+from looper import references
 from looper import workdir
 from looper.control import actions
 from looper.control import eval_action
@@ -168,8 +169,10 @@ class _Stub:
 
 
 def _config_json(wd, ckpt):
-  modes.open_workdir(wd, tiny.get_config(), modes.MODES["train"], True,
-                     eval_names=[], input_hint="", trackers=[])
+  c = tiny.get_config()
+  modes.open_workdir(wd, references.to_json(c), modes.MODES["train"], True,
+                     total_steps=c.train.steps, eval_names=[], input_hint="",
+                     trackers=[])
 
 
 def _history(wd, ckpt):
