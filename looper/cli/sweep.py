@@ -85,6 +85,18 @@ def _options(overrides):
 
 def sweep(overrides: list[str]) -> int:
   """The sweep the parsed FLAGS describe; ConfigError: one line."""
+  from looper.sweep import trials  # pylint: disable=g-import-not-at-top
+  o = _options(overrides)
+  os.makedirs(os.path.join(o.sweep_dir, "trials"), exist_ok=True)
+  starter = trials.load_starter(FLAGS.starter)
+  try:
+    return _sweep(o, overrides, starter)
+  finally:
+    if hasattr(starter, "close"):
+      starter.close()
+
+
+def _sweep(o, overrides: list[str], starter) -> int:
   # pylint: disable=g-import-not-at-top
   from looper.sweep import report
   from looper.sweep import space
@@ -93,9 +105,9 @@ def sweep(overrides: list[str]) -> int:
   from looper.sweep import trials
   from looper.sweep import worker
   # pylint: enable=g-import-not-at-top
-  o = _options(overrides)
-  os.makedirs(os.path.join(o.sweep_dir, "trials"), exist_ok=True)
-  starter = trials.load_starter(FLAGS.starter)
+  slots = trials.slots(o.parallel, o.devices_per_trial)
+  for slot in slots:  # each slot's first trial imports while the space is read
+    trials.prepare(starter, slot)
   spec = spec_lib.read(o.config, overrides, starter, o.sweep_dir)
   swept = space.swept_overrides(spec["space"], overrides)
   if swept:
@@ -106,7 +118,7 @@ def sweep(overrides: list[str]) -> int:
   study = study_lib.load(storage, name, spec, sampler=o.sampler, seed=o.seed,
                          pruner=o.pruner,
                          pruner_startup=FLAGS.pruner_startup_trials)
-  w = worker.Worker(study, spec, o, starter)
+  w = worker.Worker(study, spec, o, starter, slots)
   code = w.run()
 
   def command(trial) -> str:

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    starter = trials.Popen()                   # or --starter=MODULE:NAME
+    starter = trials.load_starter(None)   # warm.Warm, or --starter=MOD:NAME
     slots = trials.slots(parallel=2, devices_per_trial=1)  # env + CPUs each
     argv = trials.command(config, folder, overrides + trials.params_flags(p))
     proc = starter.start(argv, env=env, stdout=log, stderr=log, cpus=cpus)
@@ -13,9 +13,12 @@ Each trial is a normal looper run (`python -m looper.main
 --mode=train_and_eval`) in `DIR/trials/<number>`, its sampled values as
 `--config.FIELD=VALUE` after the command line's overrides. A starter is any
 object with `start(argv, *, env, stdout, stderr, cpus)` returning a
-Popen-like process (poll, wait, send_signal, pid): `Popen` here starts a
+Popen-like process (poll, wait, send_signal, pid), and may have
+`prepare(env=, cpus=)` (a process made ready for the slot's next trial)
+and `close()`; `Popen` here starts a
 subprocess that receives SIGTERM if the worker dies (Linux's parent-death
-signal: it saves and stops, and the next worker resumes it); the tests
+signal: it saves and stops, and the next worker resumes it), the default
+looper.sweep.warm one that imported TensorFlow ahead; the tests
 start trials as forks of a process that imported TensorFlow once
 (tests/fixtures/forks.py) through `--starter`.
 
@@ -38,21 +41,26 @@ _PR_SET_PDEATHSIG = 1
 class Popen:
   """The default starter (module doc)."""
 
-  def start(self, argv, *, env, stdout: str, stderr: str, cpus=None):
+  def start(self, argv, *, env, stdout: str, stderr: str, cpus=None,
+            stdin=None):
     def child():
       ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
       if cpus:
         os.sched_setaffinity(0, cpus)
     with open(stdout, "ab") as out, open(stderr, "ab") as err:
-      return subprocess.Popen(argv, env=env, stdout=out, stderr=err,
-                              preexec_fn=child)
+      return subprocess.Popen(argv, env=env, stdin=stdin, stdout=out,
+                              stderr=err, preexec_fn=child)
 
 
 def load_starter(spec: str | None):
-  """The starter `MODULE:NAME` names (a class or a factory), or Popen."""
+  """The starter `MODULE:NAME` names (a class or a factory), or
+  looper.sweep.warm's (trials that imported TensorFlow ahead)."""
+  # pylint: disable=g-import-not-at-top
   if not spec:
-    return Popen()
-  import importlib  # pylint: disable=g-import-not-at-top
+    from looper.sweep import warm
+    return warm.Warm()
+  import importlib
+  # pylint: enable=g-import-not-at-top
   module, _, name = spec.partition(":")
   return getattr(importlib.import_module(module), name)()
 
@@ -87,6 +95,18 @@ def slots(parallel: int, devices_per_trial: int, environ=os.environ
   share = max(1, len(cores) // parallel)
   return [({}, cores[(i * share) % len(cores):][:share] or cores)
           for i in range(parallel)]
+
+
+def launch(slot) -> dict:
+  """A starter's `env` and `cpus` for a trial of `slot` (of `slots`)."""
+  return {"env": {**os.environ, **slot[0]}, "cpus": slot[1]}
+
+
+def prepare(starter, slot) -> None:
+  """Readies the starter's process for the next trial of `slot`, if it
+  prepares any (looper.sweep.warm)."""
+  if hasattr(starter, "prepare"):
+    starter.prepare(**launch(slot))
 
 
 def params_flags(params: dict) -> list[str]:

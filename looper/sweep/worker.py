@@ -88,10 +88,11 @@ class Worker:
   """One `looper sweep` process (module doc)."""
 
   def __init__(self, study: optuna.Study, spec: dict, options: Options,
-               starter):
+               starter, slots=None):
     self.study, self.spec, self.o, self.starter = study, spec, options, starter
     self.key = space_lib.metric_key(spec["objective"])
-    self.slots = trials.slots(options.parallel, options.devices_per_trial)
+    self.slots = slots or trials.slots(options.parallel,
+                                       options.devices_per_trial)
     self.running: list[_Run] = []
     self.failures = 0  # in a row
     self.fatal: str | None = None
@@ -180,13 +181,14 @@ class Worker:
     holder = claims.read_json(os.path.join(run.folder, "lease.json"))
     if holder and not holders.stale(holder, self.o.lease_secs):
       return
-    env, cpus = self.slots[run.slot]
     log = os.path.join(run.folder, "trial.log")
     run.proc = self.starter.start(
-        self.command(run.folder, run.params), env={**os.environ, **env},
-        stdout=log, stderr=log, cpus=cpus)
+        self.command(run.folder, run.params), **trials.launch(
+            self.slots[run.slot]), stdout=log, stderr=log)
     run.claim.set_process(run.proc.pid)
     self._record(run)
+    if len(self.study.get_trials(deepcopy=False)) < self.o.trials:
+      trials.prepare(self.starter, self.slots[run.slot])  # the slot's next
 
   def _record(self, run: _Run) -> None:
     frozen = self.study._storage.get_trial(run.trial._trial_id)  # pylint: disable=protected-access

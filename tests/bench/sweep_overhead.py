@@ -2,8 +2,8 @@
 
 Synopsis::
 
-    python -m tests.bench.sweep_overhead            # ~5 minutes, 2 cores
-    python -m tests.bench.sweep_overhead --trials=8 --steps=200 --rounds=2
+    python -m tests.bench.sweep_overhead            # ~8 minutes, 2 cores
+    python -m tests.bench.sweep_overhead --trials=8 --steps=200 --rounds=3
 
 Each round runs `looper sweep` of experiments/mnist.py:bundled (`--trials`
 trials of `--steps` steps, --parallel=1, random sampler, seed 0, no
@@ -41,7 +41,7 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--trials", type=int, default=8)
   parser.add_argument("--steps", type=int, default=200)
-  parser.add_argument("--rounds", type=int, default=1)
+  parser.add_argument("--rounds", type=int, default=2)
   a = parser.parse_args()
   env = dict(os.environ, **LOOPBACK_ENV)
   looper = looper_script()
