@@ -45,7 +45,7 @@ from looper.sweep import trials
 from looper.workdir import holders
 
 TrialState = optuna.trial.TrialState
-POLL_SECS = 0.1
+POLL_SECS = 0.05  # a trial's end is seen within; a poll reads one small file
 RESTARTS = 3  # a trial killed by a signal not ours: resumed this often
 
 

@@ -39,7 +39,7 @@ def test_fifty_trials_in_flat_memory_without_tensorflow(tmp_path):
   # sweep extra's), for the plots.
   done = subprocess.run(_argv(tmp_path / "s", "--trials=50", "--parallel=2",
                               "--seed=0", "--pruner=none",
-                              "--max_failures=50"),
+                              "--max_failures=50", "--sampler=random"),
                         cwd=ROOT, env=_env(PYTHONPATH=str(ROOT)),
                         capture_output=True, text=True, timeout=300,
                         check=False)
