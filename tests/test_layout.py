@@ -236,6 +236,8 @@ NOT_RUN_FILES = {
     "looper.sweep.report": "trials/<n>/trial.json, best.json, plots/",
     "looper.sweep.spec": "the spec child's output, removed once read",
     "looper.sweep.trials": "trials/<n>/trial.log, the trial's output",
+    "looper.sweep.warm": "trials/<n>/trial.log, opened by the prepared"
+                         " process it is handed to",
 }
 # Calls that make, replace, move or remove a file, by their dotted name's end.
 CHANGES = ("gfile.makedirs", "gfile.mkdir", "gfile.rename", "gfile.copy",
