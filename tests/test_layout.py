@@ -96,6 +96,7 @@ TESTED_IN = {
     "looper.workdir.summaries": "unit/run/test_tensorboard.py",
     "looper.trackers.wandb_files": "unit/trackers/test_wandb.py",
     "looper.control.callback_state": "unit/control/test_callbacks.py",
+    "looper.control.keras_views": "unit/control/test_callbacks.py",
     "looper.measure.dry_run": "unit/options/test_keras_objects.py",
     "looper.control.eval_action": "unit/options/test_best.py",
     "looper.measure.health": "unit/train/test_math.py",

@@ -6,7 +6,7 @@
 | `actions` | what runs between loops and when (`Action`, `Moment`) |
 | `standard_actions` | the actions every run gets (summaries, progress, eval, checkpoint, export, goodput), each made from its collaborators |
 | `eval_action` | evaluation as an action: eval events, the best checkpoint, early stop |
-| `callbacks`, `callback_state` | Keras callbacks as `fit` calls them, and their state in the checkpoint |
+| `callbacks`, `callback_state`, `keras_views` | Keras callbacks as `fit` calls them, their state in the checkpoint, and the model and optimizer as they see them |
 | `spikes` | a loss spike against the recent steps' median (`train.spike_factor`) |
 | `epochs` | train.epochs and every_epochs as steps, from the train split's size (`resolve`, `Epoch`) |
 | `signals`, `vm_notices` | signals and GCE preemption notices that ask the loop to stop |

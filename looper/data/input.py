@@ -150,6 +150,11 @@ class Input:
     return self._sources[split]
 
   @property
+  def train_split(self) -> str:
+    """The split training reads (data.train_split)."""
+    return self._data.train_split
+
+  @property
   def eval_sets(self) -> dict[str, str]:
     """{set name: split} (looper.data.splits): the eval sets it reads."""
     return splits.sets_of(self._data)

@@ -100,6 +100,7 @@ class Trainer:
         config.loss, config.loss_normalization, config.loss_weights,
         class_weights=options.class_weights, batch=batch)
     self._dense_gradients = options.dense_gradients
+    self._jit_compile = options.jit_compile  # named by a step's error
     self._settable_rate = settable_rate
     # Stops a running loop (`stopping`): request(), agree(), requested.
     self.stop = stop or stopping.StopFlag(strategy)
@@ -333,8 +334,8 @@ class Trainer:
     except tf.errors.InvalidArgumentError as e:  # XLA, or the data
       first = self.global_step + 1  # where the run is: saved up to before
       raise errors.step_error(
-          e, jit_compile=self.config.train.jit_compile,
-          field="data.train_split", split=self.config.data.train_split,
+          e, jit_compile=self._jit_compile, field="data.train_split",
+          split=self.input.train_split,
           where=f"of train steps {first}-{first + steps - 1}") from None
     return losses, logs
 
