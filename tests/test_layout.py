@@ -120,6 +120,7 @@ TESTED_IN = {
     "looper.sweep.spec": "e2e/sweep/test_sweep.py",
     "looper.sweep.trials": "e2e/sweep/test_sweep.py",
     "looper.sweep.worker": "e2e/sweep/test_sweep.py",
+    "looper.sweep.warm": "e2e/sweep/test_workers.py",
     "looper.cli.sweep_spec": "e2e/sweep/test_sweep.py",
 }
 

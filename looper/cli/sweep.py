@@ -118,7 +118,7 @@ def _sweep(o, overrides: list[str], starter) -> int:
   study = study_lib.load(storage, name, spec, sampler=o.sampler, seed=o.seed,
                          pruner=o.pruner,
                          pruner_startup=FLAGS.pruner_startup_trials)
-  w = worker.Worker(study, spec, o, starter, slots)
+  w = worker.Worker(study, storage, spec, o, starter, slots)
   code = w.run()
 
   def command(trial) -> str:

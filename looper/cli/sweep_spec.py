@@ -9,7 +9,8 @@ It loads the experiment as `looper.main` does (the same parser: an
 override naming no field is the same one line), calls the file's
 `get_sweep()` (with the `:ARG` of `--config=FILE:ARG`, as get_config) and
 checks it against the config with the overrides applied
-(looper.sweep.space.check). Loading an experiment imports TensorFlow and
+(looper.sweep.space.check), adding the config's fields the trials'
+flags depend on (looper.sweep.trials.CONFIG_READ). Loading an experiment imports TensorFlow and
 Keras, which the sweep's own process never does.
 """
 
@@ -43,13 +44,17 @@ def _main(argv) -> None:
   from absl import flags
   from looper.sweep import space
   from looper.sweep import spec
+  from looper.sweep import trials
   # pylint: enable=g-import-not-at-top
   value = flags.FLAGS["config"].config_filename
   path, _, arg = value.partition(":")
   try:
-    checked = space.check(_get_sweep(path, arg or None), flags.FLAGS.config)
+    config = flags.FLAGS.config
+    checked = space.check(_get_sweep(path, arg or None), config)
   except ConfigError as e:
     sys.exit(f"looper: {e}")
+  # What the trials' own flags depend on (looper.sweep.trials.study_flags).
+  checked.update({k: config[k] for k in trials.CONFIG_READ})
   print(spec.MARK + json.dumps(checked), flush=True)
 
 

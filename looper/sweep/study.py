@@ -6,6 +6,7 @@ Synopsis::
     s = study.load(storage, "mnist-lr", spec, sampler="tpe", seed=0,
                    pruner="median", pruner_startup=5)
     trial = study.ask(s, spec["space"], sampler="tpe", seed=0)
+    trial = study.trial_of(s, storage, 3)   # a left RUNNING trial's Trial
 
 Storage (`--storage`): none is an SQLite file in the sweep's folder
 (nothing to start); `postgresql://...` or any SQLAlchemy URL Optuna takes
@@ -172,6 +173,23 @@ def ask(s: optuna.Study, space: dict, *, sampler: str, seed) -> tuple:
   trial = s.ask()
   reseed(s, sampler, seed, trial.number, space)  # another worker asked
   return trial, suggest(trial, space)
+
+
+def trial_of(s: optuna.Study, storage, number: int) -> optuna.Trial:
+  """The Trial of `s`'s trial `number`, to report to and tell (a RUNNING
+  trial a dead worker left). Optuna makes Trials only inside ask() and
+  optimize(), and a FrozenTrial's id is private (`_trial_id`): the id
+  comes from the storage's public lookups, and the Trial from its public
+  constructor, which Optuna's docs call not recommended, not private
+  (tests/unit/sweep/test_study.py fails if that changes)."""
+  study_id = storage.get_study_id_from_name(s.study_name)
+  return optuna.Trial(
+      s, storage.get_trial_id_from_study_id_trial_number(study_id, number))
+
+
+def frozen(s: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
+  """Trial `number` of `s` as the storage holds it now."""
+  return next(t for t in s.get_trials(deepcopy=False) if t.number == number)
 
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,

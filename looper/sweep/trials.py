@@ -11,7 +11,9 @@ Synopsis::
 
 Each trial is a normal looper run (`python -m looper.main
 --mode=train_and_eval`) in `DIR/trials/<number>`, its sampled values as
-`--config.FIELD=VALUE` after the command line's overrides. A starter is any
+`--config.FIELD=VALUE` after the command line's overrides and the study's
+own (`study_flags`: the swept fields as HParams columns, the trackers'
+group). A starter is any
 object with `start(argv, *, env, stdout, stderr, cpus)` returning a
 Popen-like process (poll, wait, send_signal, pid), and may have
 `prepare(env=, cpus=)` (a process made ready for the slot's next trial)
@@ -112,6 +114,23 @@ def prepare(starter, slot) -> None:
 def params_flags(params: dict) -> list[str]:
   from looper.sweep import space  # pylint: disable=g-import-not-at-top
   return [space.override(k, v) for k, v in params.items()]
+
+
+# The config's fields `study_flags` reads (the spec child adds them).
+CONFIG_READ = ("trackers", "trackers_group", "hparams_columns")
+
+
+def study_flags(spec: dict, study: str) -> list[str]:
+  """What every trial of `study` adds to the command line's overrides:
+  its swept fields as TensorBoard's HParams columns, and the study as its
+  trackers' group (MLflow's parent run, W&B's group), each unless the
+  experiment or the command line set it."""
+  flags = []
+  if not spec.get("hparams_columns"):
+    flags.append(f"--config.hparams_columns={','.join(spec['space'])}")
+  if spec.get("trackers") and not spec.get("trackers_group"):
+    flags.append(f"--config.trackers_group={study}")
+  return flags
 
 
 def command(config: str, folder: str, flags: list[str]) -> list[str]:

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    w = worker.Worker(study, spec, options, starter)
+    w = worker.Worker(study, storage, spec, options, starter)
     code = w.run()     # until the study holds --trials finished trials
 
     while the study lacks trials or one is orphaned:
@@ -87,9 +87,10 @@ def say(line: str) -> None:
 class Worker:
   """One `looper sweep` process (module doc)."""
 
-  def __init__(self, study: optuna.Study, spec: dict, options: Options,
-               starter, slots=None):
+  def __init__(self, study: optuna.Study, storage, spec: dict,
+               options: Options, starter, slots=None):
     self.study, self.spec, self.o, self.starter = study, spec, options, starter
+    self.storage = storage  # the study's (study_lib.trial_of)
     self.key = space_lib.metric_key(spec["objective"])
     self.slots = slots or trials.slots(options.parallel,
                                        options.devices_per_trial)
@@ -99,13 +100,15 @@ class Worker:
     self.stopping = False
     self.requeue = False
     self.deadline = slurm.end_time() if options.slurm_margin_secs else None
+    self.flags = [*options.overrides,
+                  *trials.study_flags(spec, study.study_name)]
 
   def folder(self, number) -> str:
     return os.path.join(self.o.sweep_dir, "trials", str(number))
 
   def command(self, folder: str, params: dict) -> list[str]:
     return trials.command(self.o.config, folder,
-                          [*self.o.overrides, *trials.params_flags(params)])
+                          [*self.flags, *trials.params_flags(params)])
 
   def _signal(self, signum, _) -> None:
     self.stopping = True
@@ -161,8 +164,9 @@ class Worker:
           claim = claims.Claim.take(folder, self.o.lease_secs, t.number)
           say(f"trial {t.number}: its worker is gone; resuming it from its"
               f" checkpoint in {folder}")
-          return _Run(optuna.Trial(self.study, t._trial_id), t.params, folder,  # pylint: disable=protected-access
-                      claim, slot, set(t.intermediate_values))
+          return _Run(study_lib.trial_of(self.study, self.storage, t.number),
+                      t.params, folder, claim, slot,
+                      set(t.intermediate_values))
       if len(known) >= self.o.trials:
         return None
       trial, params = study_lib.ask(self.study, self.spec["space"],
@@ -191,8 +195,9 @@ class Worker:
       trials.prepare(self.starter, self.slots[run.slot])  # the slot's next
 
   def _record(self, run: _Run) -> None:
-    frozen = self.study._storage.get_trial(run.trial._trial_id)  # pylint: disable=protected-access
-    report.write_trial(run.folder, frozen, self.spec)
+    report.write_trial(run.folder, study_lib.frozen(self.study,
+                                                    run.trial.number),
+                       self.spec)
 
   def _watch(self, run: _Run) -> None:
     if run.proc is None:

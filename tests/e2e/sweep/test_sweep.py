@@ -1,13 +1,16 @@
 """`looper sweep` end to end: a real study of tiny runs, killed and resumed.
 
 One seeded sweep of 6 tiny trials (SQLite, --parallel=1, the median
-pruner after 2 trials) runs uninterrupted: the twin. A second sweep of the
-same seed is killed at three moments (kill -9 of a trial's process, of
+pruner after 2 trials, 20 steps evaluated every 5) runs uninterrupted: the
+twin, whose trials are also read back as TensorBoard's HParams rows and
+`looper runs` shows. A second sweep of the same seed is killed at three
+moments (kill -9 of a trial's process, of
 the parent just after it claimed trial 1, of the parent and its trials
 mid-trial, as a lost machine) and rerun with the same command each time:
 its trials equal the twin's first three, per step and in their weights.
 The sweep's own work (memory over 50 trials, no TensorFlow in the parent,
-failures in a row) is checked with stub trials (tests/fixtures/sweep_stub.py).
+failures in a row, an objective no run writes, Slurm's signal) is checked
+with stub trials (test_workers.py).
 """
 
 import json
@@ -27,7 +30,7 @@ from tests.fixtures import forks
 from tests.fixtures import killer
 from tests.fixtures import sweeps
 from tests.fixtures.checkpoints import checkpoint_tensors
-from tests.fixtures.events import curve
+from tests.fixtures.events import curve, hparams_row
 from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.processes import LOOPBACK_ENV
 
@@ -68,28 +71,51 @@ def test_a_seeded_sweep_end_to_end(twin, capsys):
     steps = [json.loads(l)["step"] for l in
              (folder / "metrics.jsonl").read_text().splitlines()]
     if t.state.name == "PRUNED":  # stopped within one evaluation period
-      assert max(steps) <= max(t.intermediate_values) + 10
+      assert max(steps) <= max(t.intermediate_values) + 5
       assert not (folder / "claim.json").exists()
     else:
-      assert max(steps) == 40 and t.value == t.intermediate_values[40]
+      assert max(steps) == 20 and t.value == t.intermediate_values[20]
+    # TensorBoard over the sweep's folder: one HParams row per trial, each
+    # swept field a column of its own, first.
+    values, columns = hparams_row(folder / "hparams")
+    assert {k: values[k] for k in t.params} == t.params
+    assert columns[:3] == [("optimizer.learning_rate", "DATA_TYPE_FLOAT64"),
+                           ("model.width", "DATA_TYPE_FLOAT64"),
+                           ("train.batch_size", "DATA_TYPE_FLOAT64")]
+    assert "model.width=" not in values["settings"]
   best = json.loads((twin / "best.json").read_text())
   top = max((t for t in trials if t.state.name == "COMPLETE"),
             key=lambda t: t.value)
   assert (best["number"], best["value"]) == (top.number, top.value)
   assert best["command"] == (
       "looper train_and_eval --config=tests/fixtures/tiny_sweep.py"
-      f" --workdir={twin}/trials/{top.number} --config.optimizer.learning_"
+      f" --workdir={twin}/trials/{top.number} --config.hparams_columns="
+      "optimizer.learning_rate,model.width --config.optimizer.learning_"
       f"rate={top.params['optimizer.learning_rate']!r}"
       f" --config.model.width={top.params['model.width']}")
-  # looper runs DIR: the trials, sorted by the objective.
-  capsys.readouterr()
-  assert runs.main([str(twin)]) == 0
-  table = capsys.readouterr().out.splitlines()
-  assert [c.strip() for c in table[0].split("|")[1:-1]] == [
-      "trial", "state", "eval/accuracy", "optimizer.learning_rate",
-      "model.width", "step", "wall (all attempts)"]
-  assert [int(l.split("|")[1]) for l in table[2:]] == [
+  # looper runs DIR: the trials, sorted by the objective, within 120
+  # characters; what matters least left out first; --columns picks.
+  def shown(*args, width=120):
+    capsys.readouterr()
+    assert runs.main([str(twin), *args]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= width
+    return [c.strip() for c in lines[0].split("|")[1:-1]], lines[2:], err
+  header, lines, err = shown()
+  assert header == ["trial", "eval/accuracy", "state", "step",
+                    "wall (all attempts)", "optimizer.learning_rate",
+                    "model.width"] and not err
+  assert [int(l.split("|")[1]) for l in lines] == [
       t.number for t in sorted(trials, key=lambda t: -t.value)]
+  header, _, err = shown("--width=70", width=70)
+  assert header == ["trial", "eval/accuracy", "state", "step",
+                    "wall (all attempts)"]
+  assert err == ("looper runs: 2 column(s) left out to fit --width=70:"
+                 " optimizer.learning_rate, model.width; show them with"
+                 " --columns=all or --columns=a,b\n")
+  assert shown("--columns=model.width,eval/accuracy")[0] == [
+      "trial", "model.width", "eval/accuracy"]
 
 
 def _wait(predicate, timeout=120):
@@ -130,17 +156,17 @@ def _parent(workdir, log, prefix=()):
 def test_killed_trials_and_parents_resume_as_the_twin(twin, tmp_path):
   workdir = tmp_path / "s"
   log = tmp_path / "parent.log"
-  # 1: trial 0's process killed after its eval at step 20 (resumed in
+  # 1: trial 0's process killed after its eval at step 10 (resumed in
   # place); the parent killed once it claimed trial 1, before starting it.
   first = _parent(workdir, log, killer.argv(
       "looper.sweep.claims:Claim.take", when="after", nth=2,
       module="looper.cli.sweep"))
-  _wait(lambda: _evaluated(_trial(workdir, 0), 20))
+  _wait(lambda: _evaluated(_trial(workdir, 0), 10))
   os.kill(_claimed_process(_trial(workdir, 0)), signal.SIGKILL)
   assert first.wait(timeout=120) == -signal.SIGKILL, log.read_text()
   # 2: the rerun takes trial 1 over; parent and trial killed mid-trial.
   second = _parent(workdir, log)
-  _wait(lambda: _evaluated(_trial(workdir, 1), 20))
+  _wait(lambda: _evaluated(_trial(workdir, 1), 10))
   second.kill()
   second.wait(timeout=60)
   # 3: the same command again, to the end.
@@ -160,7 +186,7 @@ def test_killed_trials_and_parents_resume_as_the_twin(twin, tmp_path):
       continue
     a, b = _trial(workdir, t.number), _trial(twin, t.number)
     np.testing.assert_array_equal(curve(a / "train"), curve(b / "train"))
-    ckpt_a, ckpt_b = (checkpoint_tensors(f / "checkpoints" / "ckpt-40")
+    ckpt_a, ckpt_b = (checkpoint_tensors(f / "checkpoints" / "ckpt-20")
                       for f in (a, b))
     assert ckpt_a.keys() == ckpt_b.keys()
     for key in ckpt_a:
@@ -176,26 +202,16 @@ def _error(capsys) -> str:
   return lines[0]
 
 
-def test_bad_input_is_one_line_before_a_second_trial(tmp_path, capsys):
-  assert sweeps.run_sweep(tmp_path / "a", "--trials=0") == 1
+def test_bad_input_is_one_line_before_the_study(twin, capsys):
+  assert sweeps.run_sweep(twin, "--trials=0") == 1
   assert _error(capsys) == "looper sweep: --trials=0: give at least 1"
-  assert sweeps.run_sweep(tmp_path / "b", "--trials=2",
-                          "--config.model.width=8") == 1
+  assert sweeps.run_sweep(twin, "--trials=7", "--config.model.width=8") == 1
   assert _error(capsys) == (
       "looper sweep: --config.model.width=8: that field is swept"
       " (get_sweep's space); drop the override, or the field from the space")
-  assert sweeps.run_sweep(tmp_path / "c", "--trials=2",
+  assert sweeps.run_sweep(twin, "--trials=7",
                           config=f"{sweeps.CONFIG}:badkey") == 1
   assert _error(capsys) == (
       "looper sweep: get_sweep: space key 'optimizer.learnig_rate' is no"
       " config field; did you mean 'optimizer.learning_rate'?")
-  # A metric no run writes: the first evaluation says so; with 2 slots,
-  # no second trial started meanwhile.
-  assert sweeps.run_sweep(tmp_path / "d", "--trials=4", "--parallel=2",
-                          config=f"{sweeps.CONFIG}:typo") == 1
-  said = [l for l in capsys.readouterr().out.splitlines() if "typo" in l]
-  assert said[0].split(" ", 1)[1] == (
-      "looper sweep: objective 'eval/typo' is not in trial 0's evaluations"
-      " (they hold loss, examples, accuracy); name one of those in"
-      " get_sweep(), as eval/<metric> or <set>/<metric>")
-  assert sorted(os.listdir(tmp_path / "d" / "trials")) == ["0"]
+  assert len(_study(twin).get_trials()) == 6  # the study untouched

@@ -89,3 +89,22 @@ def test_a_server_that_never_answers_is_one_line_in_seconds(
   assert "\n" not in str(e.value) and accepted
   listener.close()
   accepted[0][0].close()
+
+
+def test_a_left_running_trial_is_reported_to_and_told_anew(tmp_path):
+  """study.trial_of: a Trial made from the storage's public lookups (what
+  a worker taking a dead worker's trial over does). If Optuna changes its
+  Trial's constructor or the lookups, this fails."""
+  storage = study_lib.open_storage(None, str(tmp_path))
+  s = study_lib.load(storage, "s", SPEC, sampler="random", seed=0,
+                     pruner="none", pruner_startup=0)
+  first, _ = study_lib.ask(s, SPEC["space"], sampler="random", seed=0)
+  first.report(0.25, 10)  # then its worker died
+  again = study_lib.trial_of(s, storage, first.number)
+  assert isinstance(again, optuna.Trial) and again.params == first.params
+  again.report(0.5, 20)
+  assert not again.should_prune()
+  s.tell(again, 0.5)
+  done = study_lib.frozen(s, first.number)
+  assert (done.state, done.value, done.intermediate_values) == (
+      optuna.trial.TrialState.COMPLETE, 0.5, {10: 0.25, 20: 0.5})
