@@ -135,12 +135,13 @@ def _slurm_env(tmp_path, end: str):
               SLURM_JOB_ID="42", LOOPER_STUB_SECS="60")
 
 
-def _started(folder, times: int) -> bool:
+def _reported(storage: str) -> bool:
+  """Whether the study's trial 0 has an evaluation reported."""
   try:
-    return len((folder / "runs.log").read_text().split()) >= times and (
-        '"step": 10' in (folder / "metrics.jsonl").read_text())
-  except OSError:
+    trials = optuna.load_study(study_name="s", storage=storage).get_trials()
+  except KeyError:  # no study yet
     return False
+  return bool(trials and trials[0].intermediate_values)
 
 
 def _wait(predicate, proc):
@@ -166,17 +167,16 @@ def test_slurm_s_signal_or_end_time_saves_the_trial_and_requeues(tmp_path):
   assert first.returncode == 0, first.stderr[-2000:]
   assert "the Slurm job ends in under --slurm_margin_secs" in first.stdout
   assert not folder.exists()
-  # 2: SIGUSR1 once the trial evaluated.
+  # 2: SIGUSR1 once the trial's first evaluation was reported.
+  storage = f"sqlite:///{tmp_path}/s/study.db"
   second = subprocess.Popen(args, cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  _wait(lambda: _started(folder, 1), second)
+  _wait(lambda: _reported(storage), second)
   second.send_signal(signal.SIGUSR1)
   assert second.wait(timeout=60) == 0
   assert (tmp_path / "scontrol").read_text().splitlines() == [
       "requeue 42", "requeue 42"]
-  study = optuna.load_study(study_name="s",
-                            storage=f"sqlite:///{tmp_path}/s/study.db")
-  [trial] = study.get_trials()
+  [trial] = optuna.load_study(study_name="s", storage=storage).get_trials()
   assert trial.state.name == "RUNNING"
   assert list(trial.intermediate_values) == [10]
   # 3: to its end.
@@ -184,8 +184,7 @@ def test_slurm_s_signal_or_end_time_saves_the_trial_and_requeues(tmp_path):
                         capture_output=True, text=True, timeout=120,
                         check=False)
   assert done.returncode == 0, done.stderr[-2000:]
-  [trial] = optuna.load_study(
-      study_name="s", storage=f"sqlite:///{tmp_path}/s/study.db").get_trials()
+  [trial] = optuna.load_study(study_name="s", storage=storage).get_trials()
   assert trial.state.name == "COMPLETE"
   assert sorted(trial.intermediate_values) == [10, 20, 30]
   assert len((folder / "runs.log").read_text().split()) == 2
