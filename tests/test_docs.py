@@ -300,6 +300,20 @@ def test_trainer_subclasses_train_and_resume(name, tmp_path, caplog):
     reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints"))
     keys = reader.get_variable_to_shape_map()
     assert any(k.startswith("g_optimizer/") for k in keys), sorted(keys)[:9]
+    # Noise drawn anew each step, counted on across the resume.
+    assert reader.get_tensor("draws/.ATTRIBUTES/VARIABLE_VALUE") == 20
+    # Its two losses, per-step values: each step's once in TensorBoard
+    # across the resume (their sum the loss), each loop's mean in
+    # metrics.jsonl and the result.
+    parts = {k: curve(tmp_path / "train", k) for k in ("d_loss", "g_loss")}
+    np.testing.assert_allclose(parts["d_loss"] + parts["g_loss"],
+                               curve(tmp_path / "train"), rtol=1e-6)
+    lines = [l for l in jsonl.read(str(tmp_path / "metrics.jsonl"))
+             if l["kind"] == "train"]
+    for k, values in parts.items():
+      np.testing.assert_allclose([l[k] for l in lines],
+                                 values.reshape(2, 10).mean(axis=1), rtol=1e-6)
+      assert second["train"][k] == lines[-1][k]
 
 
 def test_docs_name_every_experiment():

@@ -32,7 +32,7 @@ its trigger is kept on every worker, so `every_secs` agrees) unless
 evaluation).
 
 The `Moment` is all an action is given and all it may change: the step,
-the `Loop` just run (its first step, per-step losses, logs, seconds), the
+the `Loop` just run (its first step, per-step values, logs, seconds), the
 time each action before it took after that loop (`spent`), whether
 training ends or stops there, `end_training(reason)` (an early stop),
 `writer`, the run's writers (looper.workdir.writers: TensorBoard's train/,
@@ -63,10 +63,17 @@ from looper import references
 @dataclasses.dataclass
 class Loop:
   """One train loop's outcome, as the actions see it."""
-  first_step: int  # the global step of losses[0]
-  losses: np.ndarray  # the global mean loss of each step
-  logs: dict[str, float]  # mean loss, train metrics, rate, speed
+  first_step: int  # the global step of each value's [0]
+  # Each step's values by name: 'loss' (the global mean loss), then what
+  # the Trainer's train_step adds (each summed over the replicas).
+  values: dict[str, np.ndarray]
+  logs: dict[str, float]  # the values' means, train metrics, rate, speed
   seconds: float = 0.0  # how long the loop took
+
+  @property
+  def losses(self) -> np.ndarray:
+    """The global mean loss of each step."""
+    return self.values["loss"]
 
   @property
   def last_step(self) -> int:

@@ -7,7 +7,7 @@ Synopsis (looper.control.callbacks uses it)::
     tf.train.Checkpoint(callbacks=state.trackables(), ...)  # saved, restored
     state.load(step)            # after a restore: True if it held one
     state.set_callbacks()       # their saved attributes (SAVED)
-    state.add(losses, logs); state.train_logs()  # since the epoch began
+    state.add(values, logs); state.train_logs()  # since the epoch began
     state.next_epoch(step); state.keep()         # before the step's save
     callback_state.trim_csv(csv_logger, state.epoch)  # on resume
     callback_state.resolve_modes(callbacks, trainer.train_metrics)
@@ -58,7 +58,7 @@ class State:
                metric_names: list[str]):
     self._callbacks = callbacks
     self._scale = scale
-    self._names = ["loss", *metric_names]
+    self._metrics = metric_names
     with tf.device("/cpu:0"):  # a host variable outside any strategy scope
       self._var = tf.Variable("", trainable=False, name="callbacks")
     self.load(0)
@@ -109,21 +109,24 @@ class State:
 
   # --- The epoch --------------------------------------------------------------
 
-  def add(self, losses: np.ndarray, logs: dict) -> None:
-    """A loop's per-step losses and logs (each metric over its steps)."""
-    self.steps += len(losses)
-    values = {"loss": float(np.sum(losses, dtype=np.float64)),
-              **{n: logs[n] * len(losses) for n in self._names[1:]
-                 if n in logs}}
-    for name, value in values.items():
+  def add(self, values: dict[str, np.ndarray], logs: dict) -> None:
+    """A loop's per-step values (the loss, what train_step adds) and logs
+    (each metric over its steps)."""
+    steps = len(values["loss"])
+    self.steps += steps
+    sums = {**{k: float(np.sum(v, dtype=np.float64))
+               for k, v in values.items()},
+            **{n: logs[n] * steps for n in self._metrics if n in logs}}
+    for name, value in sums.items():
       self.sums[name] = self.sums.get(name, 0.0) + value
 
   def train_logs(self) -> dict[str, float]:
-    """The loss and train metrics since the epoch began, as fit's (its
-    metrics are reset each epoch): each loop's weighted by its steps, so a
-    mean over examples (loss, accuracy) is exact on whole batches."""
-    return {n: self.sums[n] / self.steps for n in self._names
-            if n in self.sums} if self.steps else {}
+    """The per-step values (the loss, what train_step adds) and train
+    metrics since the epoch began, as fit's (its metrics are reset each
+    epoch): each loop's weighted by its steps, so a mean over examples
+    (loss, accuracy) is exact on whole batches."""
+    return {n: s / self.steps for n, s in self.sums.items()
+            } if self.steps else {}
 
   def next_epoch(self, step: int) -> None:
     self.epoch, self.start, self.steps, self.sums = self.epoch + 1, step, 0, {}

@@ -244,7 +244,7 @@ class Callbacks:
   def _batch_end(self, now: actions_lib.Moment) -> None:
     loop, state = now.loop, self._state
     self._step = now.step
-    state.add(loop.losses, loop.logs)
+    state.add(loop.values, loop.logs)
     self._each("on_train_batch_end", loop.last_step - 1 - state.start,
                state.train_logs())
     self._stop_if_asked(now)

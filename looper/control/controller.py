@@ -15,17 +15,19 @@ Synopsis (what `looper.run.run` assembles from a config)::
     while not (now.end or now.stopping):
       n = steps to the nearest of: steps_per_loop, total_steps and the
           next `every_steps` boundary of any action
-      loop = trainer.train(n)          # fewer steps if a signal stopped it
+      values, logs = trainer.train(n)  # fewer steps if a signal stopped it
       if a loss is NaN/inf, or the loop spikes (`spikes`: its largest
           loss above train.spike_factor x recent steps'): roll back (restore
           the last checkpoint, move the data on to where it was: its data
           since is skipped) up to train.nan_recovery_tries times, or raise
           FloatingPointError; else its losses join the recent ones
       now.stopped = the stop's reason, if the trainer stopped for one
-      now.step, now.loop = the step reached, loop (its logs: the
-          trainer's, the learning rate, and per second over the loop's
-          time: steps, examples, tokens and FLOPs; mfu = FLOP/s / peak,
-          a peak a loop beats raised first: said once)
+      now.step, now.loop = the step reached, loop (its per-step values:
+          the loss and what train_step adds; its logs: each of those
+          values' mean over the loop, the trainer's logs, the learning
+          rate, and per second over the loop's time: steps, examples,
+          tokens and FLOPs; mfu = FLOP/s / peak, a peak a loop beats
+          raised first: said once)
       for action in report + eval (train_and_eval only) + save actions:
         result[action.name] = action(now)   # if it fired and returned one
         now.spent[action.name] = the seconds it took
@@ -199,8 +201,9 @@ class Controller:
       n = loop_length(now.step, self.total_steps, self.steps_per_loop,
                       [a.boundary(now.step) for a in actions])
       start = self._clock()
-      losses, logs = self.trainer.train(n)
+      values, logs = self.trainer.train(n)
       seconds = max(self._clock() - start, 1e-9)
+      losses = values["loss"]  # what the roll-back reads
       finite = np.isfinite(losses).all() and self.trainer.weights_finite
       spike = (self._spikes.spike(losses, now.step + 1)
                if finite and self._spikes else None)
@@ -220,9 +223,10 @@ class Controller:
       now.loop = None
       if len(losses):  # zero if a stop came before the loop's first step
         rates = self._rates(len(losses), logs, seconds)  # before **logs
-        now.loop = actions_lib.Loop(now.step + 1, losses, dict(
-            loss=float(np.mean(losses)), **logs,
-            learning_rate=self.trainer.learning_rate(), **rates), seconds)
+        means = {k: float(np.mean(v)) for k, v in values.items()}
+        now.loop = actions_lib.Loop(now.step + 1, values, dict(
+            **means, **logs, learning_rate=self.trainer.learning_rate(),
+            **rates), seconds)
         now.step = now.loop.last_step
         result.update(step=now.step, train=now.loop.logs)
       self._act(actions, now, result)

@@ -36,11 +36,11 @@ from looper.workdir import summaries
 
 
 def train_summaries(out: summaries.Summaries) -> actions.Action:
-  """Each loop's per-step losses and logs to the train writer (events,
+  """Each loop's per-step values and logs to the train writer (events,
   metrics.jsonl, the progress line, the trackers); on a (re)start, what a
   killed run wrote past the step is dropped."""
   return actions.Action(
-      lambda now: out.train(now.loop.first_step, now.loop.losses,
+      lambda now: out.train(now.loop.first_step, now.loop.values,
                             now.loop.logs),
       every_loop=True, on_start=lambda now: out.purge_after(now.step),
       all_workers=True, name="train_summaries")

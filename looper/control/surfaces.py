@@ -25,11 +25,12 @@ class TrainerSurface(Protocol):
   weights_finite: bool  # after the last `train` call
   stop: "StopSurface"  # the stop request (`looper.train.stopping.StopFlag`)
 
-  def train(self, steps: int) -> tuple[np.ndarray, dict[str, float]]:
-    """Runs up to `steps` steps; (per-step global mean losses, logs). The
-    logs may hold the work done, which the Controller turns into rates
-    over the loop's time: 'flops' (all replicas) and, for sequences,
-    'tokens'."""
+  def train(self, steps: int
+            ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Runs up to `steps` steps; (each step's values by name: 'loss', the
+    global mean loss, first; logs). The logs may hold the work done, which
+    the Controller turns into rates over the loop's time: 'flops' (all
+    replicas) and, for sequences, 'tokens'."""
 
   def learning_rate(self) -> float:
     """The current learning rate."""

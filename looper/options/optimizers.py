@@ -186,6 +186,14 @@ def build(opt: ml_collections.ConfigDict, total_steps: int,
   return OPTIMIZERS[opt.name](lr if scale is None else Scaled(lr, scale), opt)
 
 
+# A gradient this large (elements) is squared in parts, a part a replica;
+# smaller ones whole, each by one replica: on 2 logical CPUs sharing 2
+# cores, per-op costs (~2 us) outweigh the squares of a part. Measured:
+# the MLP's 669k gradients (the largest 401k) on Mirrored(2), 90 us a
+# step all cut in halves, 45 us whole (tests/bench/health.py).
+CUT = 1 << 20
+
+
 def after_sum(optimizer: keras.optimizers.Optimizer, *,
               clip_norm: float = 0.0,
               observe: Callable[[tf.Tensor], None] | None = None) -> None:
@@ -202,7 +210,7 @@ def after_sum(optimizer: keras.optimizers.Optimizer, *,
   gradient of the global batch, the same on any number of replicas, and
   costs no all-reduce of its own (the norm needs the sum: summing in the
   step and again in the optimizer doubled the step's communication).
-  Observed only, each replica squares 1/N of the gradient
+  Observed only, each replica squares about 1/N of the gradient
   (`share_of_squares`); clipped, each needs the whole norm, so each squares
   all of it and replica 0's counts. Keras has no public hook after its
   sum: `compat.after_all_reduce` says where it runs (under a
@@ -228,11 +236,13 @@ def after_sum(optimizer: keras.optimizers.Optimizer, *,
 def share_of_squares(grads) -> tf.Tensor:
   """This replica's share of the sum of the squares of `grads` (the same
   on every replica, as after an all-reduce), in float32: the shares of the
-  N replicas sum to it. Replica r squares part r of each dense gradient's
-  elements (N contiguous parts, each 16-element aligned: a view, no
-  copy); sparse gradients (their rows known at run time) go to replica
-  0. A replica id known only at run time (a TPU's): every replica squares
-  all, replica 0's counts."""
+  N replicas sum to it. A gradient of CUT elements or more is cut in N
+  contiguous parts, one a replica (each 16-element aligned: a view, no
+  copy); the others go whole to one replica each, the largest first to
+  the least loaded (the same choice on every replica: static shapes);
+  sparse ones (their rows known at run time) count as empty there. A
+  replica id known only at run time (a TPU's): every replica squares all,
+  replica 0's counts."""
   context = tf.distribute.get_replica_context()
   n = context.num_replicas_in_sync if context else 1
   if n == 1:
@@ -240,17 +250,23 @@ def share_of_squares(grads) -> tf.Tensor:
   r = tf.get_static_value(context.replica_id_in_sync_group)
   if r is None:
     return _once(_squares(grads))
-  parts = []
+  mine, whole, loads = [], [], [0] * n
   for g in grads:
-    size = None if isinstance(g, tf.IndexedSlices) else g.shape.num_elements()
-    if size is None:
-      parts += [g] if r == 0 else []
+    size = (0 if isinstance(g, tf.IndexedSlices) else
+            g.shape.num_elements() or 0)
+    if size < CUT:
+      whole.append((size, g))
       continue
     part = -(-size // (16 * n)) * 16  # ceil(size / n), 16-aligned
     low, high = min(r * part, size), min((r + 1) * part, size)
     if high > low:
-      parts.append(tf.reshape(g, [-1])[low:high])
-  return _squares(parts)
+      mine.append(tf.reshape(g, [-1])[low:high])
+  for size, g in sorted(whole, key=lambda w: -w[0]):  # stable: all alike
+    least = loads.index(min(loads))
+    loads[least] += size
+    if least == r:
+      mine.append(g)
+  return _squares(mine)
 
 
 def _squares(grads) -> tf.Tensor:

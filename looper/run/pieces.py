@@ -69,7 +69,7 @@ def trainer(config: ml_collections.ConfigDict,
     raise errors.ConfigError(
         f"config.train.steps=0 reached the Trainer with train.epochs="
         f"{t.epochs}; build it from the config"
-        " looper.control.epochs.resolve(config, input) returns (as looper.run"
+        " looper.config.resolve_epochs(config, input)[0] returns (as looper.run"
         " does), or set config.train.steps")
   # Same seed, same initial weights: whatever the replica count.
   keras.utils.set_random_seed(config.seed)
@@ -81,7 +81,8 @@ def trainer(config: ml_collections.ConfigDict,
           dense_gradients=bool(config.data.bucket),
           class_weights=config.data.class_weights,
           clip_norm=opt.clip_global_norm,
-          shard=config.distribution.shard_optimizer, ema_decay=opt.ema_decay),
+          shard=config.distribution.shard_optimizer, ema_decay=opt.ema_decay,
+          health=t.health_metrics, grad_norm=t.grad_norm),
       timed=not t.deterministic, settable_rate=bool(config.callbacks))
 
 

@@ -42,7 +42,11 @@ def config() -> ml_collections.ConfigDict:
   c.nan_recovery_tries = fields.whole(0, low=0)
   # Roll back a loop whose top step loss > this x the recent median; 0: off.
   c.spike_factor = fields.Field(0.0, float, "a factor", 1, above=True, off=0)
-  c.health_metrics = fields.boolean(True)  # grad/weight norms: measure/health.py
+  # Per loop: the weights' norm and the update ratio (measure/health.py).
+  c.health_metrics = fields.boolean(True)
+  # Per update: the gradient's norm (grad_norm, grad_norm_max); off by
+  # default, as it reads every gradient once more (~1.5% of a small step).
+  c.grad_norm = fields.boolean(False)
   # Stop after this many evals not bettering checkpoint.best_metric; 0: never.
   c.early_stop_patience = fields.whole(0, low=0)
   # float32 | mixed_bfloat16 (TPU, CPU with AMX or AVX-512 BF16) |

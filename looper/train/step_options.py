@@ -8,14 +8,18 @@ Synopsis (what looper.run.pieces.trainer builds from the config)::
                           class_weights={0: 1.0, 1: 4.0},  # data.class_weights
                           clip_norm=1.0,           # optimizer.clip_global_norm
                           shard=True,              # distribution.shard_optimizer
-                          ema_decay=0.999)         # optimizer.ema_decay
+                          ema_decay=0.999,         # optimizer.ema_decay
+                          health=True,             # train.health_metrics
+                          grad_norm=False)         # train.grad_norm
     trainer = Trainer(config, strategy, data, batch, options=options, ...)
 
     with strategy.scope():                         # what the Trainer does
       with options.policy():
         model = build_model()                      # its layers keep the policy
       optimizer = options.wrap(build_optimizer())  # loss scaling, if float16
-      optimizers.after_sum(optimizer, clip_norm=options.clip_norm)
+      health = options.watch(strategy, model.trainable_variables)  # or None
+      optimizers.after_sum(optimizer, clip_norm=options.clip_norm,
+                           observe=health.observe if options.grad_norm else None)
       update = options.updater(optimizer, model.trainable_variables,
                                strategy)           # its slots built: now
       ema = options.average(update)                # None without ema_decay
@@ -27,8 +31,9 @@ own block by the run (looper.run.pieces): the dtype policy and loss scaling
 dense gradients (a variable-length batch's sparse ones change size), the
 class weights of the train loss, the clipping of the summed gradient
 (looper.options.optimizers.after_sum), the optimizer's state sharded over
-the replicas (looper.options.sharding) and the weight average eval and
-export use (looper.options.ema). Loss scaling and the weight average stay
+the replicas (looper.options.sharding), the weight average eval and
+export use (looper.options.ema) and the health figures that watch the
+update (looper.measure.health). Loss scaling and the weight average stay
 where Keras keeps them, on the optimizer. The defaults make a plain step.
 """
 
@@ -38,6 +43,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from looper.measure import health as health_lib
 from looper.options import precision as precision_lib
 from looper.options import sharding
 
@@ -52,6 +58,8 @@ class StepOptions:
   clip_norm: float = 0.0  # the summed gradient's global norm at most (0: off)
   shard: bool = False  # the optimizer's slots 1/N per replica (ZeRO 1)
   ema_decay: float = 0.0  # the weight average's decay (0: none)
+  health: bool = False  # the weights' norm and update ratio per loop
+  grad_norm: bool = False  # each update's gradient norm, per loop
 
   def policy(self):
     """A context to build the model in: its layers keep the dtype policy."""
@@ -71,3 +79,10 @@ class StepOptions:
   def average(self, updater):
     """The weight average `updater` keeps (sharded with it), or None."""
     return updater.average(self.ema_decay) if self.ema_decay else None
+
+  def watch(self, strategy: tf.distribute.Strategy, weights):
+    """The health figures of the updates to `weights`, or None."""
+    if not (self.health or self.grad_norm):
+      return None
+    return health_lib.Health(strategy, weights, gradients=self.grad_norm,
+                             weight_figures=self.health)

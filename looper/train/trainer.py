@@ -5,16 +5,17 @@ Synopsis (what looper.run.Run builds, through looper.run.pieces)::
     trainer = pieces.trainer(config, strategy, data, batch,
                              steps_per_loop=100)  # Trainer(config, ...,
                                                   # options=StepOptions(...))
-    losses, logs = trainer.train(steps=100)    # one tf.function call
+    values, logs = trainer.train(steps=100)    # one tf.function call
     trainer = run.Run(config, workdir).trainer  # a notebook's: nothing written
 
 One `train` call runs `steps` steps inside one tf.function
 (`looper.train.loop.TrainLoop`, built from `train_step`: no host sync per
-step) on the `Input` the caller gives, and returns each step's global mean
-loss. The Trainer reads its own blocks of the config (model_fn, loss,
-loss_weights, loss_normalization, metrics, optimizer); how its step is
-made around the math (precision, XLA, clipping, sharding, the weight
-average: `StepOptions`) and its stop request come from the run, which also
+step) on the `Input` the caller gives, and returns each step's values (its
+global mean loss, and what `train_step` returns beside it). The Trainer
+reads its own blocks of the config (model_fn, loss, loss_weights,
+loss_normalization, metrics, optimizer); how its step is made around the
+math (precision, XLA, clipping, sharding, the weight average:
+`StepOptions`) and its stop request come from the run, which also
 restores checkpoints, rolls back and evaluates (looper.run.pieces.evaluator).
 
 One replica's step (`train_step`) is three seams::
@@ -117,13 +118,11 @@ class Trainer:
       self.learning_rate_scale = tf.Variable(
           1.0, trainable=False, name="learning_rate_scale")
       self.optimizer = options.wrap(self.build_optimizer())
-      # train.health_metrics: gradient and weight norms per loop (health).
-      self.health = (health.Health(strategy, self.model.trainable_variables,
-                                   steps_per_loop)
-                     if config.train.health_metrics else None)
+      # Weight and gradient norms per loop (measure/health), or None.
+      self.health = options.watch(strategy, self.model.trainable_variables)
       optimizers.after_sum(  # the summed gradient's norm: clipped by, logged
           self.optimizer, clip_norm=options.clip_norm,
-          observe=self.health.observe if self.health else None)
+          observe=self.health.observe if options.grad_norm else None)
       # The slots built now, in scope (1/N per replica if sharded).
       self.update = options.updater(
           self.optimizer, self.model.trainable_variables, strategy)
@@ -137,10 +136,11 @@ class Trainer:
       self.step = tf.Variable(0, name="step", **counter)
     # The loop is built from this Trainer's step (its seam) and holds no
     # Trainer: the per-loop work is given to it as two small functions.
+    step = loop.by_name(self.train_step, type(self).__name__)
     self._loop = loop.TrainLoop(
-        self.train_step, strategy=strategy, iterator=input.train_iterator,
+        self.health.around(step) if self.health else step, strategy=strategy,
         stop=self.stop, steps_per_loop=steps_per_loop, step=self.step,
-        weights=self.model.trainable_variables,
+        iterator=input.train_iterator, weights=self.model.trainable_variables,
         batches_per_step=batch.accum_steps, on_start=self._loop_start,
         on_end=self._loop_end,
         sequences=lambda: flops.is_sequence(input.element_spec),
@@ -191,8 +191,9 @@ class Trainer:
     return self.weighting.average(values, weights, weight_total)
 
   @autograph.plain
-  def train_step(self, batch) -> tf.Tensor:
-    """One replica's update; returns its share of the global mean loss.
+  def train_step(self, batch) -> tf.Tensor | dict[str, tf.Tensor]:
+    """One replica's update; returns its share of the global mean loss, or
+    a dict of per-step scalars with it as 'loss' (README "Per-step values").
 
     `batch` is this replica's part of one update: train.grad_accum_steps
     micro-batches concatenated (the examples of a batch grad_accum_steps
@@ -323,21 +324,21 @@ class Trainer:
     over (`tf.nn.compute_average_loss(..., global_batch_size=)`)."""
     return self.batch.global_batch_size
 
-  def train(self, steps: int) -> tuple[np.ndarray, dict]:
-    """Runs `steps` steps in one call (`loop.TrainLoop`); returns per-step
-    losses and metrics. Fewer losses than `steps` come back if a stop was
-    requested (`self.stop.request(reason)`)."""
-    if self.health:  # as the loop's loss buffer, for a longer call
-      self.health.room(steps)
+  def train(self, steps: int) -> tuple[dict[str, np.ndarray], dict]:
+    """Runs up to `steps` steps in one call (`loop.TrainLoop`, fewer on a
+    stop: `self.stop`); returns each step's values by name, and the logs."""
     try:
-      losses, logs, self.weights_finite = self._loop(steps)
+      values, logs, self.weights_finite = self._loop(steps)
     except tf.errors.InvalidArgumentError as e:  # XLA, or the data
       first = self.global_step + 1  # where the run is: saved up to before
       raise errors.step_error(
           e, jit_compile=self._jit_compile, field="data.train_split",
           split=self.input.train_split,
           where=f"of train steps {first}-{first + steps - 1}") from None
-    return losses, logs
+    if not isinstance(values, dict):  # stopped before the step's first trace
+      values = {"loss": values}
+    values.pop(health.SQUARES, None)  # the health figures are in the logs
+    return values, logs
 
   @autograph.plain
   def _loop_start(self) -> None:
@@ -348,13 +349,12 @@ class Trainer:
       self.health.start()
 
   @autograph.plain
-  def _loop_end(self, ran) -> dict:
-    """In the train function, after `ran` steps: the data they consumed
-    (the position the checkpoint holds), the train metrics and the health
-    figures."""
+  def _loop_end(self, ran, values) -> dict:
+    """In the train function, after `ran` steps of `values`: the data they
+    consumed (the checkpoint's position), the train metrics, the health's."""
     self.input.advance(ran * self.batch.accum_steps)
     return {**self.train_metrics.results(),
-            **(self.health.end() if self.health else {})}
+            **(self.health.end(values) if self.health else {})}
 
   # --- State ------------------------------------------------------------------
 

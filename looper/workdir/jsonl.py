@@ -15,7 +15,8 @@ Synopsis::
 
 Each line is {"kind": "start" | "train" | "eval" | "action", "step": the
 global step, "time": seconds since the epoch, then every logged value}.
-Train lines hold the loop's mean loss, the train metrics, learning_rate,
+Train lines hold the loop's mean loss (and the mean of each per-step
+value a train_step returns beside it), the train metrics, learning_rate,
 steps_per_sec, examples_per_sec, tokens_per_sec (sequences), flops_per_sec,
 mfu and input_wait_fraction at the loop's
 last step; eval lines every eval metric and `examples`; action lines the

@@ -8,8 +8,9 @@ Synopsis::
                               table=hparams.Table.of(...))
     out.start_run(config_json, summaries.model_summary(model))  # once
     out.purge_after(step)          # on resume: drop what a killed run wrote
-    out.train(first_step=1, losses=per_step_losses, logs={...})  # one loop,
-                                                 # and its progress line
+    out.train(first_step=1, values={"loss": losses, ...}, logs={...})
+                                   # one loop's per-step values, then its
+                                   # logs and progress line
     out.eval(step=100, logs={"loss": ..., "accuracy": ..., "examples": ...})
     out.writer.write_images(100, {"samples": images})  # an action's writes
     out.close()
@@ -18,7 +19,8 @@ Each write goes through the writers of looper.workdir.writers, composed
 here as three `MultiWriter`s (see `Summaries`); the run-level duties stay
 here: the HParams row, start_run, the purge on resume.
 
-Layout: `workdir/train/` holds the loss of every step and, per loop, each
+Layout: `workdir/train/` holds the loss of every step (and each per-step
+value a Trainer's `train_step` returns beside it) and, per loop, each
 train metric, `learning_rate`, `steps_per_sec`, `examples_per_sec`,
 `tokens_per_sec` (sequences), `flops_per_sec` and `mfu` (the share of the
 peak, at most 1: a loop above it raises it; looper.measure.flops,
@@ -68,15 +70,17 @@ def model_summary(model) -> str:
 
 
 class _LoopScalars(writers.Writer):
-  """A loop's logs as train/ events, but its mean loss: the per-step
-  losses are the loss curve (`Summaries.train`)."""
+  """A loop's logs as train/ events, but the means of its per-step values
+  (`per_step`: their names): the steps' own are those curves
+  (`Summaries.train`)."""
 
   def __init__(self, events: writers.TensorBoard):
     self._events = events
+    self.per_step = {"loss"}
 
   def write_scalars(self, step, scalars):
     self._events.write_scalars(
-        step, {k: v for k, v in scalars.items() if k != "loss"})
+        step, {k: v for k, v in scalars.items() if k not in self.per_step})
 
 
 class Summaries:
@@ -137,8 +141,9 @@ class Summaries:
           [events, *lines, *([shown] if chief else []),
            *(writers.Prefixed(t, jsonl.PREFIXES[kind]) for t in trackers)])
 
-    self.train_writer = composed("train", _LoopScalars(self._train_events),
-                          writers.Progress(total_steps, input_hint))
+    self._loop_events = _LoopScalars(self._train_events)
+    self.train_writer = composed("train", self._loop_events,
+                                 writers.Progress(total_steps, input_hint))
     self.eval_writer = composed("eval", self._eval_events, writers.Logged("eval"))
     self.writer = composed("action", self._train_events,
                            writers.Logged("logged"))
@@ -212,19 +217,23 @@ class Summaries:
     return files.on_full_disk(self._workdir.root, writing,
                               self._workdir.checkpoints)
 
-  def train(self, first_step: int, losses: np.ndarray,
-                 logs: dict[str, float]) -> None:
-    """One loop: the loss of each step from `first_step`, then the loop's
-    logs at its last step (`train_writer`)."""
+  def train(self, first_step: int, values: dict[str, np.ndarray],
+            logs: dict[str, float]) -> None:
+    """One loop: each step's values from `first_step` ('loss' and what
+    train_step adds), then the loop's logs at its last step
+    (`train_writer`)."""
     self._fresh = False
-    last = first_step + len(losses) - 1
-    if len(losses) == 1:
+    steps = len(values["loss"])
+    last = first_step + steps - 1
+    if steps == 1:
       # No while loop in a one-step loop's writes: the profiler would take
       # its iterations for the train steps (measured: the Profile tab then
       # finds no step; see Trainer._train_loop).
-      self._train_events.write_scalars(last, {"loss": losses[0]})
+      self._train_events.write_scalars(
+          last, {k: v[0] for k, v in values.items()})
     else:
-      self._train_events.write_losses(first_step, losses)
+      self._train_events.write_series(first_step, values)
+    self._loop_events.per_step = set(values)
     if self._table is not None:
       self._column(last, {self._table.train_loss_tag: logs["loss"]})
     self.train_writer.write_scalars(last, logs)

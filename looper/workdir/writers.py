@@ -161,16 +161,18 @@ def _scalars(writer, values, step):
       tf.summary.scalar(name, value, step=step)
 
 
-def _series(writer, values, first_step):
-  """values[i] as 'loss' at step first_step + i."""
+def _series(writer, names, values, first_step):
+  """values[j, i] as names[j] at step first_step + i."""
   def write(i):
     # Inside a while loop TF prefixes tags with 'while/'; "" resets that.
     with tf.name_scope(""):
-      tf.summary.scalar("loss", values[i],
-                        step=first_step + tf.cast(i, tf.int64))
+      for j, name in enumerate(names):
+        tf.summary.scalar(name, values[j, i],
+                          step=first_step + tf.cast(i, tf.int64))
     return i + 1
   with writer.as_default():
-    tf.while_loop(lambda i: i < tf.size(values), write, (tf.constant(0),))
+    tf.while_loop(lambda i: i < tf.shape(values)[1], write,
+                  (tf.constant(0),))
 
 
 class TensorBoard(Writer):
@@ -180,7 +182,7 @@ class TensorBoard(Writer):
 
   Scalars go through graph calls, one per write: eager
   `tf.summary.scalar` costs ~0.8 ms a call, more than the step of a small
-  model; `write_losses`' graph loop writes 100 per-step losses in ~3 ms
+  model; `write_series`' graph loop writes 100 per-step losses in ~3 ms
   (measured). Tensors are made from NumPy values, never from Python
   numbers: TensorFlow keeps every distinct Python int or float it makes an
   eager tensor of, for the life of the process (its scalar cache, ~750
@@ -204,14 +206,12 @@ class TensorBoard(Writer):
     # train, eval and HParams writers' sets (a partial is its own key).
     self._scalars = tf.function(functools.partial(_scalars, self._writer),
                                 autograph=False)
-    # Any loop length, one trace: clamped loops vary in length. No AutoGraph
-    # (an explicit loop): its rewrite would be most of the first write's
-    # time. Made anew with each writer: a trace holds the writer it saw (a
-    # purge's reopened files would get a closed one's writes).
-    self._series = tf.function(
-        functools.partial(_series, self._writer),
-        input_signature=[tf.TensorSpec([None], tf.float32),
-                         tf.TensorSpec([], tf.int64)], autograph=False)
+    # Per set of names, any loop length, one trace: clamped loops vary in
+    # length. No AutoGraph (an explicit loop): its rewrite would be most of
+    # the first write's time. Made anew with each writer: a trace holds the
+    # writer it saw (a purge's reopened files would get a closed one's
+    # writes).
+    self._series = {}
 
   def as_default(self):
     """This writer as tf.summary's default (`with events.as_default():`)."""
@@ -220,11 +220,20 @@ class TensorBoard(Writer):
   def _refused(self):
     return files.on_full_disk(self.directory, "events", self._checkpoints)
 
-  def write_losses(self, first_step: int, losses: np.ndarray) -> None:
-    """losses[i] as 'loss' at step first_step + i, one graph call."""
+  def write_series(self, first_step: int,
+                   values: Mapping[str, np.ndarray]) -> None:
+    """values[name][i] as `name` at step first_step + i (per-step values of
+    one length: the loss, ...), one graph call."""
+    names = tuple(values)
+    if names not in self._series:
+      self._series[names] = tf.function(
+          functools.partial(_series, self._writer, names),
+          input_signature=[tf.TensorSpec([len(names), None], tf.float32),
+                           tf.TensorSpec([], tf.int64)], autograph=False)
     with self._refused():
-      self._series(tf.constant(np.asarray(losses, np.float32)),
-                   tf.constant(np.int64(first_step)))
+      self._series[names](
+          tf.constant(np.array([values[n] for n in names], np.float32)),
+          tf.constant(np.int64(first_step)))
 
   def write_scalars(self, step, scalars):
     if scalars:

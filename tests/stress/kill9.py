@@ -14,8 +14,11 @@ repeat until a run exits 0. The kill moment is one of:
   save  the moment a checkpoint's temporary files appear on disk;
   eval  right after the progress line of an eval step (during evaluation).
 A trial is bit-exact when every tensor of the final checkpoint (model,
-optimizer, step, data position, random layers' states), the per-step loss curve read back from
-TensorBoard (steps 1..N once each) and the eval scalars equal the reference.
+optimizer, step, data position, random layers' states), the per-step
+curves read back from TensorBoard (steps 1..N once each: the loss and the
+values tiny.StepValues' train_step returns beside it), metrics.jsonl's
+train lines (each step once, the loops' means of those values) and the
+eval scalars equal the reference.
 """
 
 import argparse
@@ -31,6 +34,7 @@ import time
 
 import numpy as np
 
+from looper.workdir import jsonl
 from tests.fixtures.checkpoints import checkpoint_tensors
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.processes import popen_looper, run_looper
@@ -38,11 +42,13 @@ from tests.fixtures.processes import popen_looper, run_looper
 # Keras' own random layers (Dropout, noise, flips, attention dropout) on 2
 # replicas: their draws must continue, not restart, after a kill.
 ARGS = ("--config=tests/fixtures/tiny.py",
+        "--config.trainer=tests.fixtures.tiny:StepValues",
         "--config.distribution.num_cpu_devices=2",
         "--config.model.keras_random=True", "--config.train.steps_per_loop=5",
         "--config.checkpoint.every_steps=10", "--config.eval.every_steps=20",
         "--config.checkpoint.keep=100")
 TOTAL = 120  # train.steps of the trials; the suite's test runs fewer
+PER_STEP = ("loss", "label_mean", "examples")  # tiny.StepValues' values
 KINDS = ("loop", "save", "eval")
 
 
@@ -123,12 +129,18 @@ def compare(reference: pathlib.Path, workdir: pathlib.Path,
   for key in want:
     if not np.array_equal(want[key], got[key]):
       return f"{key} differs"
-  try:
-    got_curve = curve(workdir / "train")
-  except AssertionError as e:
-    return f"train curve steps are not 1..{steps} once each: {e}"
-  if not np.array_equal(curve(reference / "train"), got_curve):
-    return "per-step losses differ"
+  for name in PER_STEP:
+    try:
+      got_curve = curve(workdir / "train", name)
+    except AssertionError as e:
+      return f"train {name} steps are not 1..{steps} once each: {e}"
+    if not np.array_equal(curve(reference / "train", name), got_curve):
+      return f"per-step {name} differs"
+  lines = {d: [(l["step"], *(l[n] for n in PER_STEP))
+               for l in jsonl.read(str(d / "metrics.jsonl"))
+               if l["kind"] == "train"] for d in (reference, workdir)}
+  if lines[reference] != lines[workdir]:
+    return f"metrics.jsonl's train lines differ: {lines[workdir]}"
   for tag in ("loss", "accuracy", "examples"):
     if scalars(reference / "eval", tag) != scalars(workdir / "eval", tag):
       return f"eval {tag} differs"

@@ -1,4 +1,4 @@
-"""test_replicas' run on 4 replicas: the same curve, eval and health as on 1.
+"""test_replicas' run on 4 replicas: the same curve, eval, health and per-step values as on 1.
 
 Synopsis::
 
@@ -8,8 +8,8 @@ The suite runs tests/e2e/replicas/test_replicas.py on 1 and 2 replicas;
 this runs it on 1 and 4 (4 processes' worth of logical CPUs in one, eval
 batches of 16 per replica) and checks it as the suite does: the per-step
 losses (with dropout, clipping, accumulation and the weight average), eval
-counts and metrics, the train accuracy and the health figures, against
-one replica's.
+counts and metrics, the train accuracy, the health figures and the
+per-step values, against one replica's.
 """
 
 import os
@@ -36,10 +36,11 @@ def main() -> int:
     t.check_eval(runs, REPLICAS)
     t.check_train_metrics(runs, REPLICAS)
     t.check_health(runs, REPLICAS)
+    t.check_step_values(runs, REPLICAS)
   finally:
     shutil.rmtree(root, ignore_errors=True)
     private_home.leave()
-  print("4 replicas equal 1: curve, eval, train accuracy, health")
+  print("4 replicas equal 1: curve, eval, train accuracy, health, values")
   sys.stdout.flush()
   os._exit(0)  # pylint: disable=protected-access  (freeing stalls: conftest)
 

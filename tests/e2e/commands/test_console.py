@@ -41,7 +41,7 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
   workdir = tmp_path / "run"
   args = ("--config=tests/fixtures/tiny.py", f"--workdir={workdir}",
           "--config.checkpoint.best_metric=accuracy",
-          "--config.export.at_end=True")
+          "--config.export.at_end=True", "--config.train.grad_norm=True")
   proc = run_fresh("train_and_eval", *args, "--config.train.steps=20")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert not proc.stdout  # absl's handler shows the lines: on stderr, once

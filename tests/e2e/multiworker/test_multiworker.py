@@ -1,8 +1,9 @@
 """Multi-worker through `looper.cli.launch` on 127.0.0.1: resume across topologies.
 
 On CPU each worker is one replica. A run resumes across topologies (the
-data position is in global examples), its per-step losses those of one
-process (float tolerance: the all-reduce sums in another order); its 2
+data position is in global examples), its per-step losses, the per-step
+values its train_step adds and its health figures those of one process
+(float tolerance: the all-reduce sums in another order); its 2
 workers shard the optimizer's state (distribution.shard_optimizer: Adam's
 moments and the EMA, 1/2 each), the processes before and after do not, so
 the checkpoint moves replicated -> sharded -> replicated (2 workers
@@ -25,7 +26,7 @@ import pytest
 import tensorflow as tf
 
 from tests.fixtures.configs import run_here
-from tests.fixtures.events import curve
+from tests.fixtures.events import curve, scalars
 from tests.unit.cli.test_launch import launch, pids
 
 # Subprocesses (own strategies, workers): the slow lane (BUILD.md).
@@ -42,7 +43,10 @@ ARGS = ("--config=tests/fixtures/tiny.py", "--config.train.batch_size=48",
         # less than a replicated one (SGD's momentum alone plus the weight
         # shard would hold as much).
         "--config.optimizer.name=adam", "--config.optimizer.learning_rate=0.01",
-        "--config.optimizer.ema_decay=0.9")
+        "--config.optimizer.ema_decay=0.9",
+        # Per-step values beside the loss (the same on every topology).
+        "--config.trainer=tests.fixtures.tiny:StepValues",
+        "--config.train.grad_norm=True")
 
 
 def launched(workers, *args, **env_vars):
@@ -131,3 +135,17 @@ def test_resume_across_topologies(tmp_path):
   run_here(*ARGS, "--config.train.steps=30", f"--workdir={tmp_path}/run")
   np.testing.assert_allclose(curve(tmp_path / "run" / "train"), whole,
                              rtol=1e-5)
+  # The per-step values and the health figures of the run across
+  # topologies (steps 11-20 on 2 workers) are one process's too.
+  for name in ("label_mean", "examples"):
+    np.testing.assert_allclose(curve(tmp_path / "run" / "train", name),
+                               curve(tmp_path / "whole" / "train", name),
+                               rtol=1e-6, err_msg=name)
+  assert set(curve(tmp_path / "run" / "train", "examples")) == {48}
+  for name in ("grad_norm", "grad_norm_max", "weight_norm", "update_ratio"):
+    got, want = (scalars(tmp_path / run / "train", name)
+                 for run in ("run", "whole"))
+    assert sorted(got) == sorted(want) == list(range(5, 31, 5)), name
+    np.testing.assert_allclose([got[s] for s in sorted(got)],
+                               [want[s] for s in sorted(want)], rtol=1e-5,
+                               err_msg=name)

@@ -60,7 +60,7 @@ def results(strategy) -> list:
   for row in COMBINATIONS:
     trainer = pieces.trainer(_config(row), strategy)
     evaluator = pieces.evaluator(trainer)
-    losses = trainer.train(6)[0].tolist()
+    losses = trainer.train(6)[0]["loss"].tolist()
     out.append({"losses": losses, "eval": evaluator.evaluate()["loss"]})
     kept.append((trainer, evaluator))
   # Kept to the end (the Trainer's train iterator, the Evaluator's eval

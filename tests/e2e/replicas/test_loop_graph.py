@@ -12,7 +12,8 @@ without it; distribution.shard_optimizer adds ONE all-gather (one
 collective). The replica step writes whole variables only (a slice of a TPU
 variable is a tensor, with no assign), and the weight average adds no
 merge call (a merge call and a broadcast per variable per step before).
-Every case has the health figures on (train.health_metrics, the default):
+Every case has the health figures on (train.health_metrics, the default,
+and train.grad_norm):
 their per-update sums add no collective, merge call or read to the body
 against a loop without them (`unwatched`).
 Under MultiWorkerMirroredStrategy (2 workers on 127.0.0.1) the body holds
@@ -36,14 +37,15 @@ from tests.fixtures.processes import LOOPBACK_ENV
 # A process of its own (2 logical CPUs): the slow lane (BUILD.md).
 pytestmark = pytest.mark.slow
 
-CASES = {"plain": {}, "unwatched": {"train.health_metrics": False},
-         "clipped": {"optimizer.clip_global_norm": 1.0},
-         "accumulated": {"train.grad_accum_steps": 2,
+WATCHED = {"train.grad_norm": True}  # every health figure
+CASES = {"plain": WATCHED, "unwatched": {"train.health_metrics": False},
+         "clipped": {**WATCHED, "optimizer.clip_global_norm": 1.0},
+         "accumulated": {**WATCHED, "train.grad_accum_steps": 2,
                          "optimizer.clip_global_norm": 1.0},
-         "averaged": {"optimizer.ema_decay": 0.9},
-         "float16": {"train.precision": "mixed_float16",
+         "averaged": {**WATCHED, "optimizer.ema_decay": 0.9},
+         "float16": {**WATCHED, "train.precision": "mixed_float16",
                      "optimizer.clip_global_norm": 1.0},
-         "sharded": {"distribution.shard_optimizer": True,
+         "sharded": {**WATCHED, "distribution.shard_optimizer": True,
                      "optimizer.ema_decay": 0.9,
                      "optimizer.clip_global_norm": 1.0}}
 

@@ -1,8 +1,9 @@
-"""The same run on 1 and 2 replicas: the same curve, eval and health.
+"""The same run on 1 and 2 replicas: the same curve, eval, health and per-step values.
 
 One set of runs with every numerics option a replica step carries on: the
 dropout masks, an active clip (the tiny run's gradient norms are ~0.5-2),
-two micro-batches per update and the weight average (which eval uses).
+two micro-batches per update and the weight average (which eval uses); its
+train_step returns per-step values beside the loss (tiny.StepValues).
 The runs are the test's (`run_here`: the session's processes have 2
 logical CPUs); logical CPU devices can only be set before TensorFlow
 starts, so another count runs in a process of its own. 4 replicas (the same
@@ -14,6 +15,7 @@ import pathlib
 import numpy as np
 import pytest
 
+from looper.workdir import jsonl
 from tests.fixtures.configs import SESSION_CPUS, run_here
 from tests.fixtures.events import curve, scalars
 from tests.fixtures.processes import run_ok
@@ -26,10 +28,14 @@ NUMERICS = ("--config=tests/fixtures/tiny.py", "--config.model.dropout=0.3",
             "--config.optimizer.clip_global_norm=0.3",
             "--config.train.grad_accum_steps=2",
             "--config.optimizer.ema_decay=0.9", "--config.train.steps=20",
-            "--config.eval.every_steps=10")
+            "--config.eval.every_steps=10",
+            "--config.trainer=tests.fixtures.tiny:StepValues",
+            "--config.train.grad_norm=True")
 # No clip: each replica squares 1/N of the summed gradient for the health
 # figures (optimizers.share_of_squares), which the clip's norm cannot.
-PLAIN = ("--config=tests/fixtures/tiny.py", "--config.train.steps=20")
+PLAIN = ("--config=tests/fixtures/tiny.py", "--config.train.steps=20",
+         "--config.trainer=tests.fixtures.tiny:StepValues",
+         "--config.train.grad_norm=True")
 
 
 def run_all(root: pathlib.Path, replicas) -> dict:
@@ -98,6 +104,30 @@ def check_health(runs, replicas):
                                    rtol=1e-5, err_msg=f"{tag} on {n}")
 
 
+def check_step_values(runs, replicas):
+  """tiny.StepValues' values, each replica's share summed: each step's
+  examples are its update's (2 micro-batches of 32; 32 in the plain run),
+  its mean label the same on every replica count; metrics.jsonl's train
+  lines hold each loop's mean of the steps' values TensorBoard has."""
+  for run, examples in ((lambda n: runs[n], 64), (lambda n: runs["plain", n],
+                                                   32)):
+    want = curve(run(1) / "train", "label_mean")
+    assert len(want) == 20 and 0 < want.min() < want.max() < 3
+    for n in (1, *replicas):
+      got = {name: curve(run(n) / "train", name)
+             for name in ("label_mean", "examples")}
+      np.testing.assert_array_equal(got["examples"], np.full(20, examples))
+      np.testing.assert_allclose(got["label_mean"], want, rtol=1e-6,
+                                 err_msg=f"{n} replicas")
+      lines = [l for l in jsonl.read(str(run(n) / "metrics.jsonl"))
+               if l["kind"] == "train"]
+      assert [l["step"] for l in lines] == [10, 20], n
+      for name, values in got.items():
+        np.testing.assert_allclose([l[name] for l in lines],
+                                   values.reshape(2, 10).mean(axis=1),
+                                   rtol=1e-6, err_msg=f"{name} on {n}")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   return run_all(tmp_path_factory.mktemp("replicas"), REPLICAS[1:])
@@ -118,3 +148,7 @@ def test_train_metrics_agree_across_replicas(runs):
 
 def test_health_figures_are_the_global_update_s_on_every_replica_count(runs):
   check_health(runs, REPLICAS[1:])
+
+
+def test_per_step_values_are_the_global_batch_s_on_every_replica_count(runs):
+  check_step_values(runs, REPLICAS[1:])

@@ -90,6 +90,7 @@ FIELDS = [
     ("train.early_stop_patience", 0, "a whole number >= 0"),
     ("train.epochs", 0.0, "a number of epochs >= 0"),
     ("train.grad_accum_steps", 1, "a whole number >= 1"),
+    ("train.grad_norm", False, "True or False"),
     ("train.health_metrics", True, "True or False"),
     ("train.jit_compile", False, "True or False"),
     ("train.nan_recovery_tries", 0, "a whole number >= 0"),

@@ -347,3 +347,20 @@ def test_several_eval_sets_reach_on_epoch_end_and_the_monitored_is_val(
       "loss": losses.mean(), "accuracy": (accuracy[10] + accuracy[20]) / 2,
       **want, "val_loss": want["test/loss"],
       "val_accuracy": want["test/accuracy"]}, rel=1e-5)
+
+
+def test_per_step_values_reach_the_logs_as_the_loss_does():
+  """A train_step's values beside its loss: each an epoch's mean over its
+  steps in the train logs (as the loss), kept across a restart."""
+  state = callback_state.State([], tf.Variable(1.0), ["accuracy"])
+  loops = [({"loss": np.array([1.0, 2.0]), "d_loss": np.array([0.5, 0.25])},
+            {"accuracy": 0.5}),
+           ({"loss": np.array([3.0, 4.0, 5.0]),
+             "d_loss": np.array([1.0, 1.0, 1.0])}, {"accuracy": 1.0})]
+  state.add(*loops[0])
+  state.keep()  # what the checkpoint at this step holds
+  state.load(2)  # a restart restores it
+  state.add(*loops[1])
+  assert state.train_logs() == pytest.approx(
+      {"loss": 3.0, "d_loss": 3.75 / 5, "accuracy": 0.8})
+  assert list(state.train_logs()) == ["loss", "d_loss", "accuracy"]

@@ -39,7 +39,7 @@ class FakeTrainer:
     self.data_position += steps * self.global_batch_size
     if self._clock:
       self._clock.now += steps * self._secs
-    return losses, {"accuracy": 0.5}
+    return {"loss": losses}, {"accuracy": 0.5}
 
   def learning_rate(self):
     return 0.1
@@ -249,10 +249,10 @@ def test_nan_recovery_rolls_back_and_skips_the_window():
   original = trainer.train
 
   def train(steps):  # the bad data is consumed once: the replay is clean
-    losses, logs = original(steps)
-    if np.isnan(losses).any():
+    values, logs = original(steps)
+    if np.isnan(values["loss"]).any():
       trainer.nan_steps.clear()
-    return losses, logs
+    return values, logs
 
   trainer.train = train
   result = ctl.train()

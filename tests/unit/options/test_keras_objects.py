@@ -77,7 +77,7 @@ def test_a_loss_object_trains_on_what_keras_computes(loss, fields, weighted):
   # Keras' own reduction, `none` as the weighted mean it is configured as.
   want = (float(loss(y, logits, sample_weight=weights)) if loss.reduction
           else float(np.sum(weights * loss(y, logits)) / np.sum(weights)))
-  np.testing.assert_allclose(trainer.train(1)[0][0], want, rtol=1e-6)
+  np.testing.assert_allclose(trainer.train(1)[0]["loss"][0], want, rtol=1e-6)
 
 
 def test_ignored_labels_count_nowhere_in_eval():

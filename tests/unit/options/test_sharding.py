@@ -80,7 +80,7 @@ def _weights(trainer) -> list:
 def _run(trainer) -> dict:
   """STEPS steps: the losses, the weights and their average (EMA, swapped
   in as eval does), after which the weights must be back."""
-  run = dict(losses=trainer.train(STEPS)[0].tolist(),
+  run = dict(losses=trainer.train(STEPS)[0]["loss"].tolist(),
              weights=_weights(trainer))
   if trainer.ema:
     with trainer.ema.swapped():
@@ -105,12 +105,12 @@ def results(strategy, directory: str) -> dict:
         path = tf.train.Checkpoint(**t.checkpoint_items()).write(
             f"{directory}/{shard}")
         out[f"adam/{shard}"]["path"] = path
-        out[f"adam/{shard}"]["on"] = t.train(STEPS)[0].tolist()
+        out[f"adam/{shard}"]["on"] = t.train(STEPS)[0]["loss"].tolist()
   for shard in (False, True):  # the other's checkpoint, and on
     t = _trainer(strategy, "adam", shard)
     tf.train.Checkpoint(**t.checkpoint_items()).read(
         out[f"adam/{not shard}"]["path"]).assert_existing_objects_matched()
-    out[f"adam/{shard}/from_other"] = t.train(STEPS)[0].tolist()
+    out[f"adam/{shard}/from_other"] = t.train(STEPS)[0]["loss"].tolist()
   # AdamW decaying every weight: the exclusions must have acted.
   t = _trainer(strategy, "adamw", True, trainer_lib.Trainer)
   t.train(STEPS)
@@ -177,8 +177,8 @@ def test_two_replicas_sharded_checkpoint_resumes_on_one(two_replicas):
   t = _trainer(strategy, "adam", True)
   tf.train.Checkpoint(**t.checkpoint_items()).read(
       two_replicas["adam/True"]["path"]).assert_existing_objects_matched()
-  np.testing.assert_allclose(t.train(STEPS)[0], two_replicas["adam/True"]["on"],
-                             rtol=1e-5)
+  np.testing.assert_allclose(t.train(STEPS)[0]["loss"],
+                             two_replicas["adam/True"]["on"], rtol=1e-5)
 
 
 def test_on_one_replica_the_weights_are_updated_in_place():

@@ -71,7 +71,7 @@ def results(strategy, n: int, cases) -> dict:
       if "data.shards_dir" in fields:
         c.data.virtual_shards = 8
       t = pieces.trainer(c, strategy)
-      losses, _ = t.train(STEPS)
+      losses = t.train(STEPS)[0]["loss"]
       out[f"{name}/{n}"] = dict(
           losses=losses.tolist(),
           weights=[v.numpy().tolist() for v in t.model.trainable_variables])
@@ -275,7 +275,7 @@ def test_class_weights_and_sample_weights_multiply():
   x, y, w = weighted.make_data("examples", 1000, 0)
   ce = _softmax_ce(t.model(x[:32]).numpy(), y[:32])
   by_class = np.array([1.0, 3.0, 1.0, 2.0])[y[:32]]
-  losses, _ = t.train(1)
+  losses = t.train(1)[0]["loss"]
   assert losses[0] == pytest.approx((w[:32] * by_class * ce).sum() / 32,
                                     rel=1e-5)
 

@@ -289,7 +289,7 @@ def test_counts_print_whole_in_the_lines_the_summary_and_the_table(
   logs = {"loss": 0.312561, "examples": 10000.0, "accuracy": 0.90512,
           "true_positives": 12345.0}
   with caplog.at_level(logging.INFO):  # train: its progress line
-    out.train(1, [1.0, 0.5], {"loss": 0.75, "examples": 64000.0,
+    out.train(1, {"loss": [1.0, 0.5]}, {"loss": 0.75, "examples": 64000.0,
                               "steps_per_sec": 20.0})
     out.eval(2, logs)
   out.close()
@@ -343,7 +343,7 @@ def test_a_fresh_start_replaces_what_a_killed_attempt_wrote(tmp_path):
         eval_dir=wd.eval_events,
         table=hparams.Table.of(config, "{}", ["loss"]))
     out.start_run(config, f"model {steps}")
-    out.train(1, [1.0, 0.5], {"loss": 0.75, "steps_per_sec": 2.0})
+    out.train(1, {"loss": [1.0, 0.5]}, {"loss": 0.75, "steps_per_sec": 2.0})
     out.close()
   assert texts(tmp_path / "train", "model_summary") == ["```\nmodel 20\n```"]
   [_], info = session_start(tmp_path / "hparams")
@@ -382,7 +382,7 @@ def test_the_writers_leave_no_number_of_a_loop_behind(tmp_path):
   # WARNING: pytest keeps every INFO record it captures (and its args, the
   # numbers) for the test's report; the product keeps none.
   with absl_logging_level(absl_logging.WARNING):
-    out.train(first, [0.5, 0.25], logs)
+    out.train(first, {"loss": [0.5, 0.25]}, logs)
     out.eval(at, logs)
     out.close()
   assert [sys.getrefcount(n) for n in numbers] == before

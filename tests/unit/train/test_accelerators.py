@@ -57,8 +57,8 @@ def test_the_whole_replica_step_compiles_and_matches_the_plain_step(
     compiled_step):
   plain = _trainer(OPTIONS)
   xla = compiled_step(_trainer(OPTIONS))
-  want = np.concatenate([plain.train(5)[0], plain.train(5)[0]])
-  got = np.concatenate([xla.train(5)[0], xla.train(5)[0]])
+  want = np.concatenate([plain.train(5)[0]["loss"], plain.train(5)[0]["loss"]])
+  got = np.concatenate([xla.train(5)[0]["loss"], xla.train(5)[0]["loss"]])
   np.testing.assert_allclose(got, want, rtol=1e-5)
   assert xla.weights_finite
   for a, b in zip(xla.ema.averages + xla.model.weights,

@@ -66,7 +66,7 @@ def test_a_plain_step_function_runs_as_the_eager_loop_does(caplog):
       stop=stop, steps_per_loop=5, step=step,
       weights=[w, b], batches_per_step=ACCUM,
       on_start=lambda: calls.assign_add(1),
-      on_end=lambda ran: {"ran": ran, "calls": calls.read_value()})
+      on_end=lambda ran, values: {"ran": ran, "calls": calls.read_value()})
   got = [loop(5), loop(3)]
   with caplog.at_level(logging.INFO):
     got.append(loop(7))  # more than the buffer holds: it grows, and says so

@@ -4,7 +4,8 @@ The model is softmax regression with an L2 kernel regularizer trained by SGD
 with momentum; NumPy computes the same steps by hand (forward, gradients,
 momentum update), so every per-step loss read back from the event files, the
 train accuracy of the last loop, the eval metrics over all 1001 eval
-examples and each loop's health figures (looper.measure.health) must match it.
+examples, each loop's health figures (looper.measure.health) and the
+per-step values a train_step returns beside its loss must match it.
 """
 
 import json
@@ -84,10 +85,12 @@ def reference_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("math")
   c = tiny.get_config()
   c.model_fn = linear_model_fn
+  c.trainer = tiny.StepValues  # the same loss, two per-step values beside
   c.data.shuffle_buffer = 0
   c.optimizer.momentum = MOMENTUM
   c.optimizer.learning_rate = LR
   c.train.steps, c.train.steps_per_loop = 40, 10
+  c.train.grad_norm = True
   result = run.run(c, str(workdir))
   return workdir, result
 
@@ -124,6 +127,32 @@ def test_health_figures_match_numpy(reference_run):
     assert {l["step"]: l[name] for l in lines if l["kind"] == "train"} == (
         pytest.approx(got, rel=1e-6)), name
   assert result["train"]["grad_norm_max"] > result["train"]["grad_norm"]
+
+
+def test_per_step_values_match_numpy(reference_run):
+  """A train_step's values beside its loss (tiny.StepValues: the update's
+  mean label, its examples): each step's in TensorBoard, each loop's mean
+  in metrics.jsonl and the result, as NumPy has them from the data."""
+  workdir, result = reference_run
+  _, y = tiny.make_data(1001, seed=0)
+  labels = np.array([y[np.arange(s * 32, (s + 1) * 32) % len(y)]
+                     for s in range(40)])  # no shuffling: the stream in order
+  want = {"label_mean": labels.mean(axis=1), "examples": np.full(40, 32.0)}
+  lines = [l for l in map(json.loads, (workdir / "metrics.jsonl").read_text(
+      ).splitlines()) if l["kind"] == "train"]
+  assert [l["step"] for l in lines] == [10, 20, 30, 40]
+  for name, per_step in want.items():
+    np.testing.assert_allclose(curve(workdir / "train", name), per_step,
+                               rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose([l[name] for l in lines],
+                               per_step.reshape(4, 10).mean(axis=1),
+                               rtol=1e-6, err_msg=name)
+    # The steps' own values are the curve: no loop mean among them.
+    assert sorted(scalars(workdir / "train", name)) == list(range(1, 41))
+  assert result["train"]["label_mean"] == pytest.approx(
+      want["label_mean"][30:].mean(), rel=1e-6)
+  # In the train line's order: the loss, the values, then the metrics.
+  assert list(lines[0])[3:7] == ["loss", "label_mean", "examples", "accuracy"]
 
 
 def test_summaries_read_back(reference_run):

@@ -52,7 +52,8 @@ def _trainer(**fields):
 def test_jit_compile_matches_the_plain_step():
   plain = _trainer()
   xla = _trainer(train__jit_compile=True)
-  np.testing.assert_allclose(xla.train(15)[0], plain.train(15)[0], rtol=1e-5)
+  np.testing.assert_allclose(xla.train(15)[0]["loss"],
+                             plain.train(15)[0]["loss"], rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["mixed_bfloat16", "mixed_float16"])
@@ -60,7 +61,7 @@ def test_mixed_precision_trains_and_keeps_float32_weights(name):
   t = _trainer(train__precision=name)
   assert t.model.layers[0].compute_dtype == name.split("_")[1]
   assert {v.dtype for v in t.model.weights} == {"float32"}
-  losses = np.concatenate([t.train(20)[0] for _ in range(3)])
+  losses = np.concatenate([t.train(20)[0]["loss"] for _ in range(3)])
   assert np.isfinite(losses).all() and losses[-10:].mean() < losses[:10].mean()
   # The global policy is untouched: the next model is float32 again.
   assert keras.mixed_precision.global_policy().name == "float32"
@@ -107,17 +108,25 @@ def test_an_inf_on_replica_one_skips_the_step_on_every_replica():
   strategy = distribute.mirrored(distribute.split_cpu(SESSION_CPUS))
   c = tiny.get_config()
   c.train.precision = "mixed_float16"
+  c.train.grad_norm = True
   t = pieces.trainer(c, strategy, InfOnReplicaOne)
 
   def weights():
     return [[r.numpy() for r in strategy.experimental_local_results(v.value)]
             for v in t.model.trainable_variables]
-  t.train(2)
+  _, updated = t.train(2)
   before, scale_before = weights(), float(t.optimizer.dynamic_scale.numpy())
-  t.train(1)  # the update with an inf on replica 1 only
+  _, skipped = t.train(1)  # the update with an inf on replica 1 only
   after = weights()
-  t.train(3)
+  _, resumed = t.train(3)
   end = weights()
+  # The health figures take the gradient's norm inside loss scaling's
+  # branch (health.Health.observe) and count the updates made: none in
+  # the skipped step's loop.
+  assert skipped["grad_norm"] == skipped["grad_norm_max"] == 0.0
+  assert skipped["update_ratio"] == 0.0
+  for logs in (updated, resumed):
+    assert 0 < logs["grad_norm"] <= logs["grad_norm_max"] < 100, logs
   # Skipped on every replica: no weight moved, the replicas still equal.
   assert all(np.array_equal(a, b) for v, w in zip(before, after)
              for a, b in zip(v, w))
@@ -133,7 +142,8 @@ def test_gradient_accumulation_equals_one_larger_batch(embed):
   big = _trainer(train__batch_size=64, model__embed=embed)
   small = _trainer(train__batch_size=16, train__grad_accum_steps=4,
                    model__embed=embed)
-  np.testing.assert_allclose(small.train(12)[0], big.train(12)[0], rtol=1e-5)
+  np.testing.assert_allclose(small.train(12)[0]["loss"],
+                             big.train(12)[0]["loss"], rtol=1e-5)
   for a, b in zip(small.model.weights, big.model.weights):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
   assert small.global_step == big.global_step == 12

@@ -49,7 +49,7 @@ def _checkpointer(trainer, root, items=None):
 def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
   whole = pieces.trainer(_config(), tf.distribute.get_strategy())
   start = [s.numpy().copy() for s in whole.random.states.values()]
-  want = whole.train(12)[0]
+  want = whole.train(12)[0]["loss"]
   assert len(whole.random.states) == STATES
   assert whole.random.unreachable == []
   assert list(whole.random.states)[:2] == ["000_Dropout", "001_GaussianNoise"]
@@ -57,11 +57,11 @@ def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
     assert not np.array_equal(before, state.numpy())  # each layer drew
 
   first = pieces.trainer(_config(), tf.distribute.get_strategy())
-  np.testing.assert_array_equal(first.train(6)[0], want[:6])
+  np.testing.assert_array_equal(first.train(6)[0]["loss"], want[:6])
   _checkpointer(first, tmp_path).save(6, sync=True)
   resumed = pieces.trainer(_config(), tf.distribute.get_strategy())
   assert _checkpointer(resumed, tmp_path).restore()
-  np.testing.assert_array_equal(resumed.train(6)[0], want[6:])
+  np.testing.assert_array_equal(resumed.train(6)[0]["loss"], want[6:])
   for a, b in zip(whole.random.states.values(),
                   resumed.random.states.values()):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -71,7 +71,7 @@ def test_every_random_state_is_saved_and_a_resume_draws_on(tmp_path):
   items = replayed.checkpoint_items()
   del items["random"]
   _checkpointer(replayed, tmp_path, items).restore()
-  assert not np.array_equal(replayed.train(6)[0], want[6:])
+  assert not np.array_equal(replayed.train(6)[0]["loss"], want[6:])
 
 
 def test_a_workdir_saved_without_random_states_resumes_and_says_so(
@@ -225,7 +225,7 @@ def _one_and_two() -> dict:
   for name, (make, x) in _layer_cases().items():
     layers[name] = (_apply(make, x, one), _apply(make, x, two))
     inputs[name] = [x.tolist(), x.tolist()]
-  curve = [pieces.trainer(_config(), s).train(8)[0].tolist()
+  curve = [pieces.trainer(_config(), s).train(8)[0]["loss"].tolist()
            for s in (one, two)]
   said = []
   handler = logging.Handler()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from looper import errors
 from looper import run
 from looper.train import trainer as trainer_lib
 from tests.fixtures import pieces
@@ -34,6 +35,7 @@ def test_loops_end_exactly_on_eval_checkpoint_and_last_step(tmp_path):
   c.trainer = RecordingTrainer
   c.train.steps, c.train.steps_per_loop = 40, 7
   c.eval.every_steps, c.checkpoint.every_steps = 20, 15
+  c.train.grad_norm = True
   RecordingTrainer.loop_ends.clear()
   run.run(c, str(tmp_path))
   steps = [s for s, _ in RecordingTrainer.loop_ends]
@@ -128,8 +130,8 @@ def test_an_overridden_train_step_is_called_under_accumulation():
     return pieces.trainer(c, cls=cls)
 
   default, whole = trainer(trainer_lib.Trainer), trainer(WholeBatchTrainer)
-  want, _ = default.train(6)
-  got, _ = whole.train(6)
+  want = default.train(6)[0]["loss"]
+  got = whole.train(6)[0]["loss"]
   # Called once per update, with both micro-batches (32 rows): one step
   # over the larger batch is the update accumulation makes.
   assert int(whole.calls.numpy()) == 6 and set(whole.rows) == {32}
@@ -218,18 +220,18 @@ def test_autograph_converts_the_users_code_only(conversions):
   c = tiny.get_config()
   strategy = tf.distribute.get_strategy()
   base = pieces.trainer(c, strategy)
-  want, _ = base.train(3)
+  want = base.train(3)[0]["loss"]
   want_eval = pieces.evaluator(base).evaluate()
   assert not conversions  # looper's loops, seams and helpers: plain
   subclass = pieces.trainer(c, strategy, cls=DeeperTrainer)
-  got, _ = subclass.train(3)
+  got = subclass.train(3)[0]["loss"]
   np.testing.assert_array_equal(got, want)
   assert pieces.evaluator(subclass).evaluate() == want_eval
   assert sorted(set(conversions)) == [
       "BranchingTrainer.compute_loss", "BranchingTrainer.eval_step",
       "DeeperTrainer.train_step", "_unflip"]
   conversions.clear()
-  got, _ = pieces.trainer(c, strategy, cls=MixedTrainer).train(3)
+  got = pieces.trainer(c, strategy, cls=MixedTrainer).train(3)[0]["loss"]
   np.testing.assert_array_equal(got, want)
   assert sorted(set(conversions)) == ["BranchingMixin.compute_loss"]
   for loss, names in ((branching_loss, ["_unflip", "branching_loss"]),
@@ -241,6 +243,34 @@ def test_autograph_converts_the_users_code_only(conversions):
                                                 "_unflip", "branching_loss"])):
     conversions.clear()
     c.loss = loss
-    got, _ = pieces.trainer(c, strategy).train(3)
+    got = pieces.trainer(c, strategy).train(3)[0]["loss"]
     np.testing.assert_array_equal(got, want)
     assert sorted(set(conversions)) == names
+
+
+class NoLossTrainer(trainer_lib.Trainer):
+  """Returns per-step values without the loss."""
+
+  def train_step(self, batch):
+    return {"d_loss": super().train_step(batch)}
+
+
+class VectorTrainer(trainer_lib.Trainer):
+  """Returns a per-step value that is not a scalar."""
+
+  def train_step(self, batch):
+    return {"loss": super().train_step(batch), "labels": batch[1]}
+
+
+@pytest.mark.parametrize("cls, message", [
+    (NoLossTrainer, "config.trainer=NoLossTrainer: train_step returned"
+     " ['d_loss'] without 'loss'; return its share of the global mean loss"
+     " under 'loss' beside them"),
+    (VectorTrainer, "config.trainer=VectorTrainer: train_step returned"
+     " 'labels' of rank 1; each per-step value is a scalar under a name"
+     " (this replica's share: summed over the replicas)")])
+def test_a_train_step_s_values_are_refused_in_one_line(cls, message):
+  trainer = pieces.trainer(tiny.get_config(), cls=cls)
+  with pytest.raises(errors.ConfigError) as e:
+    trainer.train(2)
+  assert str(e.value) == message

@@ -287,7 +287,7 @@ def test_events_and_metrics_on_a_full_disk_are_one_line(small_disk,
       f.write(b"\0" * 65536)
   losses = np.linspace(1, 0, 100, dtype=np.float32)  # more than a page
   with pytest.raises(errors.DiskFull) as e:
-    out.train(1, losses, {"loss": 0.5})
+    out.train(1, {"loss": losses}, {"loss": 0.5})
   assert str(e.value) == f"{disk}/train: {ENOSPC[0]} writing events{tail}"
   out.close()  # the failure was reported: not raised again
   (disk / "ballast").unlink()
