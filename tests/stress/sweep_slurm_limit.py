@@ -14,16 +14,13 @@ requeues, each trial's state and whether its per-step loss curve and
 final weights equal the twin's.
 """
 
-import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
-from tests.e2e.multiworker.test_slurm import Cluster, why_not
+from tests.e2e.multiworker.test_slurm import running_cluster, why_not
 from tests.fixtures.checkpoints import checkpoint_tensors
 from tests.fixtures.events import curve
 from tests.fixtures.paths import ROOT
@@ -46,11 +43,8 @@ def main() -> None:
   reason = why_not()
   if reason:
     sys.exit(f"sweep_slurm_limit: {reason}")
-  root = pathlib.Path(tempfile.mkdtemp(prefix="looper-slurm-"))
-  root.chmod(0o755)
-  cluster = Cluster(root)
-  try:
-    cluster.start()
+  with running_cluster() as cluster:
+    root = cluster.root
     twin = root / "twin"
     subprocess.run([sys.executable, *SWEEP, f"--workdir={twin}"], cwd=ROOT,
                    env=cluster.env, check=True, capture_output=True)
@@ -75,9 +69,6 @@ def main() -> None:
       print(f"trial {n}: {attempts} attempts; curve equal: {same_curve};"
             f" weights equal: {same_weights}")
     print(out.read_text()[-1500:])
-  finally:
-    cluster.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

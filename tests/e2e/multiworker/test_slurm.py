@@ -19,6 +19,7 @@ missing, the host's name not resolving; a cluster that does not come up
   fails.
 """
 
+import contextlib
 import os
 import pathlib
 import re
@@ -236,13 +237,11 @@ def finished(proc: subprocess.Popen, timeout: float = 300) -> str:
   return proc.log.read_text()
 
 
-@pytest.fixture(scope="module")
-def slurm():
-  reason = why_not()
-  if reason:
-    needs.missing(f"slurm: {reason}")
-  # munged serves only a socket whose every directory all may enter: not
-  # pytest's (0700).
+@contextlib.contextmanager
+def running_cluster():
+  """A Cluster started in a folder of its own, stopped and removed after.
+  munged serves only a socket whose every directory all may enter: not
+  pytest's (0700)."""
   root = pathlib.Path(tempfile.mkdtemp(prefix="looper-slurm-"))
   root.chmod(0o755)
   cluster = Cluster(root)
@@ -252,6 +251,15 @@ def slurm():
   finally:
     cluster.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+  reason = why_not()
+  if reason:
+    needs.missing(f"slurm: {reason}")
+  with running_cluster() as cluster:
+    yield cluster
 
 
 @pytest.fixture(scope="module")
