@@ -26,6 +26,7 @@ import optuna
 import pytest
 
 from looper.cli import runs
+from looper.sweep import trials as trials_lib
 from tests.fixtures import forks
 from tests.fixtures import killer
 from tests.fixtures import sweeps
@@ -215,3 +216,18 @@ def test_bad_input_is_one_line_before_the_study(twin, capsys):
       "looper sweep: get_sweep: space key 'optimizer.learnig_rate' is no"
       " config field; did you mean 'optimizer.learning_rate'?")
   assert len(_study(twin).get_trials()) == 6  # the study untouched
+
+
+def test_each_trial_carries_the_study_s_columns_and_group():
+  """trials.study_flags: the swept fields as HParams columns, the study as
+  the trackers' group when the trials track; never over the experiment's
+  or the command line's own values (the spec child reads them)."""
+  spec = {"space": {"optimizer.learning_rate": {}, "model.width": {}},
+          "trackers": "", "trackers_group": "", "hparams_columns": ""}
+  assert trials_lib.study_flags(spec, "s") == [
+      "--config.hparams_columns=optimizer.learning_rate,model.width"]
+  assert trials_lib.study_flags(dict(spec, trackers="mlflow,wandb"), "s") == [
+      "--config.hparams_columns=optimizer.learning_rate,model.width",
+      "--config.trackers_group=s"]
+  assert trials_lib.study_flags(dict(spec, trackers="wandb", trackers_group="g",
+                                 hparams_columns="seed"), "s") == []
