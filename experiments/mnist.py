@@ -49,6 +49,7 @@ import numpy as np
 
 from experiments import common
 from looper import config as lc
+from looper import sweep
 from looper.data import datasets
 from looper.train import layers
 
@@ -124,6 +125,16 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.model.flip = lc.boolean(False)
   c.update_from_flattened_dict(PRESETS[preset])
   return c
+
+
+def get_sweep(preset: str = "") -> sweep.Sweep:
+  """What `looper sweep --config=experiments/mnist.py:bundled` tunes: the
+  learning rate and the width (README "Sweeps")."""
+  del preset  # one space for every preset
+  return sweep.Sweep(
+      space={"optimizer.learning_rate": sweep.Float(1e-4, 1e-2, log=True),
+             "model.width": sweep.Int(8, 64, step=8)},
+      objective="eval/accuracy", direction="maximize")
 
 
 def _guide(config, x):

@@ -26,7 +26,8 @@ block's own rules. Here they are composed (`default_config`), in this order:
 | loss, loss_weights, loss_normalization | looper.options.losses |
 | metrics | looper.options.metrics |
 | actions, callbacks | looper.control.actions, looper.control.callbacks |
-| trackers | looper.trackers (checked by the Run: `trackers.parse`) |
+| trackers, trackers_group | looper.trackers (checked by the Run: `trackers.check`) |
+| hparams_columns | looper.workdir.hparams |
 | train | looper.train |
 | eval | looper.train.evaluator |
 | optimizer | looper.options.optimizers |
@@ -81,6 +82,7 @@ from looper.train import evaluator
 from looper.workdir import checkpoint
 from looper.workdir import contents
 from looper.workdir import export
+from looper.workdir import hparams
 # Public names for experiments (see the module doc).
 from looper.data.splits import parse_split, split_field, split_slice  # pylint: disable=unused-import
 from looper.errors import ConfigError, first_line  # pylint: disable=unused-import
@@ -124,7 +126,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.dataset_fn = fields.object_field(None)
   # Trainer class to run; subclass looper.train.trainer.Trainer to change a step.
   c.trainer = fields.object_field("looper.train.trainer:Trainer")
-  for owner in (losses, metrics, actions, callbacks, trackers):
+  for owner in (losses, metrics, actions, callbacks, trackers, hparams):
     _top_level(c, owner.config())
   c.train = train.config()
   c.eval = evaluator.config()
@@ -187,6 +189,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
                " (e.g. accuracy, val/accuracy)")
   splits.check_eval_sets(c.data, c.eval.monitor_set,
                          tuple(c.loss) if by_output else ())
+  hparams.check(c.hparams_columns, c)  # names fields of any block
 
 
 def check_steps(c: ml_collections.ConfigDict) -> None:

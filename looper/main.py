@@ -128,6 +128,8 @@ modes:
   describe         strategy, batch, data, model and config (no workdir)
   launch           N local workers: looper launch --workers=2 -- ARGS
   runs             a table of runs' final metrics: looper runs DIR ...
+  sweep            a hyperparameter study, one run per trial (get_sweep):
+                   looper sweep --config=EXP.py --workdir=DIR --trials=N
   data_service     a tf.data service server for --config.data.service:
                    looper data_service --role=dispatcher --port=P [--work_dir=D]
                    looper data_service --role=worker --dispatcher=HOST:P --port=Q
@@ -144,12 +146,13 @@ def cli():
   """The `looper` console script: `looper MODE --config=...` is
   `python -m looper.main --mode=MODE --config=...`; `looper launch ...`
   starts workers (see looper.cli.launch), `looper runs DIR...` tabulates runs
-  (see looper.cli.runs), `looper data_service ...` serves a tf.data service
+  (see looper.cli.runs), `looper sweep ...` runs a study of trials (see
+  looper.cli.sweep), `looper data_service ...` serves a tf.data service
   (see looper.cli.data_service)."""
-  if sys.argv[1:2] in (["launch"], ["runs"], ["data_service"]):  # own flags
-    # Only the tool asked for: launch imports no TensorFlow; the others
-    # do, quietly as a run does.
-    if sys.argv[1] != "launch":
+  if sys.argv[1:2] in (["launch"], ["runs"], ["data_service"], ["sweep"]):
+    # Only the tool asked for (own flags): launch and sweep import no
+    # TensorFlow; the others do, quietly as a run does.
+    if sys.argv[1] not in ("launch", "sweep"):
       console.start(verbose=console.wants_tensorflow_logs(sys.argv))
     tool = importlib.import_module(f"looper.cli.{sys.argv[1]}")
     sys.exit(tool.main(sys.argv[2:]))

@@ -27,11 +27,15 @@ GROUPS = (
     ("looper.control",),
     ("looper.config",),  # composes the blocks their owners above declare
     ("looper.run", "looper.modes", "looper.console"),
+    # A sweep's parent imports no TensorFlow (test_workers.py checks it): it
+    # uses workdir.holders and the config's errors, and starts runs.
+    ("looper.sweep",),
     ("looper.main", "looper.cli"),
 )
 # Each group's folder of unit tests (tests/unit/NAME), in GROUPS' order.
 GROUP_FOLDERS = ("floor", "options", "data", "workdir", "trackers",
-                 "measure", "train", "control", "config", "run", "cli")
+                 "measure", "train", "control", "config", "run", "sweep",
+                 "cli")
 
 
 def _module(path: pathlib.Path) -> str:
@@ -88,6 +92,7 @@ TESTED_IN = {
     "looper.workdir.contents": "unit/run/test_faults.py",
     "looper.workdir.formats": "unit/run/test_tensorboard.py",
     "looper.workdir.hparams": "unit/run/test_tensorboard.py",
+    "looper.workdir.holders": "unit/workdir/test_lease.py",
     "looper.workdir.jsonl": "unit/run/test_tensorboard.py",
     "looper.workdir.summaries": "unit/run/test_tensorboard.py",
     "looper.trackers.wandb_files": "unit/trackers/test_wandb.py",
@@ -111,6 +116,13 @@ TESTED_IN = {
     "looper.cli.describe": "e2e/commands/test_console.py",
     "looper.cli.runs": "unit/run/test_tensorboard.py",
     "looper.cli.shards": "unit/data/test_sources.py",
+    "looper.sweep.claims": "e2e/sweep/test_sweep.py",
+    "looper.sweep.report": "e2e/sweep/test_sweep.py",
+    "looper.sweep.spec": "e2e/sweep/test_sweep.py",
+    "looper.sweep.trials": "e2e/sweep/test_sweep.py",
+    "looper.sweep.worker": "e2e/sweep/test_sweep.py",
+    "looper.sweep.warm": "e2e/sweep/test_workers.py",
+    "looper.cli.sweep_spec": "e2e/sweep/test_sweep.py",
 }
 
 
@@ -220,6 +232,15 @@ NOT_RUN_FILES = {
                                  " FLOP/s (peak_flops.cache_path(): in"
                                  " ~/.cache/looper by default), shared by"
                                  " runs",
+    # A sweep's own files, beside its trials' runs (a POSIX folder: the
+    # parent imports no TensorFlow, so no gfile).
+    "looper.cli.sweep": "the sweep's folder and its trials/",
+    "looper.sweep.claims": "trials/<n>/claim.json and DIR/sweep.lock",
+    "looper.sweep.report": "trials/<n>/trial.json, best.json, plots/",
+    "looper.sweep.spec": "the spec child's output, removed once read",
+    "looper.sweep.trials": "trials/<n>/trial.log, the trial's output",
+    "looper.sweep.warm": "trials/<n>/trial.log, opened by the prepared"
+                         " process it is handed to",
 }
 # Calls that make, replace, move or remove a file, by their dotted name's end.
 CHANGES = ("gfile.makedirs", "gfile.mkdir", "gfile.rename", "gfile.copy",

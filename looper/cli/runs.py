@@ -11,7 +11,17 @@ Synopsis::
     | /tmp/sweep/a | 1000 | 0.9741   | 0.08623 | 0.9741 @1000  | 81%     | 0:01:02             |
     | /tmp/sweep/b | 1000 | 0.9613   | 0.1302  | 0.9655 @800   | 64%     | 0:01:05             |
 
-One row per workdir (a directory holding `train/` or `eval/`), from its
+A sweep's folder (`looper sweep --workdir=DIR`) is one row per trial,
+best first by the sweep's objective: number, objective, state, step, wall
+time and sampled values (from each trial's trial.json: looper.sweep.report).
+
+The table fits `--width` (120) characters: the columns that matter least
+are left out, and named in one line on stderr (a sweep's last sampled
+values first, a run's goodput, then its metrics but the best's);
+`--columns=a,b` picks columns by their titles (the name column always
+first), `--columns=all` shows every one.
+
+Otherwise one row per workdir (a directory holding `train/` or `eval/`), from its
 `metrics.jsonl` (see `looper.workdir.jsonl`; no event file is read): the last
 step, the last value of every eval metric (each eval set's as
 `<set>/<metric>`), the best evaluation by `best.Best.of`
@@ -50,6 +60,7 @@ from looper.workdir import formats
 _NOT_METRICS = ("kind", "step", "time", "examples")
 # The column of the training attempts' wall time, added up (module doc).
 WALL = "wall (all attempts)"
+WIDTH = 120  # characters a table fits by default (--width)
 
 
 def is_workdir(path: str) -> bool:
@@ -103,17 +114,91 @@ def summarize(workdir: str) -> dict[str, str] | None:
   return row
 
 
-def table(rows: list[dict[str, str]]) -> str:
-  """A markdown table, padded so it also reads as plain text."""
+def trial_rows(path: str) -> list[dict[str, str]] | None:
+  """The rows of a sweep's trials (`looper sweep --workdir=path`), best
+  first by its objective; None if `path` holds no sweep."""
+  folder = os.path.join(path, "trials")
+  if not tf.io.gfile.isdir(folder):
+    return None
+  found = []
+  for name in tf.io.gfile.listdir(folder):
+    record = files.read_json(os.path.join(folder, name.rstrip("/"),
+                                          "trial.json"))
+    if record:
+      found.append((record, os.path.join(folder, name.rstrip("/"))))
+  if not found:
+    return None
+  sign = -1 if found[0][0]["direction"] == "maximize" else 1
+  found.sort(key=lambda f: (f[0]["value"] is None,
+                            sign * (f[0]["value"] or 0), f[0]["number"]))
+  rows = []
+  for record, trial in found:
+    run = summarize(trial) or {}
+    row = {"trial": str(record["number"]),
+           record["objective"]: ("-" if record["value"] is None else
+                                 formats.number(record["value"])),
+           "state": record["state"]}
+    row.update({k: run[k] for k in ("step", WALL) if k in run})
+    row.update({k: formats.number(v) if isinstance(v, float) else str(v)
+                for k, v in record["params"].items()})
+    rows.append(row)
+  return rows
+
+
+def order(rows: list[dict[str, str]]) -> list[str]:
+  """The columns of `rows` as the table shows them: in order of first
+  appearance (a sweep's rows put theirs in order: `trial_rows`), except
+  that a run's goodput and wall time come last (they describe the run, the
+  rest its results)."""
   columns = []
-  for row in rows:  # in order of first appearance: run, step, metrics, ...
+  for row in rows:
     columns += [c for c in row if c not in columns]
-  # The goodput and wall time last: they describe the run, the rest its
-  # results.
+  if "trial" in columns:
+    return columns
   last = ("goodput", WALL)
-  columns.sort(key=lambda c: last.index(c) + 1 if c in last else 0)
+  return sorted(columns, key=lambda c: last.index(c) + 1 if c in last else 0)
+
+
+def _kept_first(columns: list[str]) -> list[str]:
+  """`columns` by what matters most, kept first when the table must fit:
+  the row's name; a sweep's objective, state, step and wall time, then
+  its sampled values in order; a run's step and best, then its wall time
+  and its metrics, goodput last."""
+  if "trial" in columns:
+    return columns  # trial_rows' own order is that
+  head = ["run", "step", *[c for c in columns if c.startswith("best ")],
+          WALL]
+  return ([c for c in head if c in columns] +
+          [c for c in columns if c not in head and c != "goodput"] +
+          [c for c in columns if c == "goodput"])
+
+
+def _widths(rows, columns) -> list[int]:
+  return [max(len(c), *(len(row.get(c, "-")) for row in rows))
+          for c in columns]
+
+
+def fit(rows: list[dict[str, str]], width: int) -> tuple[list[str],
+                                                          list[str]]:
+  """(the columns shown, those left out): the most that matter
+  (`_kept_first`) within `width` characters; at least the name and the
+  first figure, however wide."""
+  columns, dropped = order(rows), []
+  for column in reversed(_kept_first(order(rows))[2:]):
+    if sum(_widths(rows, columns)) + 3 * len(columns) + 1 <= width:
+      break
+    columns.remove(column)
+    dropped.insert(0, column)
+  return columns, dropped
+
+
+def table(rows: list[dict[str, str]], columns: list[str] | None = None
+          ) -> str:
+  """A markdown table of `columns` (default: all, `order`), padded so it
+  also reads as plain text."""
+  columns = columns or order(rows)
   cells = [columns] + [[row.get(c, "-") for c in columns] for row in rows]
-  widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+  widths = _widths(rows, columns)
   lines = ["| " + " | ".join(v.ljust(w) for v, w in zip(line, widths)) + " |"
            for line in cells]
   lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -126,6 +211,9 @@ def _collect(path: str, seen: set[str]) -> tuple[list[dict[str, str]],
   if not tf.io.gfile.isdir(path):
     return [], [f"{path} is not a directory" if tf.io.gfile.exists(path)
                 else f"{path} does not exist"]
+  trials = trial_rows(path)
+  if trials is not None:
+    return trials, []
   found = workdirs(path)
   if not found:
     return [], [f"{path} holds no looper workdir (train/ or eval/), here or"
@@ -145,9 +233,34 @@ def _collect(path: str, seen: set[str]) -> tuple[list[dict[str, str]],
   return rows, problems
 
 
-FLAGS = flags.FlagValues()  # none but --help; absl like every looper tool
-USAGE = ("usage: looper runs WORKDIR_OR_PARENT...\n"
-         "a workdir, or a directory of workdirs (one table of all)")
+FLAGS = flags.FlagValues()
+flags.DEFINE_list("columns", None, "The columns to show, by their titles"
+                  " (e.g. trial,eval/accuracy,model.width), or 'all';"
+                  " default: those that matter most within --width.",
+                  flag_values=FLAGS)
+flags.DEFINE_integer("width", WIDTH, "Characters the table fits by default.",
+                     flag_values=FLAGS)
+USAGE = ("usage: looper runs WORKDIR_OR_PARENT... [--columns=a,b] [--width=N]"
+         "\na workdir, or a directory of workdirs (one table of all)")
+
+
+def _chosen(rows: list[dict[str, str]]) -> tuple[list[str], str | None]:
+  """The columns --columns and --width choose, and the line that names
+  what was left out (None: nothing) or an unknown column (exit 1)."""
+  known = order(rows)
+  if FLAGS.columns == ["all"]:
+    return known, None
+  if FLAGS.columns:
+    unknown = [c for c in FLAGS.columns if c not in known]
+    if unknown:
+      raise ValueError(f"--columns: {unknown[0]!r} is no column of these runs;"
+                       f" choose from {', '.join(known)}")
+    return [known[0], *[c for c in FLAGS.columns if c != known[0]]], None
+  columns, dropped = fit(rows, FLAGS.width)
+  return columns, dropped and (
+      f"{len(dropped)} column(s) left out to fit --width={FLAGS.width}:"
+      f" {', '.join(dropped)}; show them with --columns=all or"
+      " --columns=a,b")
 
 
 def main(argv=None) -> int:
@@ -162,7 +275,14 @@ def main(argv=None) -> int:
   for problem in problems:
     print(f"looper runs: {problem}", file=sys.stderr)
   if rows:
-    print(table(rows))
+    try:
+      columns, note = _chosen(rows)
+    except ValueError as e:
+      print(f"looper runs: {e}", file=sys.stderr)
+      return 1
+    print(table(rows, columns))
+    if note:
+      print(f"looper runs: {note}", file=sys.stderr)
   return 1 if problems else 0
 
 

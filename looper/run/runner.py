@@ -228,8 +228,9 @@ class Run:
   def _build_trackers(self) -> list:
     """config.trackers (looper.trackers), each checked now (installed, its
     server answering): a training run's chief's; [] elsewhere."""
-    names = trackers_lib.parse(self.config.trackers)  # a typo: everywhere
-    return (trackers_lib.build(self.config.trackers, self.workdir)
+    c = self.config
+    names = trackers_lib.check(c.trackers, c.trackers_group)  # everywhere
+    return (trackers_lib.build(c.trackers, self.workdir, c.trackers_group)
             if names and self.trains and self.chief else [])
 
   def _build_checkpointer(self, guard) -> checkpoint.Checkpointer:

@@ -3,8 +3,9 @@
 Synopsis (what `looper.run.Run` does)::
 
     names = trackers.parse("mlflow,wandb")     # one line if unknown
-    built = trackers.build("mlflow", wd)       # installed and answering,
-                                               # or one line; nothing written
+    trackers.check("mlflow", group="mnist-lr")  # one line if bad
+    built = trackers.build("mlflow", wd, group="mnist-lr")  # installed and
+                                               # answering, or one line
     # each a looper.workdir.writers.Writer (looper.trackers.delivery)
     trackers.open_runs(built, config_json)     # before training
     lines = trackers.close_runs(built, durable_step, stopped=None,
@@ -16,8 +17,14 @@ restart, never twice), `mlflow`, `wandb` (each tool's own; installed with
 `pip install 'looper[mlflow]'`, `'looper[wandb]'`), `wandb_files` (what
 W&B's own files hold: read on every restart). Each is configured by
 the tool's own environment variables; with none set its local store goes
-inside the workdir. The top-level field `trackers` is declared here
-(`config()`) and checked by `parse` (the Run calls it).
+inside the workdir. The top-level fields `trackers` and `trackers_group`
+are declared here (`config()`) and checked by `check` (the Run calls it).
+
+A group (`trackers_group`; `looper sweep` sets its study's name for each
+trial) gathers runs that belong together: in MLflow each run nests under
+one parent run of the group's name in its experiment (found by its tags,
+made by the first run that finds none: a rerun adopts it), in W&B the
+runs share the group (W&B's run group, as WANDB_RUN_GROUP sets it).
 """
 
 import difflib
@@ -41,7 +48,26 @@ def config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # Experiment trackers, each set up by its own environment variables:
   c.trackers = ""  # '' | mlflow | wandb | mlflow,wandb (README)
+  # Runs gathered in each tracker (module doc; a sweep's study): '' none.
+  c.trackers_group = ""
   return c
+
+
+# W&B's limit on a group's name; MLflow's filters quote it in ''.
+GROUP_LENGTH = 128
+
+
+def check(value: str, group: str = "") -> list[str]:
+  """The names `config.trackers` holds (`parse`), and `trackers_group`
+  checked: one line naming the field if it cannot be a group's name."""
+  names = parse(value)
+  if group and (len(group) > GROUP_LENGTH or "'" in group or
+                not group.isprintable()):
+    raise errors.ConfigError(
+        f"config.trackers_group={group!r}: a group's name is one line of at"
+        f" most {GROUP_LENGTH} characters without quotes; set"
+        " --config.trackers_group (a sweep: --study)")
+  return names
 
 
 def parse(value: str) -> list[str]:
@@ -62,17 +88,19 @@ def parse(value: str) -> list[str]:
   return names
 
 
-def build(value: str, wd: workdir_lib.Workdir) -> list:
+def build(value: str, wd: workdir_lib.Workdir, group: str = "") -> list:
   """The trackers `value` names, each checked (installed; a server that
-  answers) before anything is written: one line if not."""
+  answers) before anything is written: one line if not. `group`: the
+  runs' group (module doc)."""
   built = []
-  for name in parse(value):
+  for name in check(value, group):
     module, cls, package = TRACKERS[name]
     if importlib.util.find_spec(package) is None:
       raise errors.ConfigError(
           f"config.trackers={value!r}: {package} is not installed; pip"
           f" install 'looper[{name}]', or drop {name} from --config.trackers")
-    built.append(getattr(importlib.import_module(module), cls)(wd))
+    built.append(getattr(importlib.import_module(module), cls)(wd,
+                                                               group=group))
   return built
 
 

@@ -81,8 +81,9 @@ class Tracker(writers.Writer):
   KEEPS: tuple[str, ...] = ()  # the kinds besides scalars it keeps
   HELD_ON_SEND = True  # a send that returned is held (else: once closed)
 
-  def __init__(self, wd: workdir_lib.Workdir):
+  def __init__(self, wd: workdir_lib.Workdir, group: str = ""):
     self._wd = wd
+    self._group = group  # the runs' group (looper.trackers), '' none
     self._file = files.JsonFile(wd.tracker(self.name), wd.checkpoints)
     self._state = {"run_id": None, "delivered": 0, "sending": None,
                    "final": None}

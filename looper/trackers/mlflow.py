@@ -17,6 +17,9 @@ MLFLOW_EXPERIMENT_NAME (made if missing), or 'Default' on a server and
 'looper' in the workdir's store.
 
 What goes there: the run is named after the workdir (tag `looper.workdir`),
+nested under its group's parent run when `config.trackers_group` is set
+(a sweep's trials under their study's: looper.trackers; the parent is the
+run tagged `looper.group_parent`, adopted by every later run),
 its id kept in the workdir (an attempt killed after making the run but
 before keeping its id: the rerun finds the run by its tag `looper.token`,
 a token the workdir kept before making it, and adopts it: never a second
@@ -138,13 +141,18 @@ def half_made(path: str) -> bool:
   return (stamp or [None])[0] != latest
 
 
+def _oldest(runs) -> str:
+  return min(runs, key=lambda r: (r.info.start_time, r.info.run_id)
+             ).info.run_id
+
+
 class MLflow(delivery.Tracker):
   """MLflow's run of the workdir `wd` (see module doc)."""
   name = "mlflow"
   KEEPS = ("images", "texts")
 
-  def __init__(self, wd: workdir_lib.Workdir):
-    super().__init__(wd)
+  def __init__(self, wd: workdir_lib.Workdir, group: str = ""):
+    super().__init__(wd, group)
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     self._local = not uri
     if self._local:
@@ -221,10 +229,31 @@ class MLflow(delivery.Tracker):
     else:
       self._state["token"] = token = uuid.uuid4().hex
       self._save()
+    tags = {"looper.workdir": self._wd.root, "looper.token": token}
+    if self._group:
+      tags.update({"looper.group": self._group,
+                   "mlflow.parentRunId": self._group_run()})
     return self._client.create_run(
         self._experiment, run_name=os.path.basename(self._wd.root.rstrip(
-            "/")), tags={"looper.workdir": self._wd.root,
-                         "looper.token": token})
+            "/")), tags=tags)
+
+  def _group_run(self) -> str:
+    """The id of the group's parent run in the experiment: the oldest
+    found, else one made now. Two runs that both found none (two sweep
+    workers' first trials) both make one, then both keep the oldest and
+    the maker of the other deletes it: one parent either way."""
+    query = (f"tags.`looper.group_parent` = '{self._group}'")
+    found = self._client.search_runs([self._experiment], query)
+    if found:
+      return _oldest(found)
+    made = self._client.create_run(
+        self._experiment, run_name=self._group,
+        tags={"looper.group_parent": self._group})
+    self._client.set_terminated(made.info.run_id)  # holds only its children
+    kept = _oldest(self._client.search_runs([self._experiment], query))
+    if kept != made.info.run_id:
+      self._client.delete_run(made.info.run_id)
+    return kept
 
   def _experiment_id(self) -> str:
     if os.environ.get("MLFLOW_EXPERIMENT_ID"):

@@ -15,7 +15,8 @@ WANDB_API_KEY, ...); its folder is the workdir's `wandb/` unless WANDB_DIR
 names another (W&B's own default is ./wandb in the current folder).
 
 What goes there: the run (its id kept in the workdir, resumed with
-`resume="allow"`) named after the workdir; its config: the resolved
+`resume="allow"`) named after the workdir, in `config.trackers_group`'s
+group if set (a sweep's trials: the study's); its config: the resolved
 config's fields, dotted, and `looper.workdir`; a rerun that changes a
 field updates it there (W&B's config holds the latest value), said in one
 line. History: every line of metrics.jsonl at its step (`train/loss`,
@@ -64,8 +65,8 @@ class WandB(delivery.Tracker):
   KEEPS = ("images", "histograms", "texts")
   HELD_ON_SEND = False  # W&B's own process writes it later
 
-  def __init__(self, wd: workdir_lib.Workdir):
-    super().__init__(wd)
+  def __init__(self, wd: workdir_lib.Workdir, group: str = ""):
+    super().__init__(wd, group)
     self._dir = os.environ.get("WANDB_DIR") or wd.root
     if not workdir_lib.posix(self._dir):
       raise errors.ConfigError(
@@ -88,6 +89,7 @@ class WandB(delivery.Tracker):
     self._run = wandb.init(
         id=run_id, resume="allow", dir=self._dir,
         name=os.path.basename(self._wd.root.rstrip("/")),
+        group=self._group or None,  # else WANDB_RUN_GROUP, if set
         # looper prints its own lines and writes its own config; W&B's
         # console capture, system sampling, git probe and pip freeze off.
         settings=wandb.Settings(console="off", x_disable_stats=True,

@@ -9,8 +9,10 @@ Synopsis (what `run` and `summaries` do)::
     table.eval_results(eval_logs, best_so_far)     # metric columns
 
 One row per run, written in the run's own directory (`workdir/hparams/`):
-* hparam columns: `learning rate`, `batch size`, `steps` (typed: sortable
-  and filterable) and `settings`, one text of what else tells the run
+* hparam columns: first each field `hparams_columns` names (a sweep's
+  swept fields: `looper sweep` sets them, so every trial of a study writes
+  the same list), then `learning rate`, `batch size`, `steps` (typed:
+  sortable and filterable) and `settings`, one text of what else tells the run
   apart: the optimizer, schedule, precision and seed, then every config
   field the experiment or the command line set (those that differ from
   `default_config()`), as `name=value` (e.g. `optimizer.name=adam
@@ -40,6 +42,8 @@ Why this shape (measured on TensorBoard 2.21; BUILD.md "TensorBoard"):
 import dataclasses
 import json
 
+import ml_collections
+
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.hparams import api as hp
 from tensorboard.plugins.hparams import api_pb2
@@ -47,6 +51,7 @@ from tensorboard.plugins.hparams import metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 import tensorflow as tf
 
+from looper import errors
 from looper import references
 from looper.data import splits
 from looper.options import best
@@ -56,8 +61,39 @@ PREFIX = "hparams"  # of the metric columns' tags
 COLUMNS = {"optimizer.learning_rate": "learning rate",
            "train.batch_size": "batch size", "train.steps": "steps"}
 SETTINGS = "settings"  # the text column
+# An hparams_columns column's type, by its value's.
+_TYPES = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
 # First in `settings` whatever their value: what runs always differ by.
 ALWAYS = ("optimizer.name", "optimizer.schedule", "train.precision", "seed")
+
+
+def config() -> ml_collections.ConfigDict:
+  """The top-level field `hparams_columns`: its default (its doc above)."""
+  c = ml_collections.ConfigDict()
+  # Config fields (comma separated, e.g. 'model.width,optimizer.name')
+  # shown first as their own HParams columns (module doc); '' none.
+  c.hparams_columns = ""
+  return c
+
+
+def columns(value: str) -> list[str]:
+  """The field paths `hparams_columns` names, in order."""
+  return [n.strip() for n in str(value).split(",") if n.strip()]
+
+
+def check(value: str, config: ml_collections.ConfigDict) -> None:
+  """Each of `hparams_columns` a field of `config` holding a number, a
+  string or a boolean; one line naming it if not."""
+  for path in columns(value):
+    node = config
+    for name in path.split("."):
+      node = node.get(name) if isinstance(
+          node, ml_collections.ConfigDict) else None
+    if not isinstance(node, (bool, int, float, str)):
+      raise errors.ConfigError(
+          f"config.hparams_columns={value!r}: {path!r} is no field holding a"
+          " number, string or boolean; name such fields (dotted, comma"
+          " separated) in --config.hparams_columns")
 
 
 def flat(config_json: str) -> dict[str, bool | int | float | str]:
@@ -102,8 +138,11 @@ class Table:
   def of(cls, config_json: str, defaults_json: str, eval_names) -> "Table":
     """The row of a run of `config_json` (resolved; see references.to_json)."""
     config, defaults = flat(config_json), flat(defaults_json)
-    values = {k: config[k] for k in COLUMNS if k in config}
-    values[SETTINGS] = settings(config, defaults)
+    chosen = columns(config.get("hparams_columns", ""))
+    values = {k: config[k] for k in [*chosen, *COLUMNS] if k in config}
+    values[SETTINGS] = settings(
+        {k: v for k, v in config.items()
+         if k not in chosen and k != "hparams_columns"}, defaults)
     whole = json.loads(config_json)
     names = []
     for eval_set in splits.eval_sets(whole):  # each set's loss last
@@ -130,11 +169,14 @@ class Table:
   def write_start(self, trial_id: str) -> None:
     """The session and the column list, with the default writer."""
     hp.hparams(self.values, trial_id=trial_id)
+    typed = [k for k in self.values if k != SETTINGS]  # chosen first
     experiment = api_pb2.Experiment(
         hparam_infos=[api_pb2.HParamInfo(
-            name=name, display_name=title, type=api_pb2.DATA_TYPE_FLOAT64,
+            name=name, display_name=COLUMNS.get(name, name),
+            type=_TYPES.get(type(self.values.get(name)),
+                            api_pb2.DATA_TYPE_FLOAT64),
             differs=True)  # first, in this order (the plugin sorts by name)
-                      for name, title in COLUMNS.items()] + [
+                      for name in typed] + [
                           api_pb2.HParamInfo(
                               name=SETTINGS, type=api_pb2.DATA_TYPE_STRING)],
         metric_infos=[api_pb2.MetricInfo(

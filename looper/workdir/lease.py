@@ -43,7 +43,6 @@ import contextlib
 import datetime
 import json
 import os
-import socket
 import threading
 import time
 import uuid
@@ -55,31 +54,8 @@ from looper import errors
 from looper import workdir as workdir_lib
 from looper.errors import WorkdirError
 from looper.workdir import files
-
-
-def _boot_id() -> str:
-  try:
-    with open("/proc/sys/kernel/random/boot_id") as f:
-      return f.read().strip()
-  except OSError:
-    return ""
-
-
-def _start_time(pid: int) -> str | None:
-  """When process `pid` started (clock ticks since boot); None if it is
-  gone or a zombie (killed, not yet reaped: it writes nothing more)."""
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      fields = f.read().rsplit(")", 1)[1].split()
-  except OSError:
-    return None
-  return None if fields[0] == "Z" else fields[19]
-
-
-def _me() -> dict:
-  pid = os.getpid()
-  return {"host": socket.gethostname(), "boot": _boot_id(), "pid": pid,
-          "pid_start": _start_time(pid)}
+from looper.workdir import holders
+from looper.workdir.holders import stale
 
 
 @contextlib.contextmanager
@@ -99,17 +75,6 @@ def holding(workdir: workdir_lib.Workdir, lease_secs: float, *, take: bool):
 def _since(when: float) -> str:
   return datetime.datetime.fromtimestamp(when).isoformat(
       sep=" ", timespec="seconds")
-
-
-def stale(holder: dict, lease_secs: float, now: float | None = None
-          ) -> bool:
-  """Whether the holder written in a lease file is provably gone (module
-  doc: its PID on this host, else the renewal time)."""
-  me = _me()
-  if holder.get("host") == me["host"] and holder.get("boot") == me["boot"]:
-    return _start_time(holder.get("pid", -1)) != holder.get("pid_start")
-  now = time.time() if now is None else now
-  return now - holder.get("renewed", 0) > lease_secs
 
 
 class Lease:
@@ -141,7 +106,7 @@ class Lease:
           " exclusive create there); start one run per workdir (BUILD.md"
           " 'Object storage')", workdir.root)
     now = time.time()
-    record = {**_me(), "token": uuid.uuid4().hex, "since": now,
+    record = {**holders.me(), "token": uuid.uuid4().hex, "since": now,
               "renewed": now}
     for _ in range(3):  # another taker may move a stale file under us
       holder = _read(path)

@@ -13,10 +13,13 @@ missing, the host's name not resolving; a cluster that does not come up
 - a job requeued mid-run (`sbatch --requeue`, `scontrol requeue`: Slurm's
   SIGTERM, every task saves at one step) resumes bit-exactly;
 - looper in a 2-task job's batch script, outside srun: one line;
+- README's sweep recipe: an array job's tasks are workers of one study
+  (a journal file), each trial run once (stub trials);
 - node lists expand as scontrol expands them, where TensorFlow's parser
   fails.
 """
 
+import contextlib
 import os
 import pathlib
 import re
@@ -234,13 +237,11 @@ def finished(proc: subprocess.Popen, timeout: float = 300) -> str:
   return proc.log.read_text()
 
 
-@pytest.fixture(scope="module")
-def slurm():
-  reason = why_not()
-  if reason:
-    needs.missing(f"slurm: {reason}")
-  # munged serves only a socket whose every directory all may enter: not
-  # pytest's (0700).
+@contextlib.contextmanager
+def running_cluster():
+  """A Cluster started in a folder of its own, stopped and removed after.
+  munged serves only a socket whose every directory all may enter: not
+  pytest's (0700)."""
   root = pathlib.Path(tempfile.mkdtemp(prefix="looper-slurm-"))
   root.chmod(0o755)
   cluster = Cluster(root)
@@ -250,6 +251,15 @@ def slurm():
   finally:
     cluster.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+  reason = why_not()
+  if reason:
+    needs.missing(f"slurm: {reason}")
+  with running_cluster() as cluster:
+    yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -354,3 +364,37 @@ def test_node_lists_expand_as_slurm_expands_them(slurm, monkeypatch):
       "rack1n1", "rack1n2", "rack2n1", "rack2n2", "gpu09", "gpu10")
   with pytest.raises(ValueError):  # TensorFlow's SlurmClusterResolver's
     slurm_cluster_resolver.expand_hostlist("rack[1-2]n[1-2]")
+
+
+# README's sweep recipe: each task of an array job is one sweep worker of
+# one study (stub trials: tests/fixtures/sweep_stub.py).
+SWEEP_ARRAY = """#!/bin/bash
+#SBATCH --array=0-1
+#SBATCH --requeue
+export LOOPER_STUB_SECS=0.3
+{python} -m looper.cli.sweep --config=unused.py --workdir={workdir} \\
+    --trials=6 --storage={workdir}/study.journal --study=array --seed=0 \\
+    --pruner=none --starter=tests.fixtures.sweeps:Stubs
+"""
+
+
+def test_a_sweep_array_job_runs_each_trial_once(slurm, tmp_path):
+  workdir = tmp_path / "sweep"
+  (tmp_path / "array.sh").write_text(SWEEP_ARRAY.format(
+      python=sys.executable, workdir=workdir))
+  job = slurm.run("sbatch", "--parsable", f"--output={tmp_path}/task-%a.out",
+                  str(tmp_path / "array.sh")).stdout.strip()
+  deadline = time.monotonic() + 120
+  while slurm.run("squeue", "-h", "-j", job).stdout.strip():
+    assert time.monotonic() < deadline, slurm.log_tail()
+    time.sleep(0.25)
+  started = []
+  for task in (0, 1):
+    out = (tmp_path / f"task-{task}.out").read_text()
+    started.append({l.split("trial ")[1].split(" ")[0]
+                    for l in out.splitlines() if " (model.width=" in l})
+  assert started[0] and started[1] and not started[0] & started[1], started
+  assert sorted(map(int, started[0] | started[1])) == list(range(6))
+  for n in range(6):  # each trial ran once
+    assert len((workdir / "trials" / str(n) / "runs.log").read_text()
+               .split()) == 1

@@ -21,7 +21,8 @@ from tests.fixtures import tiny
 # Every field of looper's default config as the single config.py declared
 # them before the blocks moved to their owners (main at 7739d2e): path,
 # default, and kind (a declared field's bound as its error words it, else
-# the FieldReference's type or the plain value's).
+# the FieldReference's type or the plain value's); and those added since
+# (hparams_columns, trackers_group: issue 48).
 FIELDS = [
     ("actions", (), "object"),
     ("callbacks", (), "object"),
@@ -61,6 +62,7 @@ FIELDS = [
     ("eval.steps", None, "int"),
     ("eval.timeout_secs", 3600.0, "a number of seconds >= 0"),
     ("export.at_end", False, "True or False"),
+    ("hparams_columns", "", "str"),
     ("init.checkpoint", "", "str"),
     ("init.optimizer", False, "True or False"),
     ("loss", "sparse_categorical_crossentropy", "object"),
@@ -82,6 +84,7 @@ FIELDS = [
     ("profile.start_step", 0, "a whole number >= 0"),
     ("seed", 0, "int"),
     ("trackers", "", "str"),
+    ("trackers_group", "", "str"),
     ("train.batch_size", 128, "a whole number >= 1"),
     ("train.deterministic", False, "True or False"),
     ("train.early_stop_patience", 0, "a whole number >= 0"),

@@ -26,7 +26,9 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 import looper
 from looper import console
+from looper import errors
 from looper import main
+from looper import references
 from looper import run
 from looper import workdir as workdir_lib
 from looper.cli import runs
@@ -239,7 +241,9 @@ def rows(table: str) -> dict[str, dict[str, str]]:
 def test_looper_runs_tabulates_the_last_and_best_eval(sweep, capsys,
                                                        monkeypatch):
   root, _ = sweep
-  monkeypatch.setattr(sys, "argv", ["looper", "runs", str(root)])
+  # Every column (the default fits 120 characters: test_sweep.py).
+  monkeypatch.setattr(sys, "argv", ["looper", "runs", str(root),
+                                    "--columns=all"])
   with pytest.raises(SystemExit) as exit_:
     main.cli()
   assert exit_.value.code == 0
@@ -255,7 +259,7 @@ def test_looper_runs_tabulates_the_last_and_best_eval(sweep, capsys,
     assert row["best accuracy"] == f"{accuracy[best]:.4g} @{best}"
     assert list(row)[-1] == runs.WALL
   # The same rows for the workdirs named one by one.
-  assert runs.main([str(root / "b"), str(root / "a")]) == 0
+  assert runs.main([str(root / "b"), str(root / "a"), "--columns=all"]) == 0
   assert rows(capsys.readouterr().out) == table
 
 
@@ -264,7 +268,8 @@ def test_looper_runs_names_what_holds_no_run(sweep, tmp_path, capsys):
   (tmp_path / "empty").mkdir()
   (tmp_path / "started" / "train").mkdir(parents=True)
   code = runs.main([str(tmp_path / "nope"), str(tmp_path / "empty"),
-                    str(tmp_path / "started"), str(root / "b")])
+                    str(tmp_path / "started"), str(root / "b"),
+                    "--columns=all"])
   out, err = capsys.readouterr()
   assert code == 1
   said = err.splitlines()
@@ -304,6 +309,31 @@ def test_counts_print_whole_in_the_lines_the_summary_and_the_table(
                           "  best eval   examples=10000 at step 2"]
   row = runs.summarize(str(tmp_path))
   assert (row["loss"], row["true_positives"]) == ("0.3126", "12345")
+
+
+def test_hparams_columns_are_columns_of_their_own_first():
+  """config.hparams_columns (looper sweep: its swept fields): typed
+  columns before the standard ones, out of `settings`; one line for a
+  name that is no field holding a value."""
+  config = configured(tiny.get_config(), hparams_columns="model.width,"
+                      "optimizer.name,optimizer.learning_rate")
+  table = hparams.Table.of(references.to_json(config), "{}", ["loss"])
+  assert list(table.values) == [
+      "model.width", "optimizer.name", "optimizer.learning_rate",
+      "train.batch_size", "train.steps", "settings"]
+  assert (table.values["model.width"], table.values["optimizer.name"]) == (
+      16, "sgd")
+  assert not re.search(r"\b(model\.width|optimizer\.name|hparams_columns)=",
+                       table.values["settings"])
+  hparams.check(config.hparams_columns, config)
+  for value, name in (("model.widht", "model.widht"), ("model", "model"),
+                      ("data.eval_splits", "data.eval_splits")):
+    with pytest.raises(errors.ConfigError) as e:
+      hparams.check(value, config)
+    assert str(e.value) == (
+        f"config.hparams_columns={value!r}: {name!r} is no field holding a"
+        " number, string or boolean; name such fields (dotted, comma"
+        " separated) in --config.hparams_columns")
 
 
 def test_a_fresh_start_replaces_what_a_killed_attempt_wrote(tmp_path):
@@ -563,7 +593,7 @@ def test_each_eval_set_is_named_set_slash_metric_everywhere(tmp_path, caplog,
   history = json.loads((tmp_path / "checkpoints" / "best" /
                         "history.json").read_text())
   assert history["metric"] == "val/loss"
-  assert runs.main([str(tmp_path)]) == 0
+  assert runs.main([str(tmp_path), "--columns=all"]) == 0
   [row] = rows(capsys.readouterr().out).values()
   assert list(row)[2:7] == ["test/accuracy", "test/loss", "val/accuracy",
                             "val/loss", "best val/loss"]

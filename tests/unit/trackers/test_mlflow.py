@@ -6,7 +6,8 @@ call: tests/fixtures/killer.py) before the run's id is kept or in the
 middle of a send, then a rerun, leave one run, no step twice and none
 lost; a server that does not answer is one line before training, asked
 once; a server that goes away mid-run and comes back is one line each,
-and nothing but looper's lines is on the screen. The kills of the workdir's store: test_mlflow_kills.py."""
+and nothing but looper's lines is on the screen; runs of one group (a
+sweep's trials) nest under one parent run. The kills of the workdir's store: test_mlflow_kills.py."""
 
 import json
 import os
@@ -22,6 +23,7 @@ import pytest
 import looper
 from looper import errors
 from looper import run
+from looper import trackers
 from looper import workdir as workdir_lib
 from looper.workdir import files
 from looper.workdir import jsonl
@@ -121,6 +123,42 @@ def test_a_run_and_its_rerun_are_one_run_holding_metrics_jsonl(
       {**state, "delivered": 0, "sending": [1, 40]}))
   assert run.run(config, wd.root, verbose=False)["step"] == 40
   assert in_mlflow(client, found.info.run_id, expected) == expected
+
+
+def test_a_group_s_runs_nest_under_one_parent_run(tracked, tmp_path):
+  """config.trackers_group (looper sweep: the study's name): the first run
+  makes the group's parent run, every other run and a rerun adopt it; a
+  parent that a racing first run made too (it found none, then two) is
+  deleted by its maker."""
+  client = mlflow.MlflowClient(tracked.url)
+
+  def trial(name: str, racing: bool = False) -> str:
+    wd = workdir_lib.Workdir(str(tmp_path / name))
+    [tracker] = trackers.build("mlflow", wd, group="study")
+    if racing:  # its first search is before the other's parent was made
+      searches = [lambda *a: []]
+      real = client.search_runs
+      tracker._client.search_runs = lambda *a: (  # pylint: disable=protected-access
+          searches.pop()(*a) if searches else real(*a))
+    tracker.open({"model.width": name})
+    tracker.close(None, figures=None, status="FINISHED")
+    return files.read_json(wd.tracker("mlflow"))["run_id"]
+
+  ids = [trial("a"), trial("b"), trial("a"), trial("c", racing=True)]
+  assert ids[2] == ids[0]  # a rerun: its run
+  experiment = client.get_experiment_by_name(
+      os.environ["MLFLOW_EXPERIMENT_NAME"]).experiment_id
+  runs = client.search_runs([experiment])
+  [parent] = [r for r in runs if "looper.group_parent" in r.data.tags]
+  assert (parent.info.run_name, parent.data.tags["looper.group_parent"]) == (
+      "study", "study")
+  assert {r.info.run_id: (r.data.tags["mlflow.parentRunId"],
+                          r.data.tags["looper.group"])
+          for r in runs if r.info.run_id != parent.info.run_id} == {
+              i: (parent.info.run_id, "study") for i in ids}
+  every = client.search_runs([experiment],
+                             run_view_type=mlflow.entities.ViewType.ALL)
+  assert len(every) == len(runs) + 1  # the racing parent, deleted
 
 
 @pytest.mark.slow  # over 2 s: out of the fast lane

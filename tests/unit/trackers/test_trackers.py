@@ -1,5 +1,6 @@
-"""config.trackers: its names, one line each for a typo or a tracker not
-installed, before anything is written; the config as params."""
+"""config.trackers: its names (and trackers_group's), one line each for a
+typo or a tracker not installed, before anything is written; the config as
+params."""
 
 import importlib.util
 import json
@@ -28,6 +29,15 @@ def test_the_names_config_trackers_holds():
     with pytest.raises(errors.ConfigError) as e:
       trackers.parse(value)
     assert str(e.value) == line
+  # The group's name (a sweep's study) is checked with them.
+  assert trackers.check("mlflow", "mnist-lr") == ["mlflow"]
+  for group in ("it's", "a\nb", "x" * 129):
+    with pytest.raises(errors.ConfigError) as e:
+      trackers.check("mlflow", group)
+    assert str(e.value) == (
+        f"config.trackers_group={group!r}: a group's name is one line of at"
+        " most 128 characters without quotes; set --config.trackers_group"
+        " (a sweep: --study)")
 
 
 @pytest.mark.parametrize("value, line, store", [

@@ -1,5 +1,6 @@
 """W&B as the run's tracker, offline (no network here): a run and its rerun
-write one W&B run (one id, two offline files) whose history holds exactly
+write one W&B run (one id, two offline files, in the group
+config.trackers_group names) whose history holds exactly
 metrics.jsonl's lines, an action's images, histograms and texts at their
 steps, the config with the changed field, and the final figures.
 
@@ -87,7 +88,8 @@ def test_a_run_and_its_rerun_are_one_wandb_run_holding_metrics_jsonl(
   monkeypatch.delenv("WANDB_SERVICE")
   wd = workdir_lib.Workdir(str(tmp_path))
 
-  config = configured(tiny.get_config(), trackers="wandb", train__steps=30,
+  config = configured(tiny.get_config(), trackers="wandb",
+                      trackers_group="study", train__steps=30,
                       checkpoint__every_steps=10, eval__every_steps=10,
                       actions=[looper.Action(tiny_media.log_samples,
                                              every_steps=10)])
@@ -105,8 +107,8 @@ def test_a_run_and_its_rerun_are_one_wandb_run_holding_metrics_jsonl(
     assert wandb_files.records(path) == records(path), path
     for record in wandb_files.records(path):
       kind = record.WhichOneof("record_type")
-      if kind == "run":
-        assert record.run.run_id == run_id
+      if kind == "run":  # in its group (a sweep's trials: the study's)
+        assert (record.run.run_id, record.run.run_group) == (run_id, "study")
       elif kind == "config":
         configs.update(wandb_files.values(record.config.update))
   history = wandb_files.history(paths)

@@ -20,6 +20,7 @@ import pytest
 from looper import workdir
 from looper.errors import WorkdirError
 from looper.workdir import checkpoint
+from looper.workdir import holders
 from looper.workdir import lease
 from tests.fixtures import catalogue
 
@@ -77,9 +78,9 @@ def test_a_second_taker_is_refused_naming_the_holder(tmp_path):
 
 def test_a_dead_holder_on_this_host_is_stale_at_once(tmp_path):
   proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-  me = lease._me()  # pylint: disable=protected-access
+  me = holders.me()
   fields = {"host": me["host"], "boot": me["boot"], "pid": proc.pid,
-            "pid_start": lease._start_time(proc.pid)}  # pylint: disable=protected-access
+            "pid_start": holders.start_time(proc.pid)}
   holder_file(tmp_path, **fields)
   assert not lease.stale(read(tmp_path), lease_secs=60)
   proc.kill()
