@@ -284,21 +284,25 @@ def test_counts_print_whole_in_the_lines_the_summary_and_the_table(
   logs = {"loss": 0.312561, "examples": 10000.0, "accuracy": 0.90512,
           "true_positives": 12345.0}
   with caplog.at_level(logging.INFO):  # train: its progress line
-    out.train(1, {"loss": [1.0, 0.5]}, {"loss": 0.75, "examples": 64000.0,
-                              "steps_per_sec": 20.0})
+    out.train(1, {"loss": [1.0, 0.5], "examples": [64000.0, 64000.0]},
+              {"loss": 0.75, "examples": 64000.0, "steps_per_sec": 20.0})
     out.eval(2, logs)
   out.close()
-  shown = "loss=0.3126 examples=10000 accuracy=0.9051 true_positives=12345"
-  # Only these two: another test's background thread may log meanwhile.
-  progress, evaluated = [r.getMessage() for r in caplog.records
-                         if r.getMessage().startswith(("train step", "eval"))]
-  assert progress.startswith("train step 2/20: loss=0.75 examples=64000 |")
+  # The loss first, the count of examples last (after the other metrics).
+  shown = ("loss   0.3126  accuracy   0.9051  true_positives    12345"
+           "  examples    10000")
+  # Only these: another test's background thread may log meanwhile.
+  heading, progress, evaluated = [
+      r.getMessage() for r in caplog.records if r.getMessage().startswith(
+          ("train step", "eval", " "))]
+  assert heading.split() == ["loss", "examples", "steps/s", "ETA"]
+  assert progress.split()[:5] == ["train", "step", "2/20", "0.7500", "64000"]
   assert evaluated == f"eval at step 2: {shown}"
   closing = console.summary({"step": 2, "eval": logs}, wd, 3.0,
                             best=("examples", 2, 10000.0), checkpoint=None,
                             export=None).splitlines()
   assert closing[1:3] == [f"  last eval   {shown}",
-                          "  best eval   examples=10000 at step 2"]
+                          "  best eval   examples 10000 at step 2"]
   row = runs.summarize(str(tmp_path))
   assert (row["loss"], row["true_positives"]) == ("0.3126", "12345")
 
