@@ -343,6 +343,9 @@ class Run:
     the command line differs."""
     trainer, mode = self.trainer, self.mode
     start = modes.start(mode, restored, self.checkpoint_path)
+    # Each worker's, as --verbosity=1 logs what its devices hold.
+    state = optimizer_state.per_device(self.strategy, trainer.update,
+                                       trainer.ema)
     if not self.chief:  # the same run: the chief's header says it once
       logging.info("looper %s: worker %d in %s (%s); its chief prints the"
                    " run", mode, distribute.task_id(self.strategy),
@@ -354,5 +357,4 @@ class Run:
         self.batch, shown.train, shown.eval, shown.checkpoint,
         shown.distribution,
         peak=self.peak, epoch=self.epoch, differs=differs,
-        note=trainer.random.note(), state=optimizer_state.per_device(
-            self.strategy, trainer.update, trainer.ema)))
+        note=trainer.random.note(), state=state))
