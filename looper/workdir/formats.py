@@ -5,7 +5,8 @@ Synopsis::
     formats.number(10000.0)   # '10000' (a count); 0.31264: '0.3126'
     formats.si(14.2e9)        # ('14.2', 'G')
     formats.flops(14.2e9)     # '14.2 GFLOP/s'
-    formats.figure(0.008616)  # '0.008616'; 0.262: '0.2620'; 2000.0: '2000'
+    formats.figure(0.008616)  # '0.008616'; 0.262: '0.2620'; 1.0: '1.000';
+                              # 2000.0 (a count): '2000'
     formats.exponent(9.755e-4)  # '9.755e-4' (a learning rate)
     formats.rate(4012.0)      # '4.01k'
 
@@ -44,11 +45,13 @@ def _short_exponent(text: str) -> str:
 
 def figure(value: float) -> str:
   """A value as the lines show it, in WIDTH columns (module doc): a
-  whole number in full (a count); else 4 significant digits, trailing
-  zeros kept ('0.2620' beside '0.008616', both 4 digits), in an exponent
-  below 0.001 and from 10000 on ('1.234e-5', '1.235e5')."""
+  whole number from 10 on in full (a count), and 0 as '0'; else 4
+  significant digits, trailing zeros kept ('0.2620' beside '0.008616',
+  an accuracy of 1 as '1.000' under '0.9844'), in an exponent below 0.001
+  and from 10000 on ('1.234e-5', '1.235e5')."""
   value = float(value)
-  if not math.isfinite(value) or (value.is_integer() and abs(value) <= 2**53):
+  if not math.isfinite(value) or value == 0 or (
+      value.is_integer() and 10 <= abs(value) <= 2**53):
     return number(value)
   if 1e-3 <= abs(value) < 9999.5:
     return f"{value:#.4g}".rstrip(".")

@@ -541,11 +541,16 @@ def test_each_eval_set_is_named_set_slash_metric_everywhere(tmp_path, caplog,
     assert scalars(tmp_path / "eval", name) == {
         l["step"]: pytest.approx(l[name]) for l in evals}
   assert list(result["eval"]) == names  # the sets in name order
-  lines = [r.getMessage() for r in caplog.records
+  # A line per set: its name, its loss first and its examples last, each
+  # to 4 significant digits.
+  lines = [r.getMessage().split(": ", 1)[1] for r in caplog.records
            if r.getMessage().startswith("eval at step 10: ")]
-  assert lines == ["eval at step 10: " + " ".join(
-      f"{n}={evals[0][n]:.4g}" if "examples" not in n
-      else f"{n}={evals[0][n]:.0f}" for n in names)]
+  assert [l.split()[0] for l in lines] == ["test", "val"]
+  for line in lines:
+    words = line.split()
+    assert words[1::2] == ["loss", "accuracy", "examples"]
+    assert [float(w) for w in words[2::2]] == pytest.approx(
+        [evals[0][f"{words[0]}/{m}"] for m in words[1::2]], rel=5e-4)
   # HParams: a column per set and metric, each set's loss last, the best.
   acc = accumulator(tmp_path / "hparams")
   experiment = metadata.parse_experiment_plugin_data(
