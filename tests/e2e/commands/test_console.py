@@ -129,7 +129,7 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
 
 def test_verbose_logs_show_tensorflows_start_counted_in_goodput(tmp_path):
   """--verbosity=1 keeps TensorFlow's start-up lines and absl's own long
-  ones; the attempt's start-up (goodput) holds the TensorFlow import this
+  ones, and adds a detail line under each train row; the attempt's start-up (goodput) holds the TensorFlow import this
   process made (-X importtime: only a fresh process makes it)."""
   proc = run_fresh("train", "--config=tests/fixtures/tiny.py",
                    f"--workdir={tmp_path}", "--config.train.steps=10",
@@ -137,6 +137,10 @@ def test_verbose_logs_show_tensorflows_start_counted_in_goodput(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert re.search(TENSORFLOW_LOG_LINE, proc.stderr, re.M), proc.stderr[:3000]
   assert re.search(r"^[IWE]\d{4} \d\d:\d\d:\d\d", proc.stderr, re.M)
+  # Under each train row, the rest of its loop's figures.
+  assert re.search(r"\] +detail  [\d.]+k? examples/s, [\d.]+ \w?FLOP/s = .*"
+                   r" weight_norm +\S+\s+update_ratio", proc.stderr), (
+                       proc.stderr[-3000:])
   # 'import time: <self us> | <cumulative us> | tensorflow', once.
   [imported] = re.findall(r"^import time:\s+\d+ \|\s+(\d+) \| tensorflow$",
                           proc.stderr, re.M)
