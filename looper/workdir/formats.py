@@ -12,10 +12,10 @@ Synopsis::
 
 `number` for `looper runs`' table; the rest for the train and eval lines
 (looper.workdir.lines) and the run's closing summary (looper.console).
-The lines' figures (`figure`, `exponent`) keep 4 significant digits, trailing zeros
-included, in at most WIDTH columns for any value from 0 and from 1e-9 to
-1e10: right-aligned in WIDTH, a figure sits in the same columns on every
-line.
+The lines' figures (`figure`, `exponent`) keep 4 significant digits,
+trailing zeros included, in at most WIDTH columns for 0 and any value
+from 1e-9 to 1e10: right-aligned in WIDTH, a figure sits in the same
+columns on every line.
 """
 
 import math

@@ -1,4 +1,4 @@
-"""The lines a run prints of its logs: the train line, its detail, the eval lines, advice once.
+"""The lines a run prints of its logs: the train rows, their detail, the eval lines, advice once.
 
 Synopsis::
 
@@ -6,29 +6,31 @@ Synopsis::
     progress = lines.Progress(total_steps=1000, input_hint="array mode: ...")
     progress.per_step = ["loss", "d_loss"]   # the step's own values
     progress.write_scalars(100, logs)        # a loop's logs (Summaries.train)
-    # train lines: means over each loop's steps, not a running mean; lr at...
-    # train step  100/1000: loss   0.8173  accuracy   0.7492  lr 9.755e-4 |  50.7 steps/s | ETA 0:00:18
-    #     detail  100/1000: 3.25k examples/s, 117 GFLOP/s = 37.1% MFU, input wait 2% | weight_norm    23.45 ...
+    # train rows: means over each loop's steps (not running means); lr ...
+    #                       loss  accuracy        lr   steps/s       ETA
+    # train step  100/1000    0.8173    0.7492  9.755e-4      46.6   0:00:19
+    #               detail  2.91k examples/s, 105 GFLOP/s = 56.6% MFU, ...
+    progress.interrupted()   # an evaluation printed: the header row again
     lines.Logged("eval").write_scalars(500, eval_logs)
     # eval at step 500: loss  0.09066  accuracy   0.9715  examples     2000
     lines.evaluation(eval_logs, "  last eval   ", timed=False)  # a line
                                     # per eval set (the closing summary's)
 
 A line fits LINE columns with the time absl's short format puts before it
-(Keras' epoch line is about as wide), and its figures keep their columns
-from line to line (looper.workdir.formats: WIDTH columns each). The train
-line holds the step, the loss, the first metric, up to two of the step's
-own per-step values, more metrics while they fit, the learning rate, the
-speed and the ETA; it chooses them on a loop's first line and keeps them.
-The rest of a loop's logs (the health figures, examples/s or tokens/s,
-FLOP/s and MFU, the input wait, what did not fit) go to TensorBoard,
-metrics.jsonl and the trackers, and at `--verbosity=1` to a detail line
-under it. Each figure is the loop's: the mean over the steps since the
-line before (the loss, the per-step values, the metrics, reset each loop),
-the learning rate at its last step, its speed; Keras' progress bar shows
-the running mean since the epoch began instead. The first train line of a
-writer says so in a line before it, and advice (the input-bound hint)
-prints once, again only if it changes.
+(Keras' epoch line is about as wide). A train row holds the step, the
+loss, the first metric, up to two of the step's own per-step values, more
+metrics while they fit, the learning rate, the speed and the ETA, each
+right-aligned under its name in a header row (WIDTH columns at least:
+looper.workdir.formats), so a figure keeps its columns from row to row;
+the columns are chosen on a loop's first row and kept. The rest of a
+loop's logs (the health figures, examples/s or tokens/s, FLOP/s and MFU,
+the input wait, what did not fit) go to TensorBoard, metrics.jsonl and the
+trackers, and at `--verbosity=1` to a detail line under the row. Each
+figure is the loop's: the mean over its steps (the loss, the per-step
+values, the metrics, reset each loop), the learning rate at its last step,
+its speed; Keras' progress bar shows the running mean since the epoch
+began instead. A legend line says so once, above the first header row;
+advice (the input-bound hint) prints once, again only if it changes.
 """
 
 import textwrap
@@ -41,7 +43,7 @@ from looper.workdir import writers
 
 LINE = 120  # the columns of a line, its time included
 TIME = len("12:03:04 ")  # what absl's short format puts before a line
-# Above this share of a loop spent waiting for batches, the train line's
+# Above this share of a loop spent waiting for batches, the train rows'
 # advice says the run is input-bound...
 INPUT_BOUND = 0.1
 # ...if the wait per step is also above this: a resident batch's get_next
@@ -133,10 +135,11 @@ def _clock(seconds: float) -> str:
 
 
 class Progress(writers.Writer):
-  """The train line of a loop's logs (module doc), and at --verbosity=1
-  its detail line; the logs must hold 'steps_per_sec'. `per_step`: the
-  names of the step's own per-step values ('loss' and what a train_step
-  adds beside it), in its order (looper.workdir.summaries sets them).
+  """The train row of a loop's logs under its header row (module doc),
+  and at --verbosity=1 its detail line; the logs must hold
+  'steps_per_sec'. `per_step`: the names of the step's own per-step
+  values ('loss' and what a train_step adds beside it), in its order
+  (looper.workdir.summaries sets them).
 
   The input wait is advice once it matters (above INPUT_BOUND of the time
   and INPUT_BOUND_SECS_PER_STEP per step), with what to try in the run's
@@ -159,7 +162,8 @@ class Progress(writers.Writer):
   def write_scalars(self, step, scalars):
     rate = max(scalars["steps_per_sec"], 1e-9)
     eta = (self._total_steps - step) / rate
-    first = f"train step {step:>{len(str(self._total_steps))}}/{self._total_steps}"
+    total = self._total_steps
+    first = f"train step {step:>{len(str(total))}}/{total}"
     fixed = [("lr", formats.exponent(scalars["learning_rate"]))
              ] if "learning_rate" in scalars else []
     fixed += [("steps/s", formats.rate(rate)), ("ETA", _clock(eta))]

@@ -129,8 +129,9 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
 
 def test_verbose_logs_show_tensorflows_start_counted_in_goodput(tmp_path):
   """--verbosity=1 keeps TensorFlow's start-up lines and absl's own long
-  ones, and adds a detail line under each train row; the attempt's start-up (goodput) holds the TensorFlow import this
-  process made (-X importtime: only a fresh process makes it)."""
+  ones, and adds a detail line under each train row; the attempt's
+  start-up (goodput) holds the TensorFlow import this process made (-X
+  importtime: only a fresh process makes it)."""
   proc = run_fresh("train", "--config=tests/fixtures/tiny.py",
                    f"--workdir={tmp_path}", "--config.train.steps=10",
                    "--verbosity=1", env=fresh_env(PYTHONPROFILEIMPORTTIME="1"))

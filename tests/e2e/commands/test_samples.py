@@ -6,8 +6,8 @@ that command shrunk (fewer steps, the same kinds of lines) and compares
 line by line: times, rates (and the input-bound advice they give) and
 every other number masked (a shrunk run reaches other values, another CPU
 other last digits), each run of spaces (right-aligned columns) as one; a
-'...' line of the sample stands for any lines of the run. Column widths are held by test_console and
-tests/unit/workdir/test_lines.py.
+'...' line of the sample stands for any lines of the run. Column widths
+are held by test_console and tests/unit/workdir/test_lines.py.
 """
 
 import re
