@@ -82,7 +82,7 @@ def test_each_kind_reaches_each_writer_that_holds_it(tmp_path, caplog):
       "kind": "action", "step": 500, "retrieval@10": 0.8125, "count": 7.0}
   assert [r.getMessage() for r in caplog.records
           if r.getMessage().startswith("logged")] == [
-      "logged at step 500: retrieval@10   0.8125  count        7"]
+      "logged at step 500: retrieval@10   0.8125  count    7.000"]
   assert tracker.calls == [
       ("scalars", 500, {"user/retrieval@10": 0.8125, "user/count": 7.0}),
       ("images", 500, ["user/samples"]),
