@@ -69,7 +69,7 @@ def trainer(config: ml_collections.ConfigDict,
     raise errors.ConfigError(
         f"config.train.steps=0 reached the Trainer with train.epochs="
         f"{t.epochs}; build it from the config"
-        " looper.control.epochs.resolve(config, input) returns (as looper.run"
+        " looper.config.resolve_epochs(config, input)[0] returns (as looper.run"
         " does), or set config.train.steps")
   # Same seed, same initial weights: whatever the replica count.
   keras.utils.set_random_seed(config.seed)

@@ -34,7 +34,8 @@ NUMERICS = ("--config=tests/fixtures/tiny.py", "--config.model.dropout=0.3",
 # No clip: each replica squares 1/N of the summed gradient for the health
 # figures (optimizers.share_of_squares), which the clip's norm cannot.
 PLAIN = ("--config=tests/fixtures/tiny.py", "--config.train.steps=20",
-         "--config.trainer=tests.fixtures.tiny:StepValues")
+         "--config.trainer=tests.fixtures.tiny:StepValues",
+         "--config.train.grad_norm=True")
 
 
 def run_all(root: pathlib.Path, replicas) -> dict:

@@ -132,7 +132,7 @@ def test_a_trainer_needs_the_resolved_steps():
     pieces.trainer(c, tf.distribute.get_strategy())
   assert str(e.value) == (
       "config.train.steps=0 reached the Trainer with train.epochs=2.0; build"
-      " it from the config looper.control.epochs.resolve(config, input)"
+      " it from the config looper.config.resolve_epochs(config, input)[0]"
       " returns (as looper.run does), or set config.train.steps")
   resolved, _ = _resolve(c)
   assert pieces.trainer(resolved, tf.distribute.get_strategy())
