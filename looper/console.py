@@ -186,8 +186,9 @@ def header(strategy, workdir: str | None, mode: str, start: str | None,
   starts, or what it reads), with which batch (`batch`, the run's
   `looper.data.batch.Batch`), how many epochs the steps are (of `epoch`, a
   `looper.control.epochs.Epoch`, if the train split's size is known), the
-  peak (a `looper.measure.peak_flops.Peak`) the progress line's MFU is of,
-  and a `note` on what the run cannot promise (looper.train.randomness);
+  peak (a `looper.measure.peak_flops.Peak`) the MFU is of (the train
+  rows' detail line at --verbosity=1), and a `note` on what the run
+  cannot promise (looper.train.randomness);
   `state`: the optimizer state's bytes per device (Trainer's).
 
   What it prints of a config, from its blocks: `train`'s steps,
@@ -267,15 +268,16 @@ def summary(result: dict, workdir: workdir_lib.Workdir, seconds: float, *,
   process' start, or the call of run.run), which the first line says;
   `trackers`: (name, what it holds) of each (looper.trackers)."""
   from looper.workdir import formats  # pylint: disable=g-import-not-at-top
+  from looper.workdir import lines as shown  # pylint: disable=g-import-not-at-top
   ended = result.get("stopped") or result.get("ended")
   lines = [f"looper done: step {result['step']} in"
            f" {datetime.timedelta(seconds=round(seconds))} (this attempt's"
            f" wall time{f'; {ended}' if ended else ''})"]
   if result.get("eval"):
-    lines.append(f"  last eval   {formats.format_logs(result['eval'])}")
+    lines += shown.evaluation(result["eval"], "  last eval   ", timed=False)
   if best:
     metric, step, value = best
-    lines.append(f"  best eval   {metric}={formats.number(value)} at step"
+    lines.append(f"  best eval   {metric} {formats.figure(value)} at step"
                  f" {step}")
   if checkpoint:
     lines.append(f"  checkpoint  {checkpoint}")

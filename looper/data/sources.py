@@ -38,7 +38,7 @@ from looper.data import shards
 from looper.errors import ConfigError
 
 # What to try, by input mode, when training waits for its batches (the
-# progress line's input-bound hint: looper.workdir.summaries).
+# train line's input-bound advice: looper.workdir.lines).
 FASTER = {
     "element": "element mode: a faster dataset_fn (cache, parallel map;"
                " heavy preprocessing on other machines: data.service), or"

@@ -338,15 +338,24 @@ class Run:
     return isinstance(self.strategy, tf.distribute.TPUStrategy)
 
   def _say_header(self, restored: str | None) -> None:
-    """The run's first lines, on every worker: under `looper launch` each
-    says whose it is. A reader of a trained run describes what was
-    trained (its config.json) and where the command line differs."""
+    """The run's first lines: the chief's header, one line on each other
+    worker (`looper launch` prefixes each with whose it is). A reader of
+    a trained run describes what was trained (its config.json) and where
+    the command line differs."""
     trainer, mode = self.trainer, self.mode
+    start = modes.start(mode, restored, self.checkpoint_path)
+    # Each worker's, as --verbosity=1 logs what its devices hold.
+    state = optimizer_state.per_device(self.strategy, trainer.update,
+                                       trainer.ema)
+    if not self.chief:  # the same run: the chief's header says it once
+      logging.info("looper %s: worker %d in %s (%s); its chief prints the"
+                   " run", mode, distribute.task_id(self.strategy),
+                   self.workdir.root, start)
+      return
     shown, differs = modes.described(mode, self.config, self.workdir)
     logging.info("%s", console.header(
-        self.strategy, self.workdir.root, mode, modes.start(
-            mode, restored, self.checkpoint_path), trainer.model, self.batch,
-        shown.train, shown.eval, shown.checkpoint, shown.distribution,
+        self.strategy, self.workdir.root, mode, start, trainer.model,
+        self.batch, shown.train, shown.eval, shown.checkpoint,
+        shown.distribution,
         peak=self.peak, epoch=self.epoch, differs=differs,
-        note=trainer.random.note(), state=optimizer_state.per_device(
-            self.strategy, trainer.update, trainer.ema)))
+        note=trainer.random.note(), state=state))

@@ -206,7 +206,8 @@ class TrainLoop:
     if self._flops is _UNCOUNTED:  # the call just traced it, if anyone did
       self._flops = flops.per_step(self.function.get_concrete_function(*args),
                                    self._strategy)
-      logging.info("%s", flops.describe(self._flops))
+      if self._strategy.extended.should_checkpoint:  # the chief says it
+        logging.info("%s", flops.describe(self._flops))
     if self._flops is not None:
       logs["flops"] = len(rows) * self._flops
     return self._named(rows), logs, bool(finite)

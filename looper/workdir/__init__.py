@@ -4,10 +4,11 @@ This package holds what is written there, a module each: `files` (how
 any file is written; the one line for a full disk), `checkpoint` (saves,
 restores, the best one) with `contents` (what a checkpoint holds; warm
 starts from another run's), `lease` (one writer per workdir), `summaries`
-(TensorBoard events, the progress line) with `jsonl` (metrics.jsonl),
+(the writers composed: TensorBoard events, the lines) with `writers`,
+`jsonl` (metrics.jsonl), `lines` (the train and eval lines a run prints),
 `formats` (how a value prints) and `hparams` (the HParams row), `spool`
-(a tracker's media until it holds them), `export`
-(a SavedModel for serving). They, and the profiler window (looper.control.profiler), take
+(a tracker's media until it holds them), `export` (a SavedModel for
+serving). They, and the profiler window (looper.control.profiler), take
 their paths from the `Workdir` defined here.
 
 Synopsis::

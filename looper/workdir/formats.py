@@ -3,18 +3,31 @@
 Synopsis::
 
     formats.number(10000.0)   # '10000' (a count); 0.31264: '0.3126'
-    formats.format_logs({"loss": 0.3126, "examples": 10000})
     formats.si(14.2e9)        # ('14.2', 'G')
     formats.flops(14.2e9)     # '14.2 GFLOP/s'
-    formats.speed(logs)       # '5.12 steps/s, 21k tokens/s, 14.2 GFLOP/s ...'
+    formats.figure(0.008616)  # '0.008616'; 0.262: '0.2620'; 1.0: '1.000';
+                              # 2000.0 (a count): '2000'
+    formats.exponent(9.755e-4)  # '9.755e-4' (a learning rate)
+    formats.rate(4012.0)      # '4.01k'
 
-One formatter for the progress and eval lines (looper.workdir.summaries),
-the run's closing summary (looper.console) and `looper runs`.
+`number` for `looper runs`' table; the rest for the train and eval lines
+(looper.workdir.lines) and the run's closing summary (looper.console).
+The lines' figures (`figure`, `exponent`) keep 4 significant digits,
+trailing zeros included, in at most WIDTH columns for 0 and any value
+from 1e-9 to 1e10: right-aligned in WIDTH, a figure sits in the same
+columns on every line.
 """
+
+import math
+import re
+
+# The columns of a figure on the lines: 4 significant digits of a value
+# from 1e-9 to 1e10 ('0.008616', '9.755e-4'; Python's '1.235e+05' is 9).
+WIDTH = 8
 
 
 def number(value: float) -> str:
-  """A logged value as the lines show it: a whole number (a count:
+  """A logged value as `looper runs` shows it: a whole number (a count:
   examples, tokens) in full, 10000 and not 1e+04; any other to 4
   significant digits."""
   value = float(value)
@@ -24,9 +37,43 @@ def number(value: float) -> str:
   return f"{value:.4g}"
 
 
-def format_logs(logs: dict[str, float]) -> str:
-  """'loss=0.3126 examples=10000 accuracy=0.9051'."""
-  return " ".join(f"{k}={number(v)}" for k, v in logs.items())
+def _short_exponent(text: str) -> str:
+  """'9.755e-04' as '9.755e-4', '1.235e+05' as '1.235e5'."""
+  return re.sub(r"e([+-])0*(\d)", lambda m: "e" + m.group(1).strip("+") +
+                m.group(2), text)
+
+
+def figure(value: float) -> str:
+  """A value as the lines show it, in WIDTH columns (module doc): a
+  whole number from 10 on in full (a count), and 0 as '0'; else 4
+  significant digits, trailing zeros kept ('0.2620' beside '0.008616',
+  an accuracy of 1 as '1.000' under '0.9844'), in an exponent below 0.001
+  and from 10000 on ('1.234e-5', '1.235e5')."""
+  value = float(value)
+  if not math.isfinite(value) or value == 0 or (
+      value.is_integer() and 10 <= abs(value) <= 2**53):
+    return number(value)
+  if 1e-3 <= abs(value) < 9999.5:
+    return f"{value:#.4g}".rstrip(".")
+  return exponent(value)
+
+
+def exponent(value: float) -> str:
+  """4 significant digits in an exponent form (WIDTH columns, module doc):
+  '9.755e-4', '1.000e-3' (a learning rate); 0 as '0'."""
+  value = float(value)
+  if value == 0 or not math.isfinite(value):
+    return number(value)
+  return _short_exponent(f"{value:.3e}")
+
+
+def rate(value: float) -> str:
+  """3 significant digits, trailing zeros kept, and an SI prefix: '50.7',
+  '4.00k', '101' (at most 5 columns from 0.1 on)."""
+  power = 0
+  while abs(value) >= 999.5 and power < 6:
+    value, power = value / 1000, power + 1
+  return f"{value:#.3g}".rstrip(".") + " kMGTPE"[power].strip()
 
 
 def si(value: float) -> tuple[str, str]:
@@ -41,18 +88,3 @@ def flops(flops_per_sec: float) -> str:
   """'14.2 GFLOP/s'."""
   value, prefix = si(flops_per_sec)
   return f"{value} {prefix}FLOP/s"
-
-
-def speed(logs: dict[str, float]) -> str:
-  """The speed part of the progress line, of what `logs` holds: '5.12
-  steps/s, 21k tokens/s, 14.2 GFLOP/s = 4.38% MFU' (tokens for sequences,
-  else examples)."""
-  parts = [f"{''.join(si(logs['steps_per_sec']))} steps/s"]
-  for count in ("tokens", "examples"):
-    if f"{count}_per_sec" in logs:
-      parts.append(f"{''.join(si(logs[count + '_per_sec']))} {count}/s")
-      break
-  if "flops_per_sec" in logs:
-    mfu = f" = {100 * logs['mfu']:.3g}% MFU" if "mfu" in logs else ""
-    parts.append(f"{flops(logs['flops_per_sec'])}{mfu}")
-  return ", ".join(parts)

@@ -10,7 +10,7 @@ Synopsis::
     out.purge_after(step)          # on resume: drop what a killed run wrote
     out.train(first_step=1, values={"loss": losses, ...}, logs={...})
                                    # one loop's per-step values, then its
-                                   # logs and progress line
+                                   # logs and train line
     out.eval(step=100, logs={"loss": ..., "accuracy": ..., "examples": ...})
     out.writer.write_images(100, {"samples": images})  # an action's writes
     out.close()
@@ -59,6 +59,7 @@ from looper import workdir as workdir_lib
 from looper.workdir import files
 from looper.workdir import hparams
 from looper.workdir import jsonl
+from looper.workdir import lines
 from looper.workdir import writers
 
 
@@ -90,21 +91,22 @@ class Summaries:
   Args:
     workdir: the run's `looper.workdir.Workdir`.
     chief: whether this process writes (else every writer is a no-op).
-    total_steps: `train.steps`, for the progress line's ETA.
+    total_steps: `train.steps`, for the train line's ETA.
     trains: write train events (`workdir.train_events`) and, as a training
       run, metrics.jsonl and the HParams row (with `table`).
     eval_dir: where eval events go (one of the workdir's: an evaluator
       beside training has its own); None: none are written.
     table: the run's HParams row (looper.workdir.hparams).
-    input_hint: what to try when the progress line says the run is
+    input_hint: what to try when the train line's advice says the run is
       input-bound (`looper.data.input.Input.faster`: by input mode).
     trackers: writers that also get every line of metrics.jsonl (its
       names prefixed by kind: `jsonl.PREFIXES`) and what actions write
       (looper.trackers); a training run's chief only.
 
   The composed writers: `train_writer` (each loop's logs: train/ events,
-  metrics.jsonl, the progress line, the trackers), `eval_writer` (each
-  evaluation's: eval events, metrics.jsonl, its line, the trackers) and
+  metrics.jsonl, the train line (looper.workdir.lines), the trackers),
+  `eval_writer` (each evaluation's: eval events, metrics.jsonl, its lines,
+  the trackers) and
   `writer`, what actions write through (`Moment.writer`): train/
   events, metrics.jsonl's `action` lines, a line, the trackers.
   """
@@ -142,11 +144,11 @@ class Summaries:
            *(writers.Prefixed(t, jsonl.PREFIXES[kind]) for t in trackers)])
 
     self._loop_events = _LoopScalars(self._train_events)
-    self.train_writer = composed("train", self._loop_events,
-                                 writers.Progress(total_steps, input_hint))
-    self.eval_writer = composed("eval", self._eval_events, writers.Logged("eval"))
+    self._progress = lines.Progress(total_steps, input_hint)
+    self.train_writer = composed("train", self._loop_events, self._progress)
+    self.eval_writer = composed("eval", self._eval_events, lines.Logged("eval"))
     self.writer = composed("action", self._train_events,
-                           writers.Logged("logged"))
+                           lines.Logged("logged"))
 
   def text(self, tag: str, text: str, step: int = 0) -> None:
     """`text` in a markdown code block, which TensorBoard shows verbatim."""
@@ -234,6 +236,7 @@ class Summaries:
     else:
       self._train_events.write_series(first_step, values)
     self._loop_events.per_step = set(values)
+    self._progress.per_step = list(values)
     if self._table is not None:
       self._column(last, {self._table.train_loss_tag: logs["loss"]})
     self.train_writer.write_scalars(last, logs)
@@ -245,6 +248,7 @@ class Summaries:
       self._best = results.get(self._table.best_tag, self._best)
       self._column(step, results)
     self.eval_writer.write_scalars(step, logs)
+    self._progress.interrupted()  # the next train row: under its header
 
   def _column(self, step: int, values: dict[str, float]) -> None:
     self._hparams_events.write_scalars(step, values)

@@ -6,7 +6,7 @@ Synopsis::
     out = writers.MultiWriter([
         writers.TensorBoard(wd.train_events, wd.checkpoints),
         writers.MetricsLine(jsonl.MetricsLog(wd.metrics), "action", wd),
-        writers.Logged("logged")])
+        lines.Logged("logged")])
     out.write_scalars(500, {"retrieval@10": 0.81})
     out.write_images(500, {"samples": images})     # [N, H, W, C]: uint8,
                                                    # or floats in [0, 1]
@@ -24,44 +24,25 @@ Synopsis::
   TensorBoard   event files in one folder: every kind
   MetricsLine   scalars as lines of one kind of metrics.jsonl
                 (looper.workdir.jsonl)
-  Progress      the train progress line: metrics, speed, ETA, input hint
-  Logged        a line of scalars ("eval at step 100: loss=0.31 ...")
   Prefixed      another writer, its names prefixed ("train/loss")
   MultiWriter   several as one, in order
-The experiment trackers (looper.trackers) are writers too. The run's
+The lines a run prints are writers too (looper.workdir.lines: `Progress`,
+the train line; `Logged`, the eval and action lines), and so are the
+experiment trackers (looper.trackers). The run's
 `looper.workdir.summaries.Summaries` composes them: one writer for train
 loops, one for evaluations, and one for actions (`Moment.writer`).
 """
 
-import datetime
 import functools
 from typing import Any, Mapping, Sequence
 
-from absl import logging
 import numpy as np
 from tensorboard.plugins.hparams import api as hp
 import tensorflow as tf
 
 from looper import workdir as workdir_lib
 from looper.workdir import files
-from looper.workdir import formats
 from looper.workdir import jsonl
-
-# Above this share of a loop spent waiting for batches, the progress line
-# says the run is input-bound...
-INPUT_BOUND = 0.1
-# ...if the wait per step is also above this: a resident batch's get_next
-# alone costs ~0.1 ms per step on this project's CPUs (measured:
-# tests/fixtures/tiny.py in array mode, ~4000 steps/s, 35-48% "waiting"), which
-# no faster dataset_fn removes; for tiny models that is a large share of
-# nothing.
-INPUT_BOUND_SECS_PER_STEP = 0.0005
-
-# Logs the progress line shows as its speed part (or its input-bound
-# hint), not among the metrics.
-SPEEDS = ("steps_per_sec", "examples_per_sec", "tokens_per_sec",
-          "flops_per_sec", "mfu", "input_wait_fraction")
-
 
 class Writer:
   """What every writer takes (CLU's `MetricWriter`); each method here
@@ -299,41 +280,3 @@ class MetricsLine(Writer):
     with files.on_full_disk(self._wd.root, "metrics.jsonl",
                             self._wd.checkpoints):
       self._log.write(self._kind, step, scalars)
-
-
-class Logged(Writer):
-  """Scalars as an INFO line: '`what` at step 100: loss=0.31 ...'."""
-
-  def __init__(self, what: str):
-    self._what = what
-
-  def write_scalars(self, step, scalars):
-    logging.info("%s at step %d: %s", self._what, step,
-                 formats.format_logs(scalars))
-
-
-class Progress(Writer):
-  """The progress line of a train loop's logs: the metrics, the speed,
-  the ETA to `total_steps`; the logs must hold 'steps_per_sec'.
-
-  The input wait shows only when it matters (above INPUT_BOUND of the
-  time and INPUT_BOUND_SECS_PER_STEP per step), with what to try in the
-  run's input mode (`input_hint`: looper.data.input.Input.faster).
-  """
-
-  def __init__(self, total_steps: int, input_hint: str = ""):
-    self._total_steps, self._input_hint = total_steps, input_hint
-
-  def write_scalars(self, step, scalars):
-    rate = max(scalars["steps_per_sec"], 1e-9)
-    eta = (self._total_steps - step) / rate
-    shown = {k: v for k, v in scalars.items() if k not in SPEEDS}
-    wait = scalars.get("input_wait_fraction", 0.0)
-    hint = ("" if wait <= INPUT_BOUND or
-            wait / rate <= INPUT_BOUND_SECS_PER_STEP else
-            f" | input-bound: {wait:.0%} of the time waiting for data"
-            f" ({self._input_hint})")
-    logging.info("train step %d/%d: %s | %s | ETA %s%s", step,
-                 self._total_steps, formats.format_logs(shown),
-                 formats.speed(scalars),
-                 datetime.timedelta(seconds=round(eta)), hint)

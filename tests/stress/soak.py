@@ -41,7 +41,7 @@ ARGS = ("--config=experiments/mnist.py:bundled", "--config.model.width=8",
         "--config.train.steps=1000000000", "--config.train.steps_per_loop=100",
         "--config.eval.every_steps=5000",
         "--config.checkpoint.every_steps=2000")
-PROGRESS = re.compile(r"train step (\d+)/")
+PROGRESS = re.compile(r"train step +(\d+)/")
 
 
 @dataclasses.dataclass

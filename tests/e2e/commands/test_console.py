@@ -35,6 +35,12 @@ from tests.fixtures.processes import (LOOPBACK_ENV, TENSORFLOW_CHATTER,
 pytestmark = pytest.mark.slow
 
 TIME = r"\d\d:\d\d:\d\d"
+NUMBER = r"\d(?:\.\d+)?(?:e-\d+)?"  # a figure from 0 to 10
+
+
+def column_ends(line: str) -> list[int]:
+  """Where each word of `line` ends: right-aligned columns end alike."""
+  return [m.end() for m in re.finditer(r"\S+", line)]
 
 
 def test_first_screen_header_progress_and_summary(tmp_path, caplog):
@@ -68,12 +74,22 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
   # gradients, 64 for the hidden layer's (none for the inputs'), x 2.
   assert re.fullmatch(rf"{TIME} FLOPs per train step: 2.867e\+04 \(counted"
                       r" once from its graph: .*\)", lines[7]), lines[7]
-  assert re.fullmatch(rf"{TIME} train step 10/20: loss=\S+ accuracy=\S+"
-                      r" grad_norm=\S+ grad_norm_max=\S+ weight_norm=\S+"
-                      r" update_ratio=\S+"
-                      r" learning_rate=\S+ \| [\d.]+k? steps/s, [\d.]+k?"
-                      r" examples/s, [\d.]+ \w?FLOP/s = [\d.e+-]+% MFU \|"
-                      r" ETA \S+( \| input-bound: .*)?", lines[8]), lines[8]
+  # The train rows: a legend, the header row, a row per loop, each figure
+  # right-aligned under its name; the gradient's norm asked for is in
+  # TensorBoard and at --verbosity=1, not on them.
+  assert lines[8][9:] == ("train rows: means over each loop's steps (not"
+                          " running means); lr at the loop's end; more with"
+                          " --verbosity=1")
+  heading, rows = lines[9], [l for l in lines if " train step " in l]
+  assert heading.split()[1:] == ["loss", "accuracy", "lr", "steps/s", "ETA"]
+  assert [l.split()[3] for l in rows] == ["10/20", "20/20"]
+  for row in rows:
+    assert column_ends(row)[4:] == column_ends(heading)[1:], (heading, row)
+    assert re.fullmatch(rf"{TIME} train step \d+/20 +{NUMBER} +{NUMBER}"
+                        rf" +1\.000e-1 +[\d.]+k? +0:00:\d\d", row), row
+  assert not [l for l in lines if "grad_norm" in l]
+  assert max(len(l) for l in lines if re.match(rf"{TIME} (train|eval) ", l)
+             ) <= 120
   done = next(i for i, l in enumerate(lines) if " looper done: " in l)
   took = re.fullmatch(rf"{TIME} looper done: step 20 in (0:00:\d\d) \(this"
                       r" attempt's wall time\)", lines[done])
@@ -81,14 +97,15 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
   # `looper runs` shows the same time: the one attempt's record; a user's
   # `looper runs` (it imports TensorFlow) prints its table, quietly too.
   assert runs.summarize(str(workdir))[runs.WALL] == took.group(1)
-  table = run_fresh("runs", str(workdir))
+  # Every column: a temporary path makes the table wider than 120.
+  table = run_fresh("runs", str(workdir), "--columns=all")
   assert table.returncode == 0 and took.group(1) in table.stdout, table
   assert not [l for l in table.stderr.splitlines()
               if any(c in l for c in TENSORFLOW_CHATTER)], table.stderr
-  last = re.fullmatch(r"  last eval   loss=\S+ examples=1001 accuracy=(\S+)",
-                      lines[done + 1])
+  last = re.fullmatch(rf"  last eval   loss +{NUMBER}  accuracy +({NUMBER})"
+                      r"  examples +1001", lines[done + 1])
   assert last and lines[done + 2] == (
-      f"  best eval   accuracy={last.group(1)} at step 20")
+      f"  best eval   accuracy {last.group(1)} at step 20")
   # The goodput line is the one attempt's record, read back.
   totals = goodput.Totals.of(goodput.read(workdir_lib.Workdir(str(workdir))))
   assert totals.attempts == 1
@@ -113,14 +130,19 @@ def test_first_screen_header_progress_and_summary(tmp_path, caplog):
 
 def test_verbose_logs_show_tensorflows_start_counted_in_goodput(tmp_path):
   """--verbosity=1 keeps TensorFlow's start-up lines and absl's own long
-  ones; the attempt's start-up (goodput) holds the TensorFlow import this
-  process made (-X importtime: only a fresh process makes it)."""
+  ones, and adds a detail line under each train row; the attempt's
+  start-up (goodput) holds the TensorFlow import this process made (-X
+  importtime: only a fresh process makes it)."""
   proc = run_fresh("train", "--config=tests/fixtures/tiny.py",
                    f"--workdir={tmp_path}", "--config.train.steps=10",
                    "--verbosity=1", env=fresh_env(PYTHONPROFILEIMPORTTIME="1"))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert re.search(TENSORFLOW_LOG_LINE, proc.stderr, re.M), proc.stderr[:3000]
   assert re.search(r"^[IWE]\d{4} \d\d:\d\d:\d\d", proc.stderr, re.M)
+  # Under each train row, the rest of its loop's figures.
+  assert re.search(r"\] +detail  [\d.]+k? examples/s, [\d.]+ \w?FLOP/s = .*"
+                   r" weight_norm +\S+\s+update_ratio", proc.stderr), (
+                       proc.stderr[-3000:])
   # 'import time: <self us> | <cumulative us> | tensorflow', once.
   [imported] = re.findall(r"^import time:\s+\d+ \|\s+(\d+) \| tensorflow$",
                           proc.stderr, re.M)
@@ -184,15 +206,19 @@ def test_plain_python_prints_the_run_unless_asked_not_to(tmp_path):
       rf" {tmp_path / 'a'} \(fresh start\)", lines[0]), lines[0]
   assert lines[1] == "  strategy   default, 1 replica (default device)"
   progress = [l for l in lines if re.match(rf"{TIME} train step ", l)]
-  assert [l[9:].split(":")[0] for l in progress] == [
-      "train step 10/20", "train step 20/20"]
-  # The eval line and the summary hold the numbers the call returned.
+  assert [l.split()[1:4] for l in progress] == [
+      ["train", "step", "10/20"], ["train", "step", "20/20"]]
+  # The eval line and the summary hold the numbers the call returned, to
+  # 4 significant digits: the loss first, the examples last.
   logs = json.loads(quiet.splitlines()[-1])
-  numbers = " ".join(f"{k}={v:.4g}" for k, v in logs.items())
-  assert [l[9:] for l in lines if " eval at step " in l] == [
-      f"eval at step 20: {numbers}"]
+  [evaluated] = [l[9:] for l in lines if " eval at step " in l]
+  head, figures = evaluated.split(": ", 1)
+  shown = dict(zip(figures.split()[::2], map(float, figures.split()[1::2])))
+  assert head == "eval at step 20" and list(shown) == [
+      "loss", *[k for k in logs if k not in ("loss", "examples")], "examples"]
+  assert shown == pytest.approx(logs, rel=5e-4)
   done = next(i for i, l in enumerate(lines) if " looper done: " in l)
-  assert lines[done + 1] == f"  last eval   {numbers}"
+  assert lines[done + 1] == f"  last eval   {figures}"
   assert lines[-1] == f"  tensorboard --logdir={tmp_path / 'a'}"
   # Quiet: nothing but the result; and no line went to stderr either.
   assert quiet.splitlines() == [quiet.splitlines()[-1]]

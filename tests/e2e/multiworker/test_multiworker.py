@@ -111,6 +111,16 @@ def test_resume_across_topologies(tmp_path):
   assert f"[launch] worker 0: pid {first}, CUDA_VISIBLE_DEVICES=3\n" in out
   assert f"[launch] worker 1: pid {second}, CUDA_VISIBLE_DEVICES=5\n" in out
   assert "train step 20/20" in out
+  # One header, the chief's; the other worker says whose run it joins.
+  said = out.splitlines()
+  assert [l.split("]")[0] for l in said if "]   strategy   " in l] == [
+      "[worker 0"]
+  [header, joined] = [l for l in said if " looper train_and_eval: " in l]
+  assert header.startswith("[worker 0] ") and (
+      " looper train_and_eval: sequential (" in header)
+  assert joined.startswith("[worker 1] ") and joined.endswith(
+      f" looper train_and_eval: worker 1 in {tmp_path}/run (resumed from"
+      f" {tmp_path}/run/checkpoints/ckpt-10); its chief prints the run")
   # What each worker built: its device's slots, average and weight shard
   # add up to the sharded share of the one process' state.
   replicated, sharded = sharded_bytes(f"{tmp_path}/whole/checkpoints/ckpt-20",

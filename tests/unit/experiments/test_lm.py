@@ -527,7 +527,7 @@ def test_kill9_redoes_the_steps_since_the_checkpoint_bit_for_bit(tmp_path):
   proc = popen_looper(*args)
   try:
     for line in proc.stderr:  # a loop's end between two saves: freeze
-      if re.search(r"train step (4|12|20)/24", line):
+      if re.search(r"train step +(4|12|20)/24", line):
         proc.send_signal(signal.SIGSTOP)
         before = scalars(workdir / "train", "loss")
         saved = tf.train.latest_checkpoint(str(workdir / "checkpoints"))

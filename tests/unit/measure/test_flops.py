@@ -169,7 +169,9 @@ def test_a_run_reports_its_speed_everywhere_alike(name, tmp_path, caplog):
   c = configured(make(tmp_path), {
       "train.steps": 4, "train.steps_per_loop": 2, "train.peak_flops": 1e11,
       "checkpoint.every_steps": 0, "eval.every_steps": 0})
-  with caplog.at_level(logging.INFO, logger="absl"):
+  # DEBUG: absl's --verbosity=1, whose detail line under each train row
+  # holds the loop's speed.
+  with caplog.at_level(logging.DEBUG, logger="absl"):
     run.run(c, str(tmp_path / "run"), mode="train")
   messages = [r.getMessage() for r in caplog.records]
   (header,) = [m for m in messages if m.startswith("looper train:")]
@@ -182,7 +184,8 @@ def test_a_run_reports_its_speed_everywhere_alike(name, tmp_path, caplog):
     assert step_flops == B * T * (6 * (params - unused) + 12 * L * T * W)
     assert step_flops == pytest.approx(
         B * T * (6 * params + 12 * L * T * W), rel=0.05)
-  lines = {int(m.split()[2].split("/")[0]): m for m in messages
+  lines = {int(m.split()[2].split("/")[0]): detail
+           for m, detail in zip(messages, messages[1:])
            if m.startswith("train step ")}
   rows = {r["step"]: r for r in jsonl.read(
       workdir_lib.Workdir(str(tmp_path / "run")).metrics)
@@ -197,9 +200,8 @@ def test_a_run_reports_its_speed_everywhere_alike(name, tmp_path, caplog):
     assert row[f"{count}_per_sec"] == pytest.approx(
         per_step * row["steps_per_sec"], rel=1e-6)
     assert tensorboard[step] == pytest.approx(row["mfu"], rel=1e-6)
-    shown = re.search(r" steps/s, ([\d.]+)(k?) " + count +
-                      r"/s, ([\d.]+) (\w?)FLOP/s = ([\d.]+)% MFU \|",
-                      lines[step])
+    shown = re.match(r" +detail  ([\d.]+)(k?) " + count +
+                     r"/s, ([\d.]+) (\w?)FLOP/s = ([\d.]+)% MFU", lines[step])
     assert shown, lines[step]
     rate, kilo, value, prefix, mfu = shown.groups()
     assert float(rate) * (1000 if kilo else 1) == pytest.approx(

@@ -296,10 +296,15 @@ def test_two_heads_end_to_end(tmp_path, caplog):
   for tag in ("class/accuracy", "value/mean_squared_error"):
     assert list(scalars(tmp_path / "train", tag)) == [10, 20]
     assert list(scalars(tmp_path / "eval", tag)) == [20]
-  lines = [r.getMessage() for r in caplog.records
-           if r.getMessage().startswith("train step 20/20")]
-  assert "class/accuracy=" in lines[0] and "value/mean_squared_error=" in (
-      lines[0])
+  said = [r.getMessage() for r in caplog.records]
+  # The train rows' header row names each output's metric, and the row
+  # of step 20 has a figure under each name.
+  [heading] = [m for m in said if m.startswith(" ") and m.endswith(" ETA")]
+  [row] = [m for m in said if m.startswith("train step 20/20")]
+  assert {"class/accuracy", "value/mean_squared_error"} <= set(
+      heading.split())
+  assert len(row.split()) == len(["train", "step", "20/20"]) + len(
+      heading.split())
   serve = tf.saved_model.load(str(tmp_path / "export" / "20")).signatures[
       "serving_default"]
   x, _, _ = weighted.make_data("heads", 5, 3)

@@ -292,21 +292,25 @@ def test_counts_print_whole_in_the_lines_the_summary_and_the_table(
   logs = {"loss": 0.312561, "examples": 10000.0, "accuracy": 0.90512,
           "true_positives": 12345.0}
   with caplog.at_level(logging.INFO):  # train: its progress line
-    out.train(1, {"loss": [1.0, 0.5]}, {"loss": 0.75, "examples": 64000.0,
-                              "steps_per_sec": 20.0})
+    out.train(1, {"loss": [1.0, 0.5], "examples": [64000.0, 64000.0]},
+              {"loss": 0.75, "examples": 64000.0, "steps_per_sec": 20.0})
     out.eval(2, logs)
   out.close()
-  shown = "loss=0.3126 examples=10000 accuracy=0.9051 true_positives=12345"
-  # Only these two: another test's background thread may log meanwhile.
-  progress, evaluated = [r.getMessage() for r in caplog.records
-                         if r.getMessage().startswith(("train step", "eval"))]
-  assert progress.startswith("train step 2/20: loss=0.75 examples=64000 |")
+  # The loss first, the count of examples last (after the other metrics).
+  shown = ("loss   0.3126  accuracy   0.9051  true_positives    12345"
+           "  examples    10000")
+  # Only these: another test's background thread may log meanwhile.
+  heading, progress, evaluated = [
+      r.getMessage() for r in caplog.records if r.getMessage().startswith(
+          ("train step", "eval", " "))]
+  assert heading.split() == ["loss", "examples", "steps/s", "ETA"]
+  assert progress.split()[:5] == ["train", "step", "2/20", "0.7500", "64000"]
   assert evaluated == f"eval at step 2: {shown}"
   closing = console.summary({"step": 2, "eval": logs}, wd, 3.0,
                             best=("examples", 2, 10000.0), checkpoint=None,
                             export=None).splitlines()
   assert closing[1:3] == [f"  last eval   {shown}",
-                          "  best eval   examples=10000 at step 2"]
+                          "  best eval   examples 10000 at step 2"]
   row = runs.summarize(str(tmp_path))
   assert (row["loss"], row["true_positives"]) == ("0.3126", "12345")
 
@@ -570,11 +574,16 @@ def test_each_eval_set_is_named_set_slash_metric_everywhere(tmp_path, caplog,
     assert scalars(tmp_path / "eval", name) == {
         l["step"]: pytest.approx(l[name]) for l in evals}
   assert list(result["eval"]) == names  # the sets in name order
-  lines = [r.getMessage() for r in caplog.records
+  # A line per set: its name, its loss first and its examples last, each
+  # to 4 significant digits.
+  lines = [r.getMessage().split(": ", 1)[1] for r in caplog.records
            if r.getMessage().startswith("eval at step 10: ")]
-  assert lines == ["eval at step 10: " + " ".join(
-      f"{n}={evals[0][n]:.4g}" if "examples" not in n
-      else f"{n}={evals[0][n]:.0f}" for n in names)]
+  assert [l.split()[0] for l in lines] == ["test", "val"]
+  for line in lines:
+    words = line.split()
+    assert words[1::2] == ["loss", "accuracy", "examples"]
+    assert [float(w) for w in words[2::2]] == pytest.approx(
+        [evals[0][f"{words[0]}/{m}"] for m in words[1::2]], rel=5e-4)
   # HParams: a column per set and metric, each set's loss last, the best.
   acc = accumulator(tmp_path / "hparams")
   experiment = metadata.parse_experiment_plugin_data(

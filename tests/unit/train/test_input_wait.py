@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from looper.data import shards
 from looper.data import sources
-from looper.workdir import writers
+from looper.workdir import lines
 from looper.options import distribute
 from tests.fixtures import forks
 from tests.fixtures import pieces
@@ -74,8 +74,8 @@ def test_one_cpu_still_tells_compute_from_waiting():
   assert float(proc.stdout.split()[-1]) < 0.3
 
 
-def test_the_progress_line_names_an_input_bound_run(caplog):
-  out = writers.Progress(total_steps=100, input_hint="element mode: X")
+def test_the_train_line_advises_an_input_bound_run_once(caplog):
+  out = lines.Progress(total_steps=100, input_hint="element mode: X")
   logs = dict(loss=1.0, steps_per_sec=10.0, input_wait_fraction=0.05)
   with caplog.at_level(logging.INFO):
     out.write_scalars(10, logs)
@@ -84,12 +84,16 @@ def test_the_progress_line_names_an_input_bound_run(caplog):
     # ~0.1 ms per step, which no faster dataset_fn removes.
     out.write_scalars(30, {**logs, "input_wait_fraction": 0.42,
                            "steps_per_sec": 4000.0})
-  first, second, tiny_model = [r.getMessage() for r in caplog.records
-                               if "train step" in r.getMessage()]
-  assert "input" not in first and "loss=1" in first
-  assert "input" not in tiny_model and "| 4k steps/s |" in tiny_model
-  assert second.endswith(
-      "| input-bound: 42% of the time waiting for data (element mode: X)")
+    out.write_scalars(40, {**logs, "input_wait_fraction": 0.5})  # said
+  said = [r.getMessage() for r in caplog.records]
+  rows = [m for m in said if m.startswith("train step")]
+  assert [m.split()[2] for m in rows] == ["10/100", "20/100", "30/100",
+                                          "40/100"]
+  assert rows[2].split()[-2] == "4.00k"  # steps/s, then the ETA
+  advice = [" ".join(m.split()) for m in said if "input" in m]  # unwrapped
+  assert advice == [
+      "input-bound: the loop to step 20 waited for data 42% of its time"
+      " (each loop's: metrics.jsonl's input_wait_fraction); element mode: X"]
 
 
 def _files(config, split):

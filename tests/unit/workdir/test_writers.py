@@ -11,6 +11,7 @@ from tensorboard.plugins.hparams import metadata
 
 from looper import workdir as workdir_lib
 from looper.workdir import jsonl
+from looper.workdir import lines
 from looper.workdir import writers
 from tests.fixtures.events import scalars
 
@@ -43,7 +44,7 @@ def test_each_kind_reaches_each_writer_that_holds_it(tmp_path, caplog):
   log = jsonl.MetricsLog(wd.metrics)
   tracker = Recording()
   out = writers.MultiWriter([events, writers.MetricsLine(log, "action", wd),
-                             writers.Logged("logged"),
+                             lines.Logged("logged"),
                              writers.Prefixed(tracker, "user/")])
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, size=(3, 4, 5, 3), dtype=np.uint8)
@@ -81,7 +82,7 @@ def test_each_kind_reaches_each_writer_that_holds_it(tmp_path, caplog):
       "kind": "action", "step": 500, "retrieval@10": 0.8125, "count": 7.0}
   assert [r.getMessage() for r in caplog.records
           if r.getMessage().startswith("logged")] == [
-      "logged at step 500: retrieval@10=0.8125 count=7"]
+      "logged at step 500: retrieval@10   0.8125  count    7.000"]
   assert tracker.calls == [
       ("scalars", 500, {"user/retrieval@10": 0.8125, "user/count": 7.0}),
       ("images", 500, ["user/samples"]),
