@@ -26,6 +26,11 @@ def parse(monkeypatch, capsys):
     # config file (config_flags loads each into the same module object,
     # by the name "config_config": its get_config() would stay).
     flags.FLAGS.unparse_flags()
+    # Nor an override flag an earlier parse in this process registered
+    # (config_flags adds one per --config.FIELD seen: a second is "defined
+    # twice").
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+      delattr(flags.FLAGS, name)
     monkeypatch.delitem(sys.modules, "config_config", raising=False)
     with pytest.raises(SystemExit) as e:
       parsing.parse_flags(argv)
