@@ -1,4 +1,4 @@
-"""`looper sweep`: a hyperparameter study of looper runs, on Optuna (README "Sweeps").
+"""`looper sweep`: a hyperparameter study of looper runs, on Optuna (docs/pages/sweeps.md).
 
 Synopsis::
 

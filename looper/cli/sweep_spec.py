@@ -23,7 +23,9 @@ import sys
 from looper.errors import ConfigError
 
 
-def _get_sweep(path: str, arg: str | None):
+def load_sweep(path: str, arg: str | None):
+  """The file's `get_sweep()` (given `arg` if it takes one); ConfigError
+  if it defines none."""
   spec = importlib.util.spec_from_file_location("looper_sweep_experiment",
                                                 path)
   module = importlib.util.module_from_spec(spec)
@@ -32,8 +34,8 @@ def _get_sweep(path: str, arg: str | None):
   if get_sweep is None:
     raise ConfigError(
         f"--config={path}: the file defines no get_sweep(); define one"
-        " returning looper.sweep.Sweep(space=..., objective=...) (README"
-        " 'Sweeps')")
+        " returning looper.sweep.Sweep(space=..., objective=...)"
+        " (docs/pages/sweeps.md)")
   takes_arg = bool(inspect.signature(get_sweep).parameters)
   return get_sweep(arg) if takes_arg and arg is not None else get_sweep()
 
@@ -50,7 +52,7 @@ def _main(argv) -> None:
   path, _, arg = value.partition(":")
   try:
     config = flags.FLAGS.config
-    checked = space.check(_get_sweep(path, arg or None), config)
+    checked = space.check(load_sweep(path, arg or None), config)
   except ConfigError as e:
     sys.exit(f"looper: {e}")
   # What the trials' own flags depend on (looper.sweep.trials.study_flags).

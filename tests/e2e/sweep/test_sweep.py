@@ -16,6 +16,7 @@ with stub trials (test_workers.py).
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import pytest
 
 from looper.cli import runs
 from looper.sweep import trials as trials_lib
+from tests.fixtures import catalogue
 from tests.fixtures import forks
 from tests.fixtures import killer
 from tests.fixtures import sweeps
@@ -203,18 +205,29 @@ def _error(capsys) -> str:
   return lines[0]
 
 
-def test_bad_input_is_one_line_before_the_study(twin, capsys):
+def test_bad_input_is_one_line_before_the_study(twin, capsys, monkeypatch):
+  assert sweeps.run_sweep(twin) == 1
+  assert re.fullmatch(catalogue.line("sweep-flag-missing", flag="trials"),
+                      _error(capsys))
   assert sweeps.run_sweep(twin, "--trials=0") == 1
-  assert _error(capsys) == "looper sweep: --trials=0: give at least 1"
+  assert re.fullmatch(catalogue.line("sweep-count-below-one", flag="trials",
+                                     value=0), _error(capsys))
+  with monkeypatch.context() as m:
+    m.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert sweeps.run_sweep(twin, "--trials=7", "--parallel=2") == 1
+  assert re.fullmatch(catalogue.line("sweep-too-few-gpus", parallel=2,
+                                     devices=1, need=2, have=1),
+                      _error(capsys))
   assert sweeps.run_sweep(twin, "--trials=7", "--config.model.width=8") == 1
-  assert _error(capsys) == (
-      "looper sweep: --config.model.width=8: that field is swept"
-      " (get_sweep's space); drop the override, or the field from the space")
+  assert re.fullmatch(catalogue.line("sweep-override-swept",
+                                     field="model.width", value=8),
+                      _error(capsys))
   assert sweeps.run_sweep(twin, "--trials=7",
                           config=f"{sweeps.CONFIG}:badkey") == 1
-  assert _error(capsys) == (
-      "looper sweep: get_sweep: space key 'optimizer.learnig_rate' is no"
-      " config field; did you mean 'optimizer.learning_rate'?")
+  assert re.fullmatch(catalogue.line("sweep-key-unknown",
+                                     key="optimizer.learnig_rate",
+                                     field="optimizer.learning_rate"),
+                      _error(capsys))
   assert len(_study(twin).get_trials()) == 6  # the study untouched
 
 

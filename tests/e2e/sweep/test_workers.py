@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from looper.sweep import warm
 import optuna
 import pytest
 
+from tests.fixtures import catalogue
 from tests.fixtures.paths import PYTHONPATH, ROOT
 from tests.fixtures.postgres import postgres  # pylint: disable=unused-import
 
@@ -45,6 +47,11 @@ def _argv(workdir, *args):
 
 def _env(**more):
   return dict(os.environ, **{"PYTHONPATH": PYTHONPATH, **more})
+
+
+def _said(stdout: str) -> str:
+  """The sweep's lines without their time ('12:00:01 looper sweep: ...')."""
+  return "\n".join(l.split(" ", 1)[-1] for l in stdout.splitlines())
 
 
 def _lines(folder, name="metrics.jsonl"):
@@ -94,15 +101,19 @@ def test_failed_trials_in_a_row_stop_the_sweep_in_one_line(tmp_path):
                         capture_output=True, text=True, timeout=300,
                         check=False)
   assert done.returncode == 1
-  last = [l for l in done.stdout.splitlines() if "in a row" in l]
-  assert len(last) == 1 and last[0].split(" ", 1)[1].startswith(
-      "looper sweep: 2 trials failed in a row, the last (trial 1):"
-      " --config.model.width=")
-  assert last[0].endswith(": the stub refuses it; fix that, or raise"
-                          " --max_failures")
   study = optuna.load_study(study_name="s",
                             storage=f"sqlite:///{tmp_path}/s/study.db")
-  assert [t.state.name for t in study.get_trials()] == ["FAIL", "FAIL"]
+  trials = study.get_trials()
+  assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+  errors = [t.user_attrs["error"] for t in trials]  # each trial's own line
+  assert all(re.fullmatch(r"--config\.model\.width=\d+: the stub refuses it",
+                          e) for e in errors), errors
+  said = _said(done.stdout)
+  for t, error in zip(trials, errors):
+    assert len(catalogue.found("sweep-trial-failed", said, number=t.number,
+                               **{"the trial's own line": error})) == 1
+  assert len(catalogue.found("sweep-failures-in-a-row", said, count=2,
+                             number=1, **{"its line": errors[1]})) == 1
 
 
 def test_an_objective_no_run_writes_stops_before_a_second_trial(tmp_path):
@@ -113,11 +124,9 @@ def test_an_objective_no_run_writes_stops_before_a_second_trial(tmp_path):
                         capture_output=True, text=True, timeout=300,
                         check=False)
   assert done.returncode == 1
-  said = [l for l in done.stdout.splitlines() if "typo" in l]
-  assert said[0].split(" ", 1)[1] == (
-      "looper sweep: objective 'eval/typo' is not in trial 0's evaluations"
-      " (they hold accuracy, parent_rss, parent_tf); name one of those in"
-      " get_sweep(), as eval/<metric> or <set>/<metric>")
+  assert len(catalogue.found(
+      "sweep-objective-not-written", _said(done.stdout), objective="eval/typo",
+      number=0, keys="accuracy, parent_rss, parent_tf")) == 1
   # With 2 slots, no second trial started meanwhile.
   assert sorted(os.listdir(tmp_path / "s" / "trials")) == ["0"]
 
