@@ -86,7 +86,7 @@ def main(argv):
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from looper import run
-  from looper.options import distribute
+  from looper.options import cluster
   from looper.measure import goodput
   # pylint: enable=g-import-not-at-top
   try:
@@ -102,7 +102,7 @@ def main(argv):
   except tf.errors.OpError as e:  # a lost or missing worker: one line
     message = errors.cluster_error(
         e, _CONFIG.value.distribution.worker_timeout_secs,
-        leader=distribute.coordination_leader())
+        leader=cluster.coordination_leader())
     if message is None:
       raise
     _exit(e, message)

@@ -49,7 +49,7 @@ from looper.data import batch as batch_lib
 from looper.data import checks
 from looper.data import input as input_lib
 from looper.data import splits
-from looper.options import distribute
+from looper.options import cluster
 from looper.options import precision
 from looper.run import pieces
 
@@ -150,7 +150,7 @@ def _batch_problems(batch: batch_lib.Batch, cores: int) -> list[str]:
       problems.append(
           f"config.{field}={size} does not split over {cores} TPU cores; set"
           f" --config.{field}={good}")
-  warning = distribute.tpu_batch_warning(batch.micro_batch_size, cores)
+  warning = cluster.tpu_batch_warning(batch.micro_batch_size, cores)
   if warning and not problems:
     problems.append(warning)
   return problems

@@ -10,7 +10,8 @@ Synopsis::
 
 | module | owns |
 |---|---|
-| `distribute` | `distribution.*`: the strategy (one device, Mirrored, multi-worker, TPU), the task's id |
+| `distribute` | `distribution.*`: the strategy (one device, Mirrored, multi-worker, TPU) |
+| `cluster` | TF_CONFIG's tasks, the coordination leader, the task's id, a TPU's cores and batch per core |
 | `slurm` | a Slurm step's tasks as one multi-worker cluster: TF_CONFIG, ports, each task's GPUs |
 | `precision` | `train.precision`: the Keras policy, loss scaling, op determinism, the finiteness checks |
 | `optimizers` | `optimizer.*`: the optimizer and its schedule, clipping after the replicas' sum |

@@ -37,7 +37,7 @@ from looper.data import batch as batch_lib
 from looper.data import input as input_lib
 from looper.measure import dry_run
 from looper.options import best
-from looper.options import distribute
+from looper.options import cluster
 from looper.train import evaluator as evaluator_lib
 from looper.train import stopping
 from looper.train import trainer as trainer_lib
@@ -107,9 +107,9 @@ def check(config: ml_collections.ConfigDict, trainer: trainer_lib.Trainer,  # py
   dry_run.check_inputs(trainer, data, mode.reads(train_split, evaluator.sets),
                        loss=c.loss, metrics=c.metrics, data=c.data)
   best.check_best_metric(c.checkpoint.best_metric, evaluator.metric_names)
-  cores = distribute.tpu_cores(trainer.strategy, c.distribution)
+  cores = cluster.tpu_cores(trainer.strategy, c.distribution)
   for warning in (mode.trains and data.short_split(train_split),
-                  mode.trains and cores and distribute.tpu_batch_warning(
+                  mode.trains and cores and cluster.tpu_batch_warning(
                       data.batch.micro_batch_size, cores)):
     if warning:
       logging.warning("%s", warning)

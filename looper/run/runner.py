@@ -63,6 +63,7 @@ from looper.data import input as input_lib
 from looper.data import splits
 from looper.modes import MODES
 from looper.options import best
+from looper.options import cluster
 from looper.options import distribute
 from looper.options import optimizer_state
 from looper.options import precision
@@ -241,7 +242,7 @@ class Run:
                        **self.callbacks.checkpoint_items(),
                        **(self.spikes.checkpoint_items() if self.spikes
                           else {})}, keep=c.keep,
-        chief=self.chief, task_id=distribute.task_id(self.strategy),
+        chief=self.chief, task_id=cluster.task_id(self.strategy),
         async_save=c.async_save, on_tpu=self.on_tpu, guard=guard)
 
   def _build_peak(self) -> peak_flops.Peak | None:
@@ -349,7 +350,7 @@ class Run:
                                        trainer.ema)
     if not self.chief:  # the same run: the chief's header says it once
       logging.info("looper %s: worker %d in %s (%s); its chief prints the"
-                   " run", mode, distribute.task_id(self.strategy),
+                   " run", mode, cluster.task_id(self.strategy),
                    self.workdir.root, start)
       return
     shown, differs = modes.described(mode, self.config, self.workdir)

@@ -4,7 +4,6 @@ import json
 import os
 import re
 import socket
-import types
 from unittest import mock
 
 import pytest
@@ -12,6 +11,7 @@ import tensorflow as tf
 
 from looper import config as lc
 from looper import network
+from looper.options import cluster
 from looper.options import distribute
 from looper.options import slurm
 from tests.fixtures import catalogue
@@ -92,92 +92,6 @@ def test_one_mirrored_strategy_per_device_set_in_a_process():
   devices = distribute.split_cpu(SESSION_CPUS)
   assert distribute.mirrored(devices) is distribute.mirrored(list(devices))
   assert distribute.mirrored(devices[:1]) is not distribute.mirrored(devices)
-
-
-def _strategy(cluster, task_type, task_id):
-  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_id)
-  return types.SimpleNamespace(cluster_resolver=resolver)
-
-
-@pytest.mark.parametrize("cluster,task_type,task_id", [
-    ({"worker": ["a:1", "b:1"]}, "worker", 1),
-    ({"chief": ["c:1"], "worker": ["a:1"]}, "chief", 0),
-])
-def test_task_id(cluster, task_type, task_id):
-  assert distribute.task_id(_strategy(cluster, task_type, task_id)) == task_id
-  assert distribute.task_id(tf.distribute.get_strategy()) == 0
-
-
-@pytest.mark.parametrize("tf_config,size,leader", [
-    ("", 0, None),
-    ('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker",'
-     ' "index": 1}}', 2, "/job:worker/replica:0/task:0"),
-    ('{"cluster": {"chief": ["c:1"], "worker": ["a:1"], "evaluator":'
-     ' ["e:1"]}, "task": {"type": "worker", "index": 0}}', 2,
-     "/job:chief/replica:0/task:0"),
-])
-def test_the_cluster_is_tf_configs_training_jobs(monkeypatch, tf_config,
-                                                 size, leader):
-  monkeypatch.setenv("TF_CONFIG", tf_config)
-  assert distribute._cluster_size() == size  # pylint: disable=protected-access
-  assert distribute.coordination_leader() == leader
-
-
-@pytest.mark.parametrize("batch,cores,warning", [
-    (1024, 8, None),
-    (64, 8, None),
-    (32, 8, "config.train.batch_size=32 gives 4 examples per TPU core (8"
-     " cores); a core pads to a multiple of 8, so set"
-     " --config.train.batch_size=64 (the TPU guides use 128 per core: 1024)"),
-    (96, 8, "config.train.batch_size=96 gives 12 examples per TPU core (8"
-     " cores); a core pads to a multiple of 8, so set"
-     " --config.train.batch_size=128 (the TPU guides use 128 per core: 1024)"),
-    (100, 8, "config.train.batch_size=100 gives 12.5 examples per TPU core"
-     " (8 cores); a core pads to a multiple of 8, so set"
-     " --config.train.batch_size=128 (the TPU guides use 128 per core: 1024)"),
-])
-def test_tpu_batch_per_core(batch, cores, warning):
-  assert distribute.tpu_batch_warning(batch, cores) == warning
-  if warning:
-    assert re.fullmatch(catalogue.line("tpu-batch-per-core", batch=batch,
-                                       cores=cores), warning)
-
-
-def test_tpu_cores_come_from_the_strategy_or_the_dry_run_field():
-  assert distribute.tpu_cores(tf.distribute.get_strategy(), dist()) == 0
-  assert distribute.tpu_cores(tf.distribute.get_strategy(),
-                              dist(tpu_cores=32)) == 32
-  tpu = mock.create_autospec(tf.distribute.TPUStrategy, instance=True)
-  tpu.num_replicas_in_sync = 8
-  assert distribute.tpu_cores(tpu, dist(tpu_cores=32)) == 8
-
-
-@pytest.mark.slow  # over 2 s: out of the fast lane
-def test_a_dry_run_warns_about_the_batch_per_core(tmp_path, caplog):
-  from looper import run  # pylint: disable=g-import-not-at-top
-  from tests.fixtures import tiny  # pylint: disable=g-import-not-at-top
-  c = tiny.get_config()
-  c.train.steps, c.distribution.tpu_cores = 1, 8
-  with caplog.at_level("WARNING"):
-    run.run(c, str(tmp_path), "train")
-  assert any(r.getMessage().startswith(
-      "config.train.batch_size=32 gives 4 examples per TPU core (8 cores)")
-             for r in caplog.records)
-
-
-@pytest.mark.parametrize("cluster,leader", [
-    ({"worker": ["a:1", "b:1"]}, "/job:worker/replica:0/task:0"),
-    ({"chief": ["c:1"], "worker": ["a:1"]}, "/job:chief/replica:0/task:0"),
-    (None, None),
-])
-def test_the_coordination_leader_is_the_chief(monkeypatch, cluster, leader):
-  if cluster is None:
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-  else:
-    monkeypatch.setenv("TF_CONFIG", json.dumps(
-        {"cluster": cluster, "task": {"type": "worker", "index": 0}}))
-  assert distribute.coordination_leader() == leader
 
 
 def test_a_worker_that_lost_the_chief_names_it():
@@ -273,7 +187,7 @@ def test_the_all_reduce_is_nccl_between_gpus(all_reduce, gpus, want):
 def test_multi_worker_is_built_with_the_all_reduce(monkeypatch):
   monkeypatch.setenv("TF_CONFIG", TWO_WORKERS)
   monkeypatch.setattr(network, "addresses", lambda: ["127.0.0.1", "10.1.2.3"])
-  with mock.patch.object(distribute, "_bound_cluster_waits"), \
+  with mock.patch.object(cluster, "bound_waits"), \
        mock.patch.object(tf.distribute,
                          "MultiWorkerMirroredStrategy") as strategy:
     distribute._multi_worker(dist(), FAKE_GPUS)  # pylint: disable=protected-access
@@ -322,7 +236,7 @@ def _cluster_of(monkeypatch, machine, task, names):
 def test_a_worker_starts_its_server_only_within_its_declared_reach(
     monkeypatch, reach, machine, task, names, refused):
   _cluster_of(monkeypatch, machine, task, names)
-  with mock.patch.object(distribute, "_bound_cluster_waits"), \
+  with mock.patch.object(cluster, "bound_waits"), \
        mock.patch.object(tf.distribute,
                          "MultiWorkerMirroredStrategy") as strategy:
     if refused is None:
@@ -517,7 +431,7 @@ def test_tasks_sharing_gpus_all_reduce_over_ring(monkeypatch, nodes, caplog):
   with mock.patch.object(tf.config, "list_physical_devices",
                          lambda kind: FAKE_GPUS if kind == "GPU" else []), \
        mock.patch.object(tf.config.experimental, "set_memory_growth"), \
-       mock.patch.object(distribute, "_bound_cluster_waits"), \
+       mock.patch.object(cluster, "bound_waits"), \
        mock.patch.object(tf.distribute,
                          "MultiWorkerMirroredStrategy") as strategy, \
        caplog.at_level("WARNING"):
